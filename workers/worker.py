@@ -1,0 +1,287 @@
+"""The worker process: takes prompt groups from the in-memory queue, generates the primary and
+K samples on its server, captures activations, persists the group, and reports back.
+
+Several groups are in flight at once (asyncio); persisting is serialised so that groups commit
+one at a time (see ``workers.persist``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import traceback
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from orchestrator.ids import activation_key, sample_seed
+from orchestrator.prompts import PromptGroup
+from workers.capture import CaptureError, load_capture, select_rows
+from workers.client import BackendClient, Completion
+from workers.persist import GenerationRecord, WorkerDir
+
+__all__ = ["WorkerSpec", "worker_main", "grade_answer"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker process needs (pickled into the spawned process)."""
+
+    worker_id: int
+    server_url: str
+    model_name: str
+    worker_dir: str
+    storage_format: str
+    layer_ids: tuple[int, ...]
+    """Layer ids stored, in order; the server captures exactly these."""
+    hidden_size: int
+    sequence_mode: str
+    dtype: str
+    capture_mode: str
+    k_samples: int
+    primary_temperature: float
+    sample_temperature: float
+    sample_top_p: float
+    max_tokens: int
+    seed: int
+    groups_in_flight: int
+    request_timeout: float
+    retry_backoff: float = 1.0
+
+
+def grade_answer(group: PromptGroup, text: str) -> tuple[int | None, str | None]:
+    """Label of one answer where a reference allows grading now: (label, grader name).
+
+    TriviaQA-style references (aliases) are graded by alias match; other tasks are graded after
+    the run (LLM judge) and get (None, None) here.
+    """
+    ref = group.reference
+    if isinstance(ref, dict) and ref.get("aliases"):
+        from orchestrator.labels import alias_match_label
+
+        return alias_match_label(text, list(ref["aliases"])), "alias_match"
+    return None, None
+
+
+def worker_main(spec: WorkerSpec, task_queue, result_queue) -> None:
+    """Entry point of a spawned worker process."""
+    logging.basicConfig(level=os.environ.get("HALLULOG_LOG_LEVEL", "WARNING"),
+                        format=f"%(asctime)s worker_{spec.worker_id} %(levelname)s %(message)s")
+    try:
+        asyncio.run(_Worker(spec, task_queue, result_queue).run())
+    except BaseException as exc:  # report, then die: the orchestrator decides what happens next
+        result_queue.put({"event": "fatal", "worker_id": spec.worker_id,
+                          "error": _error_record(spec, exc, None, None, "worker_crash")})
+        raise
+    finally:
+        result_queue.put({"event": "exited", "worker_id": spec.worker_id})
+
+
+class _Worker:
+    def __init__(self, spec: WorkerSpec, task_queue, result_queue) -> None:
+        self.spec = spec
+        self.tasks = task_queue
+        self.results = result_queue
+        self.client = BackendClient(spec.server_url, spec.model_name,
+                                    timeout=spec.request_timeout,
+                                    backoff_base=spec.retry_backoff)
+        self.out = WorkerDir(Path(spec.worker_dir), worker_id=spec.worker_id,
+                             storage_format=spec.storage_format, layer_ids=list(spec.layer_ids),
+                             hidden_size=spec.hidden_size, dtype=spec.dtype)
+        self.persist_lock = asyncio.Lock()
+        self.fatal = False
+
+    async def run(self) -> None:
+        local: asyncio.Queue = asyncio.Queue()
+        slots = [asyncio.create_task(self._slot(local)) for _ in range(self.spec.groups_in_flight)]
+        free = asyncio.Semaphore(self.spec.groups_in_flight)
+        loop = asyncio.get_running_loop()
+        try:
+            while not self.fatal:
+                await free.acquire()
+                group = await loop.run_in_executor(None, self.tasks.get)
+                if group is None:
+                    break
+                await local.put((group, free))
+            for _ in slots:
+                await local.put(None)
+            await asyncio.gather(*slots)
+        finally:
+            await self.client.close()
+            self.out.close()
+
+    async def _slot(self, local: asyncio.Queue) -> None:
+        while True:
+            item = await local.get()
+            if item is None:
+                return
+            group, free = item
+            try:
+                if not self.fatal:
+                    await self._process(group)
+                else:  # hand it back: another worker or the next run does it
+                    self.results.put({"event": "requeue", "worker_id": self.spec.worker_id,
+                                      "prompt_id": group.prompt_id})
+            finally:
+                free.release()
+
+    async def _process(self, group: PromptGroup) -> None:
+        spec = self.spec
+        self.results.put({"event": "started", "worker_id": spec.worker_id,
+                          "prompt_id": group.prompt_id})
+        capture_in_generation = spec.capture_mode == "generation"
+        requests = [self._request_params(group.prompt_id, sid) for sid in range(spec.k_samples + 1)]
+        try:
+            completions = await asyncio.gather(*[
+                self.client.chat(group.messages, capture=capture_in_generation, **params)
+                for params in requests])
+        except Exception as exc:
+            self._report_failure(group.prompt_id, None, exc, "generation_failed")
+            return
+
+        records, errors = await self._capture_all(group, completions, requests)
+        prompt_row = self._prompt_row(group, completions[0], records[0].label)
+        try:
+            async with self.persist_lock:
+                await asyncio.to_thread(self.out.persist_group, prompt_row, records)
+                for err in errors:
+                    await asyncio.to_thread(self.out.record_error, err)
+        except OSError as exc:
+            kind = "storage_full" if exc.errno == errno.ENOSPC else "storage_error"
+            self._report_failure(group.prompt_id, None, exc, kind,
+                                 fatal=exc.errno in (errno.ENOSPC, errno.EROFS))
+            return
+        tokens = sum(len(c.token_ids) for c in completions)
+        self.results.put({"event": "done", "worker_id": spec.worker_id,
+                          "prompt_id": group.prompt_id, "generations": len(completions),
+                          "tokens": tokens, "capture_errors": len(errors)})
+
+    def _request_params(self, prompt_id: str, sample_id: int) -> dict[str, Any]:
+        spec = self.spec
+        if sample_id == 0:
+            return dict(temperature=spec.primary_temperature, top_p=1.0,
+                        max_tokens=spec.max_tokens, seed=sample_seed(spec.seed, prompt_id, 0))
+        return dict(temperature=spec.sample_temperature, top_p=spec.sample_top_p,
+                    max_tokens=spec.max_tokens, seed=sample_seed(spec.seed, prompt_id, sample_id))
+
+    async def _capture_all(self, group: PromptGroup, completions: list[Completion],
+                           requests: list[dict[str, Any]]
+                           ) -> tuple[list[GenerationRecord], list[dict[str, Any]]]:
+        records, errors = [], []
+        for sample_id, (comp, params) in enumerate(zip(completions, requests)):
+            label, grader = grade_answer(group, comp.text)
+            record = GenerationRecord(row=self._generation_row(group, sample_id, comp, params,
+                                                               label, grader), label=label)
+            try:
+                await self._capture_one(group, sample_id, comp, record)
+            except Exception as exc:  # activations are optional: keep the generation
+                log.warning("capture failed for %s sample %d: %s", group.prompt_id, sample_id,
+                            exc)
+                errors.append(_error_record(self.spec, exc, group.prompt_id, sample_id,
+                                            "capture_failed"))
+                record.acts = None
+            record.row["activation_key"] = (record.activation_row.get("activation_key")
+                                            if record.acts is not None else None)
+            records.append(record)
+        return records, errors
+
+    async def _capture_one(self, group: PromptGroup, sample_id: int, comp: Completion,
+                           record: GenerationRecord) -> None:
+        spec = self.spec
+        prompt_ids, response_ids = comp.prompt_token_ids, comp.token_ids
+        if not prompt_ids or not response_ids:
+            raise CaptureError("backend returned no prompt/completion token ids")
+        if spec.capture_mode == "generation":
+            path = comp.hidden_states_path
+            expected = prompt_ids + response_ids[:-1]
+        else:
+            path = await self.client.prefill_capture(prompt_ids + response_ids)
+            expected = prompt_ids + response_ids
+        if not path:
+            raise CaptureError("backend returned no kv_transfer_params.hidden_states_path")
+
+        def load_and_slice():
+            hidden = load_capture(path, expected)
+            if hidden.shape[1] != len(spec.layer_ids) or hidden.shape[2] != spec.hidden_size:
+                raise CaptureError(f"{path}: capture has {hidden.shape[1]} layer ids x "
+                                   f"{hidden.shape[2]}, expected {len(spec.layer_ids)} x "
+                                   f"{spec.hidden_size}")
+            return select_rows(hidden, prompt_len=len(prompt_ids),
+                               response_len=len(response_ids),
+                               sequence_mode=spec.sequence_mode, layer_index=None,
+                               dtype=spec.dtype)
+
+        rows = await asyncio.to_thread(load_and_slice)
+        record.acts = rows.acts
+        record.prompt_rows, record.response_rows = rows.prompt_rows, rows.response_rows
+        record.activation_row = {
+            "prompt_id": group.prompt_id, "sample_id": sample_id,
+            "activation_key": activation_key(group.prompt_id, sample_id),
+            "layers": list(spec.layer_ids), "sequence_mode": spec.sequence_mode,
+            "capture_mode": spec.capture_mode,
+            "prompt_token_count": len(prompt_ids), "response_token_count": len(response_ids),
+            "row0_position": rows.row0_position, "num_rows": int(rows.acts.shape[1]),
+            "prompt_rows": rows.prompt_rows, "response_rows": rows.response_rows,
+        }
+
+    def _generation_row(self, group: PromptGroup, sample_id: int, comp: Completion,
+                        params: dict[str, Any], label: int | None, grader: str | None
+                        ) -> dict[str, Any]:
+        return {
+            "prompt_id": group.prompt_id, "sample_id": sample_id,
+            "role": "primary" if sample_id == 0 else "sample",
+            "text": comp.text, "finish_reason": comp.finish_reason,
+            "usage": comp.usage, "logprobs": comp.logprobs, "token_ids": comp.token_ids,
+            "request_params": {**params, "model": self.spec.model_name, "n": 1,
+                               "timestamp": _now()},
+            "generation_time_ms": comp.elapsed_ms,
+            "label": label, "label_grader": grader,
+            "worker_id": self.spec.worker_id,
+        }
+
+    def _prompt_row(self, group: PromptGroup, primary: Completion, label: int | None
+                    ) -> dict[str, Any]:
+        ref = group.reference
+        reference_answer = ref.get("value") if isinstance(ref, dict) else ref
+        _, grader = grade_answer(group, primary.text)
+        return {
+            "prompt_id": group.prompt_id, "dataset": group.dataset, "split": group.split,
+            "dataset_id": group.dataset_id, "prompt": group.prompt_text,
+            "messages": group.messages, "reference_answer": reference_answer,
+            "reference": ref, "label": label, "label_grader": grader,
+            "meta": group.meta, "prompt_token_ids": primary.prompt_token_ids,
+            "num_generations": self.spec.k_samples + 1, "worker_id": self.spec.worker_id,
+            "completed_at": _now(),
+        }
+
+    def _report_failure(self, prompt_id: str, sample_id: int | None, exc: BaseException,
+                        kind: str, fatal: bool = False) -> None:
+        err = _error_record(self.spec, exc, prompt_id, sample_id, kind)
+        try:
+            self.out.record_error(err)
+        except OSError:
+            log.exception("could not record error for %s", prompt_id)
+        self.results.put({"event": "failed", "worker_id": self.spec.worker_id,
+                          "prompt_id": prompt_id, "error": err})
+        if fatal:
+            self.fatal = True
+            self.results.put({"event": "fatal", "worker_id": self.spec.worker_id, "error": err})
+
+
+def _error_record(spec: WorkerSpec, exc: BaseException, prompt_id: str | None,
+                  sample_id: int | None, kind: str) -> dict[str, Any]:
+    return {
+        "timestamp": _now(), "error_type": kind, "prompt_id": prompt_id, "sample_id": sample_id,
+        "error_message": f"{type(exc).__name__}: {exc}",
+        "stack_trace": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "worker_id": spec.worker_id, "server_url": spec.server_url,
+    }
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
