@@ -24,7 +24,7 @@ from orchestrator.manifest import (build_manifest, check_resumable, load_manifes
 from orchestrator.pool import WorkerPool
 from orchestrator.progress import Progress
 from orchestrator.servers import (ModelInfo, ServerProcess, embedded_server_command,
-                                  hallulog_cache_dir, resolve_model)
+                                  hallulog_cache_dir, kill_stale_servers, resolve_model)
 from orchestrator.status import StatusBoard
 from orchestrator.tasks import load_task
 from workers.persist import read_jsonl_committed, recover_worker_dir
@@ -226,6 +226,7 @@ def _start_servers(config: RunConfig, model: ModelInfo, layer_ids: list[int], ro
             board.server_update(url, health="external")
         return [], list(config.server_urls)
     slots = list(config.gpus) or [None]
+    kill_stale_servers(root / "servers")
     servers = []
     for i, gpu in enumerate(slots):
         port = config.server_base_port + i

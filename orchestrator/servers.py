@@ -22,7 +22,7 @@ import httpx
 from orchestrator.errors import BackendStartError
 
 __all__ = ["ServerProcess", "ModelInfo", "resolve_model", "embedded_server_command",
-           "hallulog_cache_dir", "wait_healthy"]
+           "hallulog_cache_dir", "wait_healthy", "die_with_parent", "kill_stale_servers"]
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,44 @@ def _log_tail(log_path: Path | None, lines: int = 30) -> str:
     return f"; last lines of {log_path}:\n" + "\n".join(tail)
 
 
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere).
+
+    A SIGKILLed orchestrator cannot stop its children; this makes them go with it.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def kill_stale_servers(servers_dir: Path) -> list[int]:
+    """Kill the process groups recorded in ``servers_dir/*.pid`` by a run that crashed.
+
+    A group is killed only while its leader's command line still names hallulog's server
+    modules, so a recycled pid is never hit. Returns the killed group ids.
+    """
+    killed = []
+    for pidfile in Path(servers_dir).glob("*.pid"):
+        try:
+            pgid = int(pidfile.read_text().split()[0])
+            cmdline = Path(f"/proc/{pgid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except (ValueError, IndexError, OSError):
+            pidfile.unlink(missing_ok=True)
+            continue
+        if b"serving" in cmdline or b"vllm" in cmdline:
+            log.warning("killing stale server process group %d left by a crashed run", pgid)
+            _signal_group(pgid, signal.SIGKILL)
+            killed.append(pgid)
+        pidfile.unlink(missing_ok=True)
+    if killed:
+        time.sleep(1.0)  # let the kernel release the ports
+    return killed
+
+
 @dataclass
 class ServerProcess:
     """One managed backend server."""
@@ -131,9 +169,15 @@ class ServerProcess:
         log_file.flush()
         self.process = subprocess.Popen(self.command, stdout=log_file, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=self.env,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=die_with_parent)
         log_file.close()
+        self.pid_path.write_text(f"{self.process.pid}\n")
         log.info("started %s (pid %d): %s", self.name, self.process.pid, self.url)
+
+    @property
+    def pid_path(self) -> Path:
+        """Records the process group so a later run can clean up after a crash."""
+        return self.log_path.with_suffix(".pid")
 
     def wait_ready(self) -> float:
         """Block until healthy (bounded by ``startup_timeout``); returns the seconds it took."""
@@ -164,6 +208,7 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             log.error("%s (pid %d) survived SIGKILL", self.name, proc.pid)
         self.process = None
+        self.pid_path.unlink(missing_ok=True)
 
     def restart(self) -> None:
         """Stop, start again and wait for health; counts restarts."""

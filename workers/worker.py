@@ -11,6 +11,7 @@ import asyncio
 import errno
 import logging
 import os
+import signal
 import traceback
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -70,6 +71,9 @@ def grade_answer(group: PromptGroup, text: str) -> tuple[int | None, str | None]
 
 def worker_main(spec: WorkerSpec, task_queue, result_queue) -> None:
     """Entry point of a spawned worker process."""
+    from orchestrator.servers import die_with_parent
+
+    die_with_parent(signal.SIGKILL)  # never outlive a crashed orchestrator: it owns the queue
     logging.basicConfig(level=os.environ.get("HALLULOG_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s worker_{spec.worker_id} %(levelname)s %(message)s")
     try:

@@ -1,0 +1,82 @@
+"""RunConfig checks, the CLI derived from it, ids and the fingerprint."""
+
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator.cli import build_parser, config_from_args
+from orchestrator.config import ConfigError, RunConfig, select_layer_ids
+from orchestrator.ids import activation_key, prompt_id_for, sample_seed
+
+
+def test_prompt_id_is_sha256_of_compact_json():
+    import hashlib
+
+    expected = hashlib.sha256(b'["triviaqa","dev","tc_33"]').hexdigest()[:16]
+    assert prompt_id_for("triviaqa", "dev", "tc_33") == expected
+    assert prompt_id_for("triviaqa", "dev", 7) == prompt_id_for("triviaqa", "dev", "7")
+    assert activation_key("abc", 3) == "abc_3"
+
+
+def test_sample_seeds_differ_per_sample_and_are_stable():
+    seeds = {sample_seed(0, "p", s) for s in range(6)}
+    assert len(seeds) == 6
+    assert sample_seed(0, "p", 1) == sample_seed(0, "p", 1)
+    assert sample_seed(1, "p", 1) != sample_seed(0, "p", 1)
+
+
+def test_layer_selection():
+    assert select_layer_ids("all", 30) == list(range(31))
+    assert select_layer_ids("first_half", 30) == list(range(16))
+    assert select_layer_ids("second_half", 30) == list(range(16, 31))
+
+
+def test_profiles_and_overrides():
+    cfg = RunConfig()
+    assert (cfg.profile.target_layers, cfg.profile.sequence_mode) == ("all", "response")
+    cfg = RunConfig(logging_profile="light", dtype="float32")
+    assert cfg.profile.target_layers == "second_half" and cfg.profile.dtype == "float32"
+
+
+@pytest.mark.parametrize("kwargs,flag", [
+    (dict(k_samples=-1), "--k-samples"),
+    (dict(sample_top_p=0), "--sample-top-p"),
+    (dict(logging_profile="huge"), "--logging-profile"),
+    (dict(manage_servers=False), "--server-urls"),
+    (dict(status_port=8080, status_host="0.0.0.0"), "--status-token"),
+])
+def test_bad_values_name_the_flag(kwargs, flag):
+    with pytest.raises(ConfigError, match=flag):
+        RunConfig(**kwargs)
+
+
+def test_fingerprint_ignores_paths_and_workers_only():
+    base = RunConfig()
+    assert base.fingerprint_fields() == RunConfig(artifact_root="x", num_workers=3,
+                                                   limit=5).fingerprint_fields()
+    assert base.fingerprint_fields() != RunConfig(k_samples=2).fingerprint_fields()
+    assert base.fingerprint_fields() != RunConfig(storage_format="packed").fingerprint_fields()
+
+
+def test_cli_maps_flags_to_config():
+    args = build_parser().parse_args(["run", "--k-samples", "2", "--gpus", "0,1", "--resume",
+                                      "false", "--limit", "10", "--max-tokens", "16"])
+    cfg = config_from_args(args)
+    assert (cfg.k_samples, cfg.gpus, cfg.resume, cfg.limit, cfg.max_tokens) == \
+        (2, (0, 1), False, 10, 16)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--k-samples", "abc"], "argument --k-samples: invalid int value: 'abc'"),
+    (["--resume", "maybe"], "argument --resume: expected true or false"),
+    (["--sample-top-p", "2"], "--sample-top-p must be in (0, 1]"),
+    (["--logging-profile", "huge"], "argument --logging-profile: invalid choice"),
+])
+def test_bad_flag_is_a_clear_cli_error(argv, needle, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "run", *argv,
+                           "--artifact-root", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert needle in proc.stderr
+    assert not (tmp_path / "run_manifest.json").exists()

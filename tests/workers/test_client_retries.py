@@ -1,0 +1,97 @@
+"""tenacity owns the retries: 5xx/timeouts retried 3 times, other 4xx never."""
+
+import asyncio
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from workers.client import BackendClient
+
+REPLY = {
+    "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+    "prompt_token_ids": [1, 2],
+    "choices": [{"index": 0, "finish_reason": "stop", "token_ids": [7, 8],
+                 "message": {"role": "assistant", "content": "Paris"},
+                 "logprobs": {"content": [
+                     {"token": "Par", "logprob": -0.1, "bytes": None, "logit": 12.5,
+                      "top_logprobs": [{"token": "Par", "logprob": -0.1, "bytes": None}]},
+                     {"token": "is", "logprob": -0.2, "bytes": None,
+                      "top_logprobs": [{"token": "is", "logprob": -0.2, "bytes": None}]}]}}],
+    "usage": {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4},
+    "kv_transfer_params": {"hidden_states_path": "/spool/a.safetensors"},
+}
+
+
+class _Scripted(BaseHTTPRequestHandler):
+    script: list = []
+    seen: list = []
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).seen.append(body)
+        status = type(self).script.pop(0) if type(self).script else 200
+        payload = REPLY if status == 200 else {"error": {"message": "boom", "type": "x",
+                                                         "code": status}}
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    _Scripted.seen = []
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def _chat(url):
+    client = BackendClient(url, "m", timeout=5, backoff_base=0.01)
+
+    async def go():
+        try:
+            return await client.chat([{"role": "user", "content": "q"}], temperature=0.0,
+                                     top_p=1.0, max_tokens=4, seed=1, capture=True)
+        finally:
+            await client.close()
+    return asyncio.run(go())
+
+
+def test_5xx_is_retried_then_succeeds(server):
+    _Scripted.script = [503, 500]
+    comp = _chat(server)
+    assert len(_Scripted.seen) == 3
+    assert comp.text == "Paris" and comp.token_ids == [7, 8] and comp.prompt_token_ids == [1, 2]
+    assert comp.hidden_states_path == "/spool/a.safetensors"
+    assert comp.logprobs[0]["logit"] == 12.5 and "logit" not in comp.logprobs[1]
+    sent = _Scripted.seen[-1]
+    assert sent["kv_transfer_params"] == {"include_output_tokens": True}
+    assert sent["return_token_ids"] is True and sent["top_logprobs"] == 5 and sent["n"] == 1
+
+
+def test_gives_up_after_three_attempts(server):
+    import openai
+
+    _Scripted.script = [500, 500, 500, 500]
+    with pytest.raises(openai.InternalServerError):
+        _chat(server)
+    assert len(_Scripted.seen) == 3
+
+
+def test_4xx_is_not_retried(server):
+    import openai
+
+    _Scripted.script = [400]
+    with pytest.raises(openai.BadRequestError):
+        _chat(server)
+    assert len(_Scripted.seen) == 1
