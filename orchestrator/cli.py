@@ -98,6 +98,9 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
                             help=f"{docs.get(f.name, '')} (default: {shown})", **kwargs)
     parser.add_argument("--consolidate-only", action="store_true",
                         help="Only consolidate existing worker outputs, then exit.")
+    parser.add_argument("--merge", action="store_true",
+                        help="With --consolidate-only and a shard format: physically merge the "
+                             "worker stores instead of writing a manifest over them.")
     parser.add_argument("--validate-only", action="store_true",
                         help="Only validate existing artifacts, then exit.")
     parser.add_argument("--retry-failed", action="store_true",
@@ -159,7 +162,7 @@ def _run_command(config: RunConfig, args: argparse.Namespace) -> int:
     from orchestrator.run import run
 
     if args.consolidate_only:
-        return postrun.consolidate_only(config)
+        return postrun.consolidate_only(config, merge=args.merge)
     if args.validate_only:
         return postrun.validate_only(config)
     if args.retry_failed:

@@ -78,7 +78,7 @@ FINGERPRINT_EXCLUDED = frozenset({
     "artifact_root", "num_workers", "groups_in_flight", "gpus", "manage_servers", "server_urls",
     "server_base_port", "server_startup_timeout", "resume", "limit", "checkpoint_every",
     "status_host", "status_port", "status_token", "progress", "request_timeout", "task_path",
-    "consolidate", "watchdog_stall_seconds", "cache_dir", "extra",
+    "consolidate", "watchdog_stall_seconds", "cache_dir", "extra", "judge_url", "judge_model",
 })
 
 
@@ -153,6 +153,11 @@ class RunConfig:
     """Rewrite completed_prompts.json every N completed prompts (and at exit)."""
     consolidate: bool = True
     """Consolidate when the queue drains."""
+    judge_url: str | None = None
+    """OpenAI-compatible base URL of the LLM judge that labels non-TriviaQA tasks (default: the
+    run's own first server)."""
+    judge_model: str | None = None
+    """Model name of the judge (default: the run's model)."""
     status_host: str = "127.0.0.1"
     """Address of the status API; anything but loopback requires status_token."""
     status_port: int | None = None

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from orchestrator.config import RunConfig
 from orchestrator.run import RunResult
 
-__all__ = ["format_result"]
+__all__ = ["format_result", "consolidate_only", "validate_only", "retry_failed"]
 
 
 def format_result(result: RunResult) -> str:
@@ -21,4 +22,65 @@ def format_result(result: RunResult) -> str:
         f"({result.done} this session, {result.done_before} before), {len(result.failed)} failed",
         f"labels: {balance}",
         f"artifacts: {result.artifact_root}",
-    ])
+    ] + ([f"consolidated: {result.consolidation['prompts']} prompts, "
+          f"{result.consolidation['activations']} activations in "
+          f"{result.consolidation['seconds']:.2f} s; validation "
+          f"{'OK' if result.validation and result.validation['ok'] else 'FAILED'}"]
+         if result.consolidation else []))
+
+
+def _print_validation(report: dict) -> None:
+    from orchestrator.validate import format_report
+
+    print(format_report(report))
+
+
+def consolidate_only(config: RunConfig, *, merge: bool = False) -> int:
+    """``--consolidate-only``: consolidate, export and validate existing worker outputs."""
+    from orchestrator.consolidate import consolidate
+    from orchestrator.exports import write_exports
+    from orchestrator.validate import validate
+
+    root = config.artifact_root
+    result = consolidate(root, merge=merge)
+    print(f"consolidated {result['prompts']} prompts, {result['generations']} generations, "
+          f"{result['activations']} activations ({result['total_bytes']} bytes) in "
+          f"{result['seconds']:.2f} s: {result['activation_modes']}")
+    exports = write_exports(root)
+    print("exports: " + ", ".join(f"{k} ({v})" for k, v in exports.items()))
+    report = validate(root, expected_prompt_ids=_expected_ids(config))
+    _print_validation(report)
+    return 0 if report["ok"] else 1
+
+
+def validate_only(config: RunConfig) -> int:
+    """``--validate-only``: check the artifacts; non-zero exit when they are incomplete."""
+    from orchestrator.validate import validate
+
+    report = validate(config.artifact_root, expected_prompt_ids=_expected_ids(config))
+    _print_validation(report)
+    return 0 if report["ok"] else 1
+
+
+def retry_failed(config: RunConfig) -> int:
+    """``--retry-failed``: reprocess exactly the failed or incomplete prompts, re-consolidate."""
+    from orchestrator.repair import prompts_to_retry
+    from orchestrator.run import run
+
+    expected = _expected_ids(config)
+    retry = prompts_to_retry(config.artifact_root, expected)
+    print(f"retrying {len(retry)} prompt(s): " + ", ".join(sorted(retry)[:10])
+          + (" ..." if len(retry) > 10 else ""))
+    result = run(config, only=retry, redo=retry)
+    print(format_result(result))
+    if result.validation is not None:
+        _print_validation(result.validation)
+        return 0 if result.validation["ok"] and not result.failed else 1
+    return 1 if result.failed else 0
+
+
+def _expected_ids(config: RunConfig) -> set[str]:
+    from orchestrator.tasks import load_task
+
+    task = load_task(config.task, config.task_path, split=config.split, limit=config.limit)
+    return {g.prompt_id for g in task.groups}

@@ -18,7 +18,9 @@ import httpx
 
 from orchestrator.checkpoint import CheckpointWriter, load_completed, write_completed
 from orchestrator.config import RunConfig, select_layer_ids
+from orchestrator.consolidate import consolidate
 from orchestrator.errors import HallulogError
+from orchestrator.exports import write_exports
 from orchestrator.manifest import (build_manifest, check_resumable, load_manifest,
                                    update_manifest, write_manifest)
 from orchestrator.pool import WorkerPool
@@ -27,6 +29,7 @@ from orchestrator.servers import (ModelInfo, ServerProcess, embedded_server_comm
                                   hallulog_cache_dir, kill_stale_servers, resolve_model)
 from orchestrator.status import StatusBoard
 from orchestrator.tasks import load_task
+from orchestrator.validate import validate
 from workers.persist import read_jsonl_committed, recover_worker_dir
 from workers.worker import WorkerSpec
 
@@ -46,6 +49,10 @@ class RunResult:
     failed: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
     labels: dict[str, int] = field(default_factory=dict)
+    judge: dict[str, Any] | None = None
+    consolidation: dict[str, Any] | None = None
+    exports: dict[str, int] | None = None
+    validation: dict[str, Any] | None = None
 
     @property
     def complete(self) -> bool:
@@ -67,8 +74,13 @@ def _raise_stop(signum, frame):  # noqa: ARG001
     raise _Stop()
 
 
-def run(config: RunConfig) -> RunResult:
-    """Run (or resume) the whole job described by ``config``."""
+def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | None = None
+        ) -> RunResult:
+    """Run (or resume) the whole job described by ``config``.
+
+    ``only`` restricts the work to these prompt ids; ``redo`` reprocesses these even when they
+    were committed before (``--retry-failed``: the new commit supersedes the old one).
+    """
     started = time.monotonic()
     root = Path(config.artifact_root)
     root.mkdir(parents=True, exist_ok=True)
@@ -101,8 +113,10 @@ def run(config: RunConfig) -> RunResult:
     run_id = fresh["run_id"]
 
     completed = _reconcile(root, config, layer_ids, model.hidden_size, run_id)
+    completed -= redo or set()
     all_ids = {g.prompt_id for g in groups}
-    pending = [g for g in groups if g.prompt_id not in completed]
+    pending = [g for g in groups if g.prompt_id not in completed
+               and (only is None or g.prompt_id in only)]
     done_before = len(all_ids & completed)
     result = RunResult(artifact_root=root, total=len(groups), done_before=done_before)
 
@@ -112,13 +126,16 @@ def run(config: RunConfig) -> RunResult:
                         k_samples=config.k_samples)
     api = _start_api(config, board)
     servers: list[ServerProcess] = []
+    urls: list[str] = [None]  # type: ignore[list-item]
     pool: WorkerPool | None = None
     checkpoint = CheckpointWriter(root, run_id)
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_stop)
     try:
-        if pending:
+        judge = needs_judge(config.task) and bool(unlabeled_prompts(root) or pending)
+        if pending or judge:
             board.set_phase("starting")
             servers, urls = _start_servers(config, model, layer_ids, root, cache_dir, board)
+        if pending:
             specs = _worker_specs(config, model, layer_ids, root, urls)
             pool = WorkerPool(specs)
             pool.start()
@@ -131,8 +148,17 @@ def run(config: RunConfig) -> RunResult:
         checkpoint = None
         update_manifest(root, completed_prompt_ids=sorted(completed),
                         finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        if judge:
+            board.set_phase("labeling")
+            result.judge = _label(config, root, urls[0], model.name)
+        for server in servers:
+            server.stop()
         if config.consolidate and result.complete:
-            _consolidate(config, root, board)
+            board.set_phase("consolidating")
+            result.consolidation = consolidate(root)
+            board.set_phase("exporting")
+            result.exports = write_exports(root)
+            result.validation = validate(root, expected_prompt_ids=all_ids)
         board.set_phase("done")
     except BaseException:
         board.set_phase("failed")
@@ -321,22 +347,47 @@ def _start_api(config: RunConfig, board: StatusBoard):
     return server
 
 
-def _consolidate(config: RunConfig, root: Path, board: StatusBoard) -> None:
-    try:
-        from orchestrator.consolidate import consolidate
-    except ImportError:  # consolidation lands with its own module
-        return
-    board.set_phase("consolidating")
-    consolidate(root)
+def needs_judge(task: str) -> bool:
+    """Tasks whose labels come from the LLM judge after the run (not from the worker)."""
+    return task != "triviaqa"
+
+
+def unlabeled_prompts(root: Path) -> set[str]:
+    """Committed prompts without a label in the worker rows nor in ``labels.jsonl``."""
+    labeled = {row.get("prompt_id") for row in read_jsonl_committed(root / "labels.jsonl")[0]}
+    missing = set()
+    for wdir in worker_dirs(root):
+        for row in read_jsonl_committed(wdir / "prompt_index.jsonl")[0]:
+            if row.get("label") is None and row["prompt_id"] not in labeled:
+                missing.add(row["prompt_id"])
+    return missing
+
+
+def _label(config: RunConfig, root: Path, own_url: str | None, own_model: str
+           ) -> dict[str, Any]:
+    import asyncio
+
+    from orchestrator.grading import label_run
+
+    url = config.judge_url or own_url
+    if url is None:
+        raise HallulogError(f"task {config.task} is graded by an LLM judge: set --judge-url")
+    return asyncio.run(label_run(root, task=config.task, judge_url=url,
+                                 judge_model=config.judge_model or own_model))
 
 
 def label_counts(root: Path) -> dict[str, int]:
-    """Label balance over the committed prompts of every worker dir."""
+    """Label balance over the committed prompts (judge labels from labels.jsonl win)."""
+    judged = {row["prompt_id"]: row.get("label")
+              for row in read_jsonl_committed(root / "labels.jsonl")[0]}
     counts = {"correct": 0, "hallucinated": 0, "unlabeled": 0}
+    seen: set[str] = set()
     for wdir in worker_dirs(root):
-        rows, _ = read_jsonl_committed(wdir / "prompt_index.jsonl")
-        for row in rows:
-            label = row.get("label")
+        for row in read_jsonl_committed(wdir / "prompt_index.jsonl")[0]:
+            if row["prompt_id"] in seen:
+                continue
+            seen.add(row["prompt_id"])
+            label = judged.get(row["prompt_id"], row.get("label"))
             counts["correct" if label == 0 else "hallucinated" if label == 1
                    else "unlabeled"] += 1
     return counts

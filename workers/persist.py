@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -62,7 +63,12 @@ class WorkerDir:
 
     def persist_group(self, prompt_row: dict[str, Any], generations: list[GenerationRecord]
                       ) -> None:
-        """Commit one prompt group durably, in the order the module docstring gives."""
+        """Commit one prompt group durably, in the order the module docstring gives.
+
+        Every row of the group gets the same fresh ``commit_id``, so that consolidation can
+        tell two commits of one prompt apart (``--retry-failed``).
+        """
+        commit_id = uuid.uuid4().hex
         activation_rows = []
         for gen in generations:
             if gen.acts is None:
@@ -72,10 +78,11 @@ class WorkerDir:
             location = self.writer.write(key, gen.acts, storage.SampleMeta(
                 prompt_len=gen.prompt_rows, response_len=gen.response_rows, label=label))
             activation_rows.append({**gen.activation_row, **location,
-                                    "worker_id": self.worker_id})
-        self._append("generations.jsonl", [g.row for g in generations])
+                                    "worker_id": self.worker_id, "commit_id": commit_id})
+        self._append("generations.jsonl", [{**g.row, "commit_id": commit_id}
+                                           for g in generations])
         self._append("activation_index.jsonl", activation_rows)
-        self._append("prompt_index.jsonl", [prompt_row])
+        self._append("prompt_index.jsonl", [{**prompt_row, "commit_id": commit_id}])
 
     def record_error(self, error: dict[str, Any]) -> None:
         """Append one ``errors.jsonl`` row (seed 003 §12 fields)."""
@@ -125,12 +132,13 @@ def recover_worker_dir(root: Path, *, storage_format: str, layer_ids: list[int],
         return set()
     prompt_rows, _ = read_jsonl_committed(root / "prompt_index.jsonl")
     committed = {r["prompt_id"] for r in prompt_rows}
+    commits = {r.get("commit_id") for r in prompt_rows}
     keep_keys: set[str] = set()
     for name in JSONL_FILES:
         path = root / name
         rows, complete = read_jsonl_committed(path)
         if name in ("generations.jsonl", "activation_index.jsonl"):
-            kept = [r for r in rows if r.get("prompt_id") in committed]
+            kept = [r for r in rows if r.get("commit_id") in commits]
         else:
             kept = rows
         if name == "activation_index.jsonl":

@@ -1,0 +1,197 @@
+"""Consolidation (seed 003 §11.2): merge every worker's output into ``consolidated/``.
+
+- JSONL rows are streamed worker by worker; only complete prompt groups (a prompt row and K+1
+  generations) are kept, each prompt once (the latest commit wins when a prompt was committed
+  twice, e.g. by ``--retry-failed``) and each (prompt_id, sample_id) once.
+- Per-file activations (npy) are hard-linked into ``consolidated/activations/`` (copied only
+  across filesystems); shard formats get a manifest over the worker stores (no copy), or a
+  physical merge with ``merge=True``.
+- Labels from ``labels.jsonl`` (the judge, after the run) are joined into the prompt rows.
+- ``run_manifest.json`` gets a ``consolidation`` block.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterator
+
+import storage
+
+from orchestrator.errors import ArtifactError
+from orchestrator.manifest import load_manifest, update_manifest
+
+__all__ = ["consolidate", "iter_jsonl", "ConsolidationResult", "CONSOLIDATED"]
+
+log = logging.getLogger(__name__)
+
+CONSOLIDATED = "consolidated"
+
+
+def iter_jsonl(path: Path, *, strict: bool = True) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, row) of a JSONL file; a torn last line (no newline) is skipped.
+
+    A malformed complete line raises ArtifactError naming file and line (``strict``) or is
+    skipped (the validator reports those).
+    """
+    if not path.exists():
+        return
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.endswith(b"\n"):
+                log.warning("%s:%d: torn last line ignored", path, lineno)
+                return
+            if not raw.strip():
+                continue
+            try:
+                yield lineno, json.loads(raw)
+            except json.JSONDecodeError as exc:
+                if strict:
+                    raise ArtifactError(f"{path}:{lineno}: malformed JSON ({exc.msg}); run "
+                                        "--validate-only for a full report") from None
+
+
+def _worker_dirs(root: Path) -> list[Path]:
+    from orchestrator.run import worker_dirs
+
+    return worker_dirs(root)
+
+
+class ConsolidationResult(dict):
+    """The consolidation block written into run_manifest.json."""
+
+
+def _pick_commits(root: Path, k_samples: int) -> dict[str, tuple[str, str | None]]:
+    """prompt_id → (worker dir name, commit_id) of the commit to keep (complete, latest)."""
+    counts: dict[tuple[str, str, str | None], set[int]] = defaultdict(set)
+    for wdir in _worker_dirs(root):
+        for _, row in iter_jsonl(wdir / "generations.jsonl", strict=False):
+            counts[(wdir.name, row.get("prompt_id"), row.get("commit_id"))].add(
+                row.get("sample_id"))
+    chosen: dict[str, tuple[str, str | None, str]] = {}
+    for wdir in _worker_dirs(root):
+        for _, row in iter_jsonl(wdir / "prompt_index.jsonl", strict=False):
+            pid, cid = row.get("prompt_id"), row.get("commit_id")
+            samples = counts.get((wdir.name, pid, cid), set())
+            if samples != set(range(k_samples + 1)):
+                continue
+            stamp = row.get("completed_at") or ""
+            if pid not in chosen or stamp >= chosen[pid][2]:
+                chosen[pid] = (wdir.name, cid, stamp)
+    return {pid: (w, c) for pid, (w, c, _) in chosen.items()}
+
+
+def _load_labels(root: Path) -> dict[str, dict[str, Any]]:
+    labels = {}
+    for _, row in iter_jsonl(root / "labels.jsonl", strict=False):
+        labels[row["prompt_id"]] = row
+    return labels
+
+
+def _link_or_copy(src: Path, dst: Path) -> str:
+    if dst.exists():
+        if os.path.samefile(src, dst):
+            return "link"
+        dst.unlink()
+    try:
+        os.link(src, dst)
+        return "link"
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            raise
+        shutil.copy2(src, dst)
+        return "copy"
+
+
+def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
+    """Merge ``worker_*`` into ``root/consolidated``; returns the consolidation metadata."""
+    started = time.monotonic()
+    root = Path(root)
+    manifest = load_manifest(root)
+    if manifest is None:
+        raise ArtifactError(f"{root}/run_manifest.json: no run here to consolidate")
+    k = int(manifest["k_samples"])
+    fmt = manifest.get("storage_format", "npy")
+    out = root / CONSOLIDATED
+    out.mkdir(exist_ok=True)
+    chosen = _pick_commits(root, k)
+    labels = _load_labels(root)
+    kept_generations = kept_activations = total_bytes = 0
+    modes: dict[str, int] = defaultdict(int)
+    act_dir = out / "activations"
+
+    tmp = {name: open(out / f"{name}.partial", "w", encoding="utf-8")
+           for name in ("prompt_index.jsonl", "generations.jsonl", "activation_index.jsonl")}
+    try:
+        if fmt == "npy":
+            act_dir.mkdir(exist_ok=True)
+        for wdir in _worker_dirs(root):
+            def keep(row: dict[str, Any]) -> bool:
+                pick = chosen.get(row.get("prompt_id"))
+                return pick is not None and pick == (wdir.name, row.get("commit_id"))
+
+            for _, row in iter_jsonl(wdir / "prompt_index.jsonl"):
+                if keep(row):
+                    label = labels.get(row["prompt_id"])
+                    if label is not None:
+                        row = {**row, "label": label.get("label"),
+                               "label_grader": label.get("label_grader"),
+                               "judge_verdict": label.get("verdict"),
+                               "judge_raw": label.get("judge_raw"),
+                               "abstained": label.get("abstained")}
+                    tmp["prompt_index.jsonl"].write(json.dumps(row, ensure_ascii=False) + "\n")
+            seen: set[tuple[str, int]] = set()
+            for _, row in iter_jsonl(wdir / "generations.jsonl"):
+                key = (row["prompt_id"], row["sample_id"])
+                if keep(row) and key not in seen:
+                    seen.add(key)
+                    kept_generations += 1
+                    tmp["generations.jsonl"].write(json.dumps(row, ensure_ascii=False) + "\n")
+            for _, row in iter_jsonl(wdir / "activation_index.jsonl"):
+                if not keep(row):
+                    continue
+                if fmt == "npy":
+                    src = wdir / row["file_path"]
+                    modes[_link_or_copy(src, act_dir / src.name)] += 1
+                    row = {**row, "file_path": f"activations/{src.name}",
+                           "source_path": f"{wdir.name}/{row['file_path']}"}
+                total_bytes += int(row.get("size_bytes") or 0)
+                kept_activations += 1
+                tmp["activation_index.jsonl"].write(json.dumps(row, ensure_ascii=False) + "\n")
+        for f in tmp.values():
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        for f in tmp.values():
+            f.close()
+    for name in tmp:
+        os.replace(out / f"{name}.partial", out / name)
+
+    if fmt != "npy":
+        stores = [storage.store_dir(w) for w in _worker_dirs(root)
+                  if os.path.exists(storage.store_dir(w))]
+        if stores:
+            if merge:
+                if act_dir.exists():
+                    shutil.rmtree(act_dir)
+                storage.merge_stores(stores, act_dir, fmt=fmt)
+                modes["merge"] = len(stores)
+            else:
+                storage.write_multi_manifest(act_dir, stores)
+                modes["manifest"] = len(stores)
+
+    result = ConsolidationResult(
+        timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), prompts=len(chosen),
+        generations=kept_generations, activations=kept_activations, total_bytes=total_bytes,
+        activation_modes=dict(modes), seconds=round(time.monotonic() - started, 3),
+        path=CONSOLIDATED)
+    update_manifest(root, consolidation=dict(result))
+    log.info("consolidated %d prompts, %d generations, %d activations in %.2f s",
+             len(chosen), kept_generations, kept_activations, result["seconds"])
+    return result

@@ -1,0 +1,126 @@
+"""Method exports (seed 003 §6.5) from ``consolidated/``, documented in docs/exports.md.
+
+Every row carries prompt_id, the sample ids and the label, so a method joins nothing by
+position. Generations are streamed prompt group by prompt group (consolidation writes each
+group's rows together); only the prompt and activation indexes are held in memory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+from orchestrator.consolidate import CONSOLIDATED, iter_jsonl
+
+__all__ = ["write_exports", "EXPORT_FILES"]
+
+EXPORT_FILES = ("selfcheck_samples.jsonl", "semantic_entropy_inputs.jsonl",
+                "semantic_energy_inputs.jsonl", "geometry_inputs.jsonl", "logprob_inputs.jsonl")
+
+
+def _groups(path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    rows = (row for _, row in iter_jsonl(path))
+    for pid, group in itertools.groupby(rows, key=lambda r: r["prompt_id"]):
+        yield pid, sorted(group, key=lambda r: r["sample_id"])
+
+
+def _token_logprobs(gen: dict[str, Any]) -> list[float]:
+    return [t["logprob"] for t in gen.get("logprobs") or []]
+
+
+def _logprob_summary(gen: dict[str, Any]) -> dict[str, Any]:
+    lps = _token_logprobs(gen)
+    return {"sample_id": gen["sample_id"], "text": gen["text"], "label": gen.get("label"),
+            "token_logprobs": lps, "sum_logprob": float(sum(lps)),
+            "mean_logprob": float(sum(lps) / len(lps)) if lps else None,
+            "num_tokens": len(lps)}
+
+
+def _energy_sample(gen: dict[str, Any]) -> dict[str, Any]:
+    logits = [t.get("logit") for t in gen.get("logprobs") or []]
+    have_logits = bool(logits) and all(v is not None for v in logits)
+    return {"sample_id": gen["sample_id"], "text": gen["text"], "label": gen.get("label"),
+            "token_logits": logits if have_logits else None,
+            "token_logprobs": _token_logprobs(gen),
+            "logit_source": "raw_logits" if have_logits else "logprobs_only"}
+
+
+def write_exports(root: Path) -> dict[str, int]:
+    """Write every export into ``consolidated/exports/``; returns rows written per file."""
+    out = Path(root) / CONSOLIDATED
+    exports = out / "exports"
+    exports.mkdir(exist_ok=True)
+    prompts = {row["prompt_id"]: row for _, row in iter_jsonl(out / "prompt_index.jsonl")}
+    acts = {row["activation_key"]: row
+            for _, row in iter_jsonl(out / "activation_index.jsonl")}
+    files = {name: open(exports / f"{name}.partial", "w", encoding="utf-8")
+             for name in EXPORT_FILES}
+    written = dict.fromkeys(EXPORT_FILES, 0)
+
+    def emit(name: str, row: dict[str, Any]) -> None:
+        files[name].write(json.dumps(row, ensure_ascii=False) + "\n")
+        written[name] += 1
+
+    try:
+        for pid, gens in _groups(out / "generations.jsonl"):
+            prompt = prompts.get(pid)
+            if prompt is None or not gens or gens[0]["sample_id"] != 0:
+                continue
+            primary, samples = gens[0], gens[1:]
+            base = {"prompt_id": pid, "label": prompt.get("label"),
+                    "label_grader": prompt.get("label_grader"),
+                    "question": prompt.get("prompt"),
+                    "sample_ids": [g["sample_id"] for g in gens]}
+            emit("selfcheck_samples.jsonl", {
+                **base, "primary": {"sample_id": 0, "text": primary["text"]},
+                "samples": [{"sample_id": g["sample_id"], "text": g["text"]} for g in samples]})
+            emit("semantic_entropy_inputs.jsonl", {
+                **base, "primary": _logprob_summary(primary),
+                "samples": [_logprob_summary(g) for g in samples]})
+            energy = [_energy_sample(g) for g in gens]
+            emit("semantic_energy_inputs.jsonl", {
+                **base, "logit_source": ("raw_logits" if all(e["logit_source"] == "raw_logits"
+                                                             for e in energy)
+                                         else "logprobs_only"),
+                "samples": energy})
+            emit("geometry_inputs.jsonl", {**base, **_geometry(prompt, primary, acts)})
+            emit("logprob_inputs.jsonl", {
+                **base, "sample_id": 0, "text": primary["text"],
+                "tokens": [t["token"] for t in primary.get("logprobs") or []],
+                "token_ids": primary.get("token_ids"),
+                "token_logprobs": _token_logprobs(primary),
+                "top_logprobs": [t["top_logprobs"] for t in primary.get("logprobs") or []]})
+        for f in files.values():
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        for f in files.values():
+            f.close()
+    for name in EXPORT_FILES:
+        os.replace(exports / f"{name}.partial", exports / name)
+    return written
+
+
+def _geometry(prompt: dict[str, Any], primary: dict[str, Any], acts: dict[str, dict[str, Any]]
+              ) -> dict[str, Any]:
+    """Primary + reference + where the prompt end and answer tokens sit in the stored rows."""
+    key = f"{prompt['prompt_id']}_0"
+    act = acts.get(key)
+    p = len(prompt.get("prompt_token_ids") or [])
+    r = len(primary.get("token_ids") or [])
+    row = {"sample_id": 0, "primary": primary["text"],
+           "reference_answer": prompt.get("reference_answer"),
+           "activation_key": key if act else None,
+           "prompt_end_position": p - 1 if p else None,
+           "answer_token_positions": list(range(p, p + r))}
+    if act:
+        start, n = act.get("row0_position", 0), act.get("num_rows", act["shape"][1])
+        row.update(layers=act["layers"], sequence_mode=act["sequence_mode"], row0_position=start,
+                   num_rows=n,
+                   prompt_end_row=(p - 1 - start) if start <= p - 1 < start + n else None,
+                   answer_token_rows=[pos - start for pos in range(p, p + r)
+                                      if start <= pos < start + n])
+    return row

@@ -1,0 +1,150 @@
+"""Shared pieces of the task loaders: result type, errors, line-aware file reading."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.prompts import PromptGroup
+
+__all__ = ["TaskData", "MalformedLine", "DatasetFormatError", "MalformedCollector", "read_text",
+           "LineCounter", "iter_jsonl", "skip_ws", "report_malformed"]
+
+log = logging.getLogger("orchestrator.tasks")
+
+# Individual warnings per file before only the summary is logged.
+_MAX_WARNINGS_PER_FILE = 20
+
+
+class DatasetFormatError(ValueError):
+    """A dataset file that cannot be used; ``str()`` is ``"<file>:<line>: <what is wrong>"``."""
+
+    def __init__(self, file: str | Path, line: int, what: str) -> None:
+        self.file = str(file)
+        self.line = int(line)
+        self.what = what
+        super().__init__(f"{self.file}:{self.line}: {what}")
+
+
+@dataclass(frozen=True)
+class MalformedLine:
+    """One skipped record of a line-oriented file (JSONL, CSV)."""
+
+    file: str
+    line: int
+    """1-based line number where the record starts."""
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.message}"
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """What a task loader returns."""
+
+    groups: list[PromptGroup]
+    source: str
+    """Path of the file the groups were read from."""
+    prompt_template: str
+    """The template text the prompts were built with (hash it for ``prompt_template_hash``)."""
+    malformed: list[MalformedLine] = field(default_factory=list)
+    """Records skipped because they were malformed (line-oriented files only)."""
+    task: str = ""
+    split: str = ""
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+
+class MalformedCollector:
+    """Collects skipped records of one file and logs each (up to a cap) with file:line."""
+
+    def __init__(self, file: str, strict: bool) -> None:
+        self.file = file
+        self.strict = strict
+        self.items: list[MalformedLine] = []
+
+    def add(self, line: int, message: str) -> None:
+        if self.strict:
+            raise DatasetFormatError(self.file, line, message)
+        self.items.append(MalformedLine(self.file, line, message))
+        if len(self.items) <= _MAX_WARNINGS_PER_FILE:
+            log.warning("%s:%d: %s; line skipped", self.file, line, message)
+
+    def finish(self) -> list[MalformedLine]:
+        if len(self.items) > _MAX_WARNINGS_PER_FILE:
+            log.warning("%s: %d malformed lines skipped in all (only the first %d were logged)",
+                        self.file, len(self.items), _MAX_WARNINGS_PER_FILE)
+        elif self.items:
+            log.warning("%s: %d malformed line(s) skipped", self.file, len(self.items))
+        return list(self.items)
+
+
+def report_malformed(malformed: list[MalformedLine]) -> str:
+    """A short multi-line text naming every skipped record (for CLI summaries)."""
+    return "\n".join(str(m) for m in malformed)
+
+
+def read_text(path: str | Path) -> str:
+    """The file as text (UTF-8, optional BOM); undecodable bytes are an error naming the line."""
+    raw = Path(path).read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise DatasetFormatError(path, line, f"not valid UTF-8 ({exc.reason} at byte {exc.start})") \
+            from None
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def skip_ws(text: str, pos: int) -> int:
+    """Position of the first non-JSON-whitespace character at or after ``pos``."""
+    return _WS.match(text, pos).end()  # type: ignore[union-attr]
+
+
+class LineCounter:
+    """1-based line number of a character offset; cheap for increasing offsets."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._pos = 0
+        self._line = 1
+
+    def line_at(self, pos: int) -> int:
+        if pos < self._pos:
+            self._pos, self._line = 0, 1
+        self._line += self.text.count("\n", self._pos, pos)
+        self._pos = pos
+        return self._line
+
+
+def iter_jsonl(text: str, collector: MalformedCollector) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """Yield ``(line_number, record_index, object)`` for each JSON object line.
+
+    Blank lines are not records. ``record_index`` counts every non-blank line (malformed ones too,
+    so fixing a bad line never renumbers the others), starting at 0. Lines that are not valid JSON
+    or not a JSON object go to ``collector``.
+    """
+    index = -1
+    # split on "\n" only: str.splitlines() would also break inside strings holding U+2028 etc.
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        index += 1
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            collector.add(lineno, f"invalid JSON: {exc.msg} (column {exc.colno})")
+            continue
+        if not isinstance(obj, dict):
+            collector.add(lineno, f"expected a JSON object, got {type(obj).__name__}")
+            continue
+        yield lineno, index, obj

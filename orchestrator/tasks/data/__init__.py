@@ -1,0 +1,1 @@
+"""Bundled sample datasets (written for hallulog); see docs/tasks.md."""

@@ -1,0 +1,248 @@
+"""Loaders for the HalluLens task files: precisewikiqa, longwiki, mixedentities.
+
+Schemas (field by field, with their source in the HalluLens code) are in docs/tasks.md. In short:
+
+* precisewikiqa / longwiki: JSONL, one generated question per line with ``prompt`` (the question),
+  ``answer``, ``title``, ``h_score_cat``, ``pageid``, ``revid``, ``description``, ``categories``
+  and ``reference`` (the Wikipedia section the question was generated from).
+* mixedentities: the prompt file of the nonexistent-entities test, CSV (HalluLens writes it with
+  pandas) or JSONL, with ``prompt``, ``name`` and ``type``; hallulog adds an optional ``exists``
+  column so real and made-up names can be mixed (absent means made up, as in HalluLens).
+
+Ids: the record's ``id`` field when it has one, else its 0-based record index (data rows for CSV,
+non-blank lines for JSONL, malformed ones included so fixing a line renumbers nothing).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from orchestrator.prompts import PromptGroup
+from orchestrator.tasks.base import (DatasetFormatError, MalformedCollector, TaskData, iter_jsonl,
+                                     read_text)
+
+__all__ = ["DEFAULT_SPLIT", "QA_PROMPT_TEMPLATE", "ENTITY_PROMPT_TEMPLATES", "MIXED_PROMPT_TEMPLATE",
+           "load_precisewikiqa", "load_longwiki", "load_mixedentities"]
+
+DEFAULT_SPLIT = "test"
+
+# HalluLens sends the generated question to the model as it is.
+QA_PROMPT_TEMPLATE = "{prompt}"
+
+# Used only for mixedentities rows that carry a name but no prompt (written for hallulog).
+ENTITY_PROMPT_TEMPLATES: tuple[str, ...] = (
+    "Tell me what you know about the {type} {name}.",
+    "Please describe the {type} {name}.",
+    "Give me a short overview of the {type} {name}.",
+    "What is known about the {type} {name}?",
+    "Write a few sentences about the {type} {name}.",
+    "Summarize the main facts about the {type} {name}.",
+)
+MIXED_PROMPT_TEMPLATE = ("{prompt}\n--- rows without a prompt use template (record index mod "
+                         f"{len(ENTITY_PROMPT_TEMPLATES)}):\n" + "\n".join(ENTITY_PROMPT_TEMPLATES))
+
+# Metadata fields kept in PromptGroup.meta when the record has them.
+_WIKI_META = ("title", "h_score_cat", "pageid", "revid", "description", "categories")
+
+_TRUE = {"true", "1", "yes", "y", "t"}
+_FALSE = {"false", "0", "no", "n", "f", ""}
+
+
+def _user(content: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": content}]
+
+
+def _record_id(obj: dict[str, Any], index: int) -> tuple[str, str | None]:
+    """(dataset_id, error) — the record's ``id`` when present, else its index."""
+    if "id" not in obj or obj["id"] is None:
+        return str(index), None
+    rid = obj["id"]
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or str(rid).strip() == "":
+        return "", f"\"id\" must be a non-empty string or integer, got {rid!r}"
+    return str(rid), None
+
+
+def _nonempty_str(obj: dict[str, Any], *keys: str) -> str | None:
+    for key in keys:
+        value = obj.get(key)
+        if isinstance(value, str) and value.strip():
+            return value
+    return None
+
+
+class _Builder:
+    """Turns checked records into groups: duplicate ids are malformed, ``limit`` stops early."""
+
+    def __init__(self, dataset: str, split: str, collector: MalformedCollector,
+                 limit: int | None) -> None:
+        self.dataset, self.split, self.collector, self.limit = dataset, split, collector, limit
+        self.groups: list[PromptGroup] = []
+        self._seen: dict[str, int] = {}
+
+    @property
+    def full(self) -> bool:
+        return self.limit is not None and len(self.groups) >= self.limit
+
+    def add(self, lineno: int, dataset_id: str, messages: list[dict[str, str]], reference: Any,
+            meta: dict[str, Any]) -> None:
+        if dataset_id in self._seen:
+            self.collector.add(lineno, f"duplicate id {dataset_id!r} (first on line "
+                                       f"{self._seen[dataset_id]})")
+            return
+        self._seen[dataset_id] = lineno
+        self.groups.append(PromptGroup.create(self.dataset, self.split, dataset_id, messages,
+                                              reference=reference, meta=meta))
+
+    def result(self, path: str, template: str) -> TaskData:
+        if not self.groups:
+            if self.collector.items:
+                first = self.collector.items[0]
+                raise DatasetFormatError(path, first.line, f"no valid record in the file "
+                                         f"({len(self.collector.items)} malformed; first: {first.message})")
+            raise DatasetFormatError(path, 1, "the file holds no records")
+        return TaskData(groups=self.groups, source=path, prompt_template=template,
+                        malformed=self.collector.finish(), task=self.dataset, split=self.split)
+
+
+def _load_wiki_qa(dataset: str, path: str | Path, split: str | None, limit: int | None,
+                  strict: bool, answer_required: bool) -> TaskData:
+    path_s = str(path)
+    text = read_text(path)
+    collector = MalformedCollector(path_s, strict)
+    builder = _Builder(dataset, split or DEFAULT_SPLIT, collector, limit)
+    for lineno, index, obj in iter_jsonl(text, collector):
+        question = _nonempty_str(obj, "prompt", "question")
+        if question is None:
+            collector.add(lineno, "missing or empty \"prompt\" (the question)")
+            continue
+        answer = obj.get("answer")
+        if answer is not None and not isinstance(answer, str):
+            collector.add(lineno, f"\"answer\" must be a string, got {type(answer).__name__}")
+            continue
+        if answer_required and (answer is None or not answer.strip()):
+            collector.add(lineno, "missing or empty \"answer\"")
+            continue
+        document = obj.get("reference")
+        if document is not None and not isinstance(document, str):
+            collector.add(lineno, f"\"reference\" must be a string, got {type(document).__name__}")
+            continue
+        dataset_id, err = _record_id(obj, index)
+        if err:
+            collector.add(lineno, err)
+            continue
+        # No "aliases" key: that marks alias-gradable (triviaqa) references for the worker;
+        # these tasks are graded by the judge against ``value`` and ``document``.
+        reference: dict[str, Any] = {"value": answer, "document": document}
+        meta = {"question": question.strip()}
+        meta.update({k: obj[k] for k in _WIKI_META if k in obj})
+        builder.add(lineno, dataset_id, _user(question.strip()), reference, meta)
+        if builder.full:
+            break
+    return builder.result(path_s, QA_PROMPT_TEMPLATE)
+
+
+def load_precisewikiqa(path: str | Path, *, split: str | None = None, limit: int | None = None,
+                       strict: bool = False) -> TaskData:
+    """PreciseWikiQA generated QA pairs (JSONL); ``answer`` is required."""
+    return _load_wiki_qa("precisewikiqa", path, split, limit, strict, answer_required=True)
+
+
+def load_longwiki(path: str | Path, *, split: str | None = None, limit: int | None = None,
+                  strict: bool = False) -> TaskData:
+    """LongWiki questions (JSONL); ``answer`` is optional (HalluLens grades against the wiki)."""
+    return _load_wiki_qa("longwiki", path, split, limit, strict, answer_required=False)
+
+
+# ----------------------------------------------------------------------------- mixedentities
+
+def _parse_exists(value: Any) -> bool | None:
+    if value is None:
+        return False
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in _TRUE:
+            return True
+        if v in _FALSE:
+            return False
+    return None
+
+
+def _csv_records(text: str, path: str, collector: MalformedCollector
+                 ) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """``(start_line, row_index, row)`` for each data row of a CSV file with a header."""
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    try:
+        header = next(reader, None)
+    except csv.Error as exc:
+        raise DatasetFormatError(path, reader.line_num or 1, f"unreadable CSV header: {exc}") from None
+    if not header or not any(h.strip() for h in header):
+        raise DatasetFormatError(path, 1, "empty file or missing CSV header")
+    header = [h.strip() for h in header]
+    index = -1
+    prev_line = reader.line_num
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise DatasetFormatError(path, prev_line + 1, f"unreadable CSV: {exc}") from None
+        start, prev_line = prev_line + 1, reader.line_num
+        if not row or all(not cell.strip() for cell in row):
+            continue
+        index += 1
+        if len(row) != len(header):
+            collector.add(start, f"expected {len(header)} CSV fields ({', '.join(header)}), "
+                                 f"got {len(row)}")
+            continue
+        yield start, index, dict(zip(header, row))
+
+
+def load_mixedentities(path: str | Path, *, split: str | None = None, limit: int | None = None,
+                       strict: bool = False) -> TaskData:
+    """Nonexistent-entity prompts (CSV as HalluLens writes it, or JSONL)."""
+    path_s = str(path)
+    text = read_text(path)
+    collector = MalformedCollector(path_s, strict)
+    builder = _Builder("mixedentities", split or DEFAULT_SPLIT, collector, limit)
+    if Path(path_s).suffix.lower() == ".csv":
+        records = _csv_records(text, path_s, collector)
+    else:
+        records = iter_jsonl(text, collector)
+    for lineno, index, obj in records:
+        name = _nonempty_str(obj, "name")
+        if name is None:
+            collector.add(lineno, "missing or empty \"name\"")
+            continue
+        etype = _nonempty_str(obj, "type", "type_")
+        if etype is None:
+            collector.add(lineno, "missing or empty \"type\"")
+            continue
+        exists = _parse_exists(obj.get("exists"))
+        if exists is None:
+            collector.add(lineno, f"\"exists\" must be true or false, got {obj.get('exists')!r}")
+            continue
+        dataset_id, err = _record_id(obj, index)
+        if err:
+            collector.add(lineno, err)
+            continue
+        prompt = _nonempty_str(obj, "prompt")
+        from_template = prompt is None
+        if prompt is None:
+            template = ENTITY_PROMPT_TEMPLATES[index % len(ENTITY_PROMPT_TEMPLATES)]
+            prompt = template.format(type=etype.strip(), name=name.strip())
+        reference = {"value": None, "name": name.strip(), "type": etype.strip(), "exists": exists}
+        meta = {"question": prompt.strip(), "entity_name": name.strip(), "entity_type": etype.strip(),
+                "entity_exists": exists, "prompt_from_template": from_template}
+        builder.add(lineno, dataset_id, _user(prompt.strip()), reference, meta)
+        if builder.full:
+            break
+    return builder.result(path_s, MIXED_PROMPT_TEMPLATE)
