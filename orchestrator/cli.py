@@ -127,9 +127,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """A ``RunConfig`` from parsed args (unset flags keep the dataclass defaults)."""
+    """A ``RunConfig`` from parsed args (unset flags keep the dataclass defaults).
+
+    The post-run commands (``--consolidate-only``, ``--validate-only``, ``--retry-failed``)
+    start from the config recorded in the run's manifest, so only ``--artifact-root`` is needed;
+    flags given explicitly still override it.
+    """
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)
              if f.name not in _HIDDEN_FIELDS and getattr(args, f.name, None) is not None}
+    if getattr(args, "consolidate_only", False) or getattr(args, "validate_only", False) \
+            or getattr(args, "retry_failed", False):
+        from orchestrator.manifest import load_manifest
+
+        manifest = load_manifest(given.get("artifact_root", RunConfig.artifact_root))
+        if manifest is not None:
+            names = {f.name for f in dataclasses.fields(RunConfig)}
+            recorded = {k: tuple(v) if isinstance(v, list) else v
+                        for k, v in manifest.get("config", {}).items() if k in names}
+            for key in ("artifact_root", "cache_dir"):
+                if recorded.get(key) is not None:
+                    recorded[key] = Path(recorded[key])
+            given = {**recorded, **given}
     return RunConfig(**given)
 
 

@@ -72,7 +72,8 @@ def write_exports(root: Path) -> dict[str, int]:
             primary, samples = gens[0], gens[1:]
             base = {"prompt_id": pid, "label": prompt.get("label"),
                     "label_grader": prompt.get("label_grader"),
-                    "question": prompt.get("prompt"),
+                    "question": (prompt.get("meta") or {}).get("question") or prompt.get("prompt"),
+                    "prompt": prompt.get("prompt"),
                     "sample_ids": [g["sample_id"] for g in gens]}
             emit("selfcheck_samples.jsonl", {
                 **base, "primary": {"sample_id": 0, "text": primary["text"]},
