@@ -25,6 +25,7 @@ from typing import Any, Iterator
 import storage
 
 from orchestrator.errors import ArtifactError
+from orchestrator.grading import apply_label, load_labels
 from orchestrator.manifest import load_manifest, update_manifest
 
 __all__ = ["consolidate", "iter_jsonl", "ConsolidationResult", "CONSOLIDATED"]
@@ -87,13 +88,6 @@ def _pick_commits(root: Path, k_samples: int) -> dict[str, tuple[str, str | None
     return {pid: (w, c) for pid, (w, c, _) in chosen.items()}
 
 
-def _load_labels(root: Path) -> dict[str, dict[str, Any]]:
-    labels = {}
-    for _, row in iter_jsonl(root / "labels.jsonl", strict=False):
-        labels[row["prompt_id"]] = row
-    return labels
-
-
 def _link_or_copy(src: Path, dst: Path) -> str:
     if dst.exists():
         if os.path.samefile(src, dst):
@@ -121,7 +115,7 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
     out = root / CONSOLIDATED
     out.mkdir(exist_ok=True)
     chosen = _pick_commits(root, k)
-    labels = _load_labels(root)
+    labels = load_labels(root)
     kept_generations = kept_activations = total_bytes = 0
     modes: dict[str, int] = defaultdict(int)
     act_dir = out / "activations"
@@ -138,13 +132,7 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
 
             for _, row in iter_jsonl(wdir / "prompt_index.jsonl"):
                 if keep(row):
-                    label = labels.get(row["prompt_id"])
-                    if label is not None:
-                        row = {**row, "label": label.get("label"),
-                               "label_grader": label.get("label_grader"),
-                               "judge_verdict": label.get("verdict"),
-                               "judge_raw": label.get("judge_raw"),
-                               "abstained": label.get("abstained")}
+                    row = apply_label(row, labels.get(row["prompt_id"]))
                     tmp["prompt_index.jsonl"].write(json.dumps(row, ensure_ascii=False) + "\n")
             seen: set[tuple[str, int]] = set()
             for _, row in iter_jsonl(wdir / "generations.jsonl"):
