@@ -1,0 +1,44 @@
+"""hallulog's activation store: formats, one reader interface, converters, PyTorch datasets.
+
+Formats (normative docs in docs/formats/): ``packed`` (CSR shards, the fast one), ``zarr``
+(seed 000, Zarr v2; v3 + sharding as an option), ``npy`` (seed 003 §6.4). ``storage`` imports
+nothing from the rest of hallulog.
+
+    from storage import open_writer, SampleMeta, open_store, ActivationPairsDataset, collate_pairs
+"""
+
+from .base import ActivationReader, ActivationWriter, SampleMeta
+from .convert import convert_store, merge_stores
+from .errors import CorruptShardError, ManifestError, StorageError, UnknownFormatError
+from .multi import MultiReader, write_multi_manifest
+from .registry import FORMATS, detect_format, open_store, open_writer, store_dir
+
+
+def __getattr__(name):  # torch is imported only by those who use the Dataset
+    if name in ("ActivationPairsDataset", "collate_pairs"):
+        from . import dataset
+
+        return getattr(dataset, name)
+    raise AttributeError(f"module 'storage' has no attribute {name!r}")
+
+
+__all__ = [
+    "FORMATS",
+    "ActivationPairsDataset",
+    "ActivationReader",
+    "ActivationWriter",
+    "CorruptShardError",
+    "ManifestError",
+    "MultiReader",
+    "SampleMeta",
+    "StorageError",
+    "UnknownFormatError",
+    "collate_pairs",
+    "convert_store",
+    "detect_format",
+    "merge_stores",
+    "open_store",
+    "open_writer",
+    "store_dir",
+    "write_multi_manifest",
+]

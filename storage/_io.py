@@ -1,0 +1,76 @@
+"""Small POSIX helpers shared by the formats: durable writes, atomic renames, full preads."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from .errors import CorruptShardError
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory so that renames and creations inside it are durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` via ``path.tmp`` + fsync + rename + fsync(dir)."""
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def atomic_write_json(path: str, obj) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def atomic_save_npy(path: str, arr: np.ndarray) -> None:
+    """``np.save`` to ``path.tmp``, fsync, rename (seed 004 §1.1)."""
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        np.save(f, arr, allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _bytes_view(buf) -> memoryview:
+    """A flat byte view of a C-contiguous array or bytes-like object (empty arrays included)."""
+    if isinstance(buf, np.ndarray):
+        return memoryview(buf.reshape(-1).view(np.uint8))
+    return memoryview(buf).cast("B")
+
+
+def write_all(fd: int, buf) -> int:
+    """os.write until every byte of ``buf`` is written; returns the byte count."""
+    mv = _bytes_view(buf)
+    n = 0
+    while n < len(mv):
+        n += os.write(fd, mv[n:])
+    return n
+
+
+def pread_into(fd: int, out: np.ndarray, offset: int, path: str) -> None:
+    """Fill ``out`` (C-contiguous) from ``fd`` at ``offset``; a short read is a truncated file.
+
+    ``os.preadv`` releases the GIL, so several of these run in parallel on a thread pool.
+    """
+    mv = _bytes_view(out)
+    done = 0
+    while done < len(mv):
+        n = os.preadv(fd, [mv[done:]], offset + done)
+        if n == 0:
+            raise CorruptShardError(
+                f"truncated: wanted {len(mv)} bytes at offset {offset}, file ends after {done}", path
+            )
+        done += n

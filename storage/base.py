@@ -1,0 +1,300 @@
+"""The one writer and reader interface every activation format implements.
+
+Logical tensor: ``acts[sample, layer, token, hidden]``. A reader addresses a layer by its
+*position* ``0 <= layer < len(reader.layer_ids)``; ``reader.layer_ids[layer]`` is the model's
+layer id (0 = embedding output, k = residual stream after decoder layer k).
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ._io import pread_into
+from .errors import CorruptShardError, StorageError
+
+__all__ = ["SampleMeta", "ActivationWriter", "ActivationReader", "ExtentReader"]
+
+
+@dataclass(frozen=True)
+class SampleMeta:
+    """Per-sample metadata handed to ``writer.write``."""
+
+    prompt_len: int
+    """Rows of ``acts`` that are prompt positions (they come first)."""
+    response_len: int
+    """Rows of ``acts`` that are response positions (they follow the prompt rows)."""
+    label: int = -1
+    """0 correct, 1 hallucinated, -1 unknown."""
+
+    def __post_init__(self):
+        if self.prompt_len < 0 or self.response_len < 0:
+            raise ValueError(f"negative length in {self}")
+        if self.label not in (-1, 0, 1):
+            raise ValueError(f"label must be -1, 0 or 1, got {self.label}")
+
+
+class ActivationWriter(abc.ABC):
+    """Append-only writer of one store (one per worker process). See docs/contracts.md."""
+
+    layer_ids: list[int]
+    hidden_size: int
+    dtype: np.dtype
+
+    def _check(self, key: str, acts: np.ndarray, meta: SampleMeta) -> np.ndarray:
+        if not isinstance(key, str) or not key or "/" in key or "\n" in key:
+            raise StorageError(f"invalid activation key {key!r}")
+        if acts.ndim != 3 or acts.shape[0] != len(self.layer_ids) or acts.shape[2] != self.hidden_size:
+            raise StorageError(
+                f"acts for {key} has shape {acts.shape}, expected "
+                f"({len(self.layer_ids)}, T, {self.hidden_size})"
+            )
+        if acts.dtype != self.dtype:
+            raise StorageError(f"acts for {key} has dtype {acts.dtype}, writer dtype is {self.dtype}")
+        if acts.shape[1] != meta.prompt_len + meta.response_len:
+            raise StorageError(
+                f"acts for {key} has {acts.shape[1]} rows but prompt_len + response_len = "
+                f"{meta.prompt_len + meta.response_len}"
+            )
+        return np.ascontiguousarray(acts)
+
+    @abc.abstractmethod
+    def write(self, key: str, acts: np.ndarray, meta: SampleMeta) -> dict:
+        """Store one sample durably; return the location fields for activation_index.jsonl."""
+
+    @abc.abstractmethod
+    def committed_keys(self) -> set[str]:
+        """Keys of every durably stored sample."""
+
+    @abc.abstractmethod
+    def rollback(self, keep: set[str]) -> None:
+        """Drop every stored sample whose key is not in ``keep``."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Finalize the store (indexes, manifest); the store is readable afterwards."""
+
+    def _commit(self, key: str, record: dict) -> None:
+        """The commit point of one sample; formats override. Tests interpose here to crash."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class ActivationReader(abc.ABC):
+    """Read-only view of a store. Picklable: file handles are opened lazily per process."""
+
+    path: str
+    layer_ids: list[int]
+    hidden_size: int
+    dtype: np.dtype
+
+    @abc.abstractmethod
+    def __len__(self) -> int: ...
+
+    @abc.abstractmethod
+    def meta(self, i: int) -> dict:
+        """``{sample_key, seq_len, prompt_len, response_len, label}`` of sample ``i``."""
+
+    @abc.abstractmethod
+    def read(self, i: int, layer: int) -> np.ndarray:
+        """``(seq_len, hidden)`` activations of sample ``i`` at layer position ``layer``."""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_ids)
+
+    def seq_len(self, i: int) -> int:
+        return int(self.meta(i)["seq_len"])
+
+    def keys(self) -> list[str]:
+        return [self.meta(i)["sample_key"] for i in range(len(self))]
+
+    def index_of(self, sample_key: str) -> int:
+        idx = getattr(self, "_key_index", None)
+        if idx is None:
+            idx = {k: i for i, k in enumerate(self.keys())}
+            self._key_index = idx
+        try:
+            return idx[sample_key]
+        except KeyError:
+            raise KeyError(f"no sample {sample_key!r} in {self.path}") from None
+
+    def meta_by_key(self, sample_key: str) -> dict:
+        return self.meta(self.index_of(sample_key))
+
+    def read_sample(self, i: int) -> np.ndarray:
+        """All layers of sample ``i`` as ``(L, seq_len, H)``."""
+        return np.stack(self.read_pairs([i] * self.num_layers, range(self.num_layers)))
+
+    def read_pairs(self, samples: Sequence[int], layers: Iterable[int]) -> list[np.ndarray]:
+        """``[read(s, l) for s, l in zip(samples, layers)]``; formats override to batch."""
+        return [self.read(int(s), int(l)) for s, l in zip(samples, layers)]
+
+    def read_pairs_into(self, samples: Sequence[int], layers: Iterable[int], outs: Sequence[np.ndarray]) -> None:
+        """Like ``read_pairs`` but into caller-owned ``(seq_len, H)`` buffers (no extra copy)."""
+        for out, a in zip(outs, self.read_pairs(samples, layers)):
+            out[...] = a
+
+    def verify(self) -> None:
+        """Check every byte against the store's checksums, where the format has them."""
+
+    def close(self) -> None:
+        """Release file handles (they reopen on the next read)."""
+
+    def _check_index(self, i: int, layer: int) -> tuple[int, int]:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"sample {i} out of range for {n} samples in {self.path}")
+        if not 0 <= layer < self.num_layers:
+            raise IndexError(f"layer position {layer} out of range for {self.num_layers} layers")
+        return i % n, layer
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        for k in self._unpicklable:
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    _unpicklable: tuple[str, ...] = ("_key_index",)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+_POOL_MIN_BYTES = 4 << 20  # below this a batch is read on the calling thread
+
+
+class ExtentReader(ActivationReader):
+    """A reader whose every (sample, layer) slice is one contiguous byte extent of one file.
+
+    Subclasses implement ``_extent(i, layer) -> (file_no, offset)`` and ``_files`` (paths);
+    this class does the preads: lazily opened fds (reopened after fork, dropped on pickling),
+    batches sorted by (file, offset) and split over a small thread pool of ``os.preadv`` calls.
+    """
+
+    _unpicklable = ("_key_index", "_fds", "_pool", "_lock")
+    threads: int = min(8, os.cpu_count() or 1)
+
+    def _extent(self, i: int, layer: int) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def _file_path(self, file_no: int) -> str:
+        raise NotImplementedError
+
+    def _fd(self, file_no: int) -> int:
+        fds = self.__dict__.get("_fds")
+        if fds is None or self.__dict__.get("_fd_pid") != os.getpid():
+            fds = self._fds = {}
+            self._fd_pid = os.getpid()
+            self._lock = threading.Lock()
+        fd = fds.get(file_no)
+        if fd is None:
+            with self._lock:
+                fd = fds.get(file_no)
+                if fd is None:
+                    path = self._file_path(file_no)
+                    try:
+                        fd = os.open(path, os.O_RDONLY)
+                    except FileNotFoundError:
+                        raise CorruptShardError("data file is missing", path) from None
+                    fds[file_no] = fd
+        return fd
+
+    #: open/close the file around every read instead of caching fds (formats with a file per sample)
+    _fd_per_read = False
+
+    def read(self, i: int, layer: int) -> np.ndarray:
+        i, layer = self._check_index(i, layer)
+        out = np.empty((self.seq_len(i), self.hidden_size), self.dtype)
+        file_no, off = self._extent(i, layer)
+        self._run_jobs([(file_no, off, 0)], [out])
+        return out
+
+    def read_pairs(self, samples, layers) -> list[np.ndarray]:
+        samples = [int(s) for s in samples]
+        layers = [int(l) for l in layers]
+        outs = [np.empty((self.seq_len(s), self.hidden_size), self.dtype) for s in samples]
+        self.read_pairs_into(samples, layers, outs)
+        return outs
+
+    def read_pairs_into(self, samples, layers, outs) -> None:
+        samples = [int(s) for s in samples]
+        layers = [int(l) for l in layers]
+        if not len(samples) == len(layers) == len(outs):
+            raise ValueError("samples, layers and outs differ in length")
+        jobs = []
+        total = 0
+        for k, (s, l) in enumerate(zip(samples, layers)):
+            s, l = self._check_index(s, l)
+            out = outs[k]
+            if out.shape != (self.seq_len(s), self.hidden_size) or out.dtype != self.dtype or not out.flags.c_contiguous:
+                raise ValueError(f"out[{k}] must be a C-contiguous {self.dtype} array of shape "
+                                 f"{(self.seq_len(s), self.hidden_size)}")
+            file_no, off = self._extent(s, l)
+            jobs.append((file_no, off, k))
+            total += out.nbytes
+        jobs.sort()
+        nthreads = min(self.threads, len(jobs))
+        if total < _POOL_MIN_BYTES or nthreads <= 1:
+            self._run_jobs(jobs, outs)
+            return
+        pool = self._get_pool()
+        # contiguous runs of the sorted list, one per thread: each thread reads forward
+        step = -(-len(jobs) // nthreads)
+        futs = [pool.submit(self._run_jobs, jobs[k : k + step], outs) for k in range(0, len(jobs), step)]
+        for f in futs:
+            f.result()
+
+    def _run_jobs(self, jobs, outs) -> None:
+        if not self._fd_per_read:
+            for file_no, off, k in jobs:
+                pread_into(self._fd(file_no), outs[k], off, self._file_path(file_no))
+            return
+        for file_no, off, k in jobs:
+            path = self._file_path(file_no)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise CorruptShardError("data file is missing", path) from None
+            try:
+                pread_into(fd, outs[k], off, path)
+            finally:
+                os.close(fd)
+
+    def _get_pool(self) -> ThreadPoolExecutor:
+        pool = self.__dict__.get("_pool")
+        if pool is None or self.__dict__.get("_pool_pid") != os.getpid():
+            pool = self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="storage-pread")
+            self._pool_pid = os.getpid()
+        return pool
+
+    def close(self) -> None:
+        fds = self.__dict__.pop("_fds", None) or {}
+        if self.__dict__.get("_fd_pid") == os.getpid():
+            for fd in fds.values():
+                os.close(fd)
+        pool = self.__dict__.pop("_pool", None)
+        if pool is not None and self.__dict__.get("_pool_pid") == os.getpid():
+            pool.shutdown(wait=False)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,431 @@
+"""``packed``: append-only shard files ``[sample][layer][token][hidden]`` behind one CSR index.
+
+Normative description: docs/formats/packed.md. Every (sample, layer) slice is one contiguous
+extent, so a read is one ``pread`` straight into the output buffer.
+
+Writer: samples are appended to ``shard_NNNNNN.bin``; after the bytes are fdatasync'ed one JSON
+line is appended to ``commit.log`` and fdatasync'ed (the commit point). Reopening replays the
+log, truncates everything after the last committed sample and carries on. ``close()`` writes
+the index arrays (``.npy``) and ``manifest.json``, each to ``.tmp`` then renamed, manifest last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+import zlib
+
+import numpy as np
+
+from ._io import atomic_save_npy, atomic_write_json, fsync_dir, pread_into, write_all
+from .base import ActivationWriter, ExtentReader, SampleMeta
+from .errors import CorruptShardError, ManifestError, StorageError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PackedWriter", "PackedReader", "FORMAT", "SCHEMA_VERSION"]
+
+FORMAT = "hallulog.packed"
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+COMMIT_LOG = "commit.log"
+DEFAULT_SHARD_BYTES = 2 << 30
+
+#: manifest.json keys (docs/formats/packed.md, table "manifest.json")
+MANIFEST_FIELDS = (
+    "schema_version", "format", "dtype", "layer_ids", "hidden_size", "num_samples",
+    "num_tokens", "shard_bytes", "shards", "index_arrays", "content_hash", "created_unix",
+)
+#: one entry of manifest["shards"] (table "shards[]")
+SHARD_FIELDS = ("file", "num_samples", "size_bytes")
+#: index arrays: name -> dtype (table "index arrays")
+INDEX_ARRAYS = {
+    "token_offsets": "<i8",
+    "shard_index": "<i4",
+    "byte_offsets": "<i8",
+    "prompt_len": "<i4",
+    "response_len": "<i4",
+    "label": "|i1",
+    "crc32": "<u4",
+    "sample_key": "|S",
+}
+#: keys of the dict PackedWriter.write returns (table "writer location fields")
+LOCATION_FIELDS = ("file_path", "byte_offset", "shape", "dtype", "size_bytes")
+#: commit.log first line (table "commit.log header")
+HEADER_FIELDS = ("schema_version", "format", "dtype", "layer_ids", "hidden_size", "shard_bytes")
+#: commit.log record lines (table "commit.log records")
+RECORD_FIELDS = ("key", "shard", "offset", "seq_len", "prompt_len", "response_len", "label", "crc32")
+
+
+def shard_name(k: int) -> str:
+    return f"shard_{k:06d}.bin"
+
+
+def _hash_content(head: dict, arrays: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256(json.dumps(head, sort_keys=True, separators=(",", ":")).encode())
+    for name in INDEX_ARRAYS:
+        a = np.ascontiguousarray(arrays[name])
+        h.update(name.encode() + a.dtype.str.encode() + str(a.shape).encode())
+        h.update(a.tobytes())
+    return "sha256:" + h.hexdigest()
+
+
+def _hashed_head(m: dict) -> dict:
+    keys = ("schema_version", "format", "dtype", "layer_ids", "hidden_size", "num_samples", "num_tokens", "shards")
+    return {k: m[k] for k in keys}
+
+
+class PackedWriter(ActivationWriter):
+    def __init__(self, path, layer_ids, hidden_size, dtype="float16", shard_bytes=DEFAULT_SHARD_BYTES):
+        self.path = os.fspath(path)
+        self.layer_ids = [int(x) for x in layer_ids]
+        self.hidden_size = int(hidden_size)
+        self.dtype = np.dtype(dtype)
+        self.shard_bytes = int(shard_bytes)
+        self._records: list[dict] = []
+        self._line_starts: list[int] = []  # byte offset of each record line in commit.log
+        self._keys: set[str] = set()
+        self._shard = 0
+        self._shard_size = 0
+        self._shard_fd: int | None = None
+        self._closed = False
+        os.makedirs(self.path, exist_ok=True)
+        header = {
+            "schema_version": SCHEMA_VERSION, "format": FORMAT, "dtype": self.dtype.str,
+            "layer_ids": self.layer_ids, "hidden_size": self.hidden_size, "shard_bytes": self.shard_bytes,
+        }
+        log_path = os.path.join(self.path, COMMIT_LOG)
+        if os.path.exists(log_path) and os.path.getsize(log_path) > 0:
+            self._recover(log_path, header)
+        else:
+            line = (json.dumps(header, sort_keys=True) + "\n").encode()
+            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            write_all(fd, line)
+            os.fsync(fd)
+            os.close(fd)
+            fsync_dir(self.path)
+        self._log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+        # the store is open for writing: a manifest would describe a stale view
+        for stale in (MANIFEST,):
+            p = os.path.join(self.path, stale)
+            if os.path.exists(p):
+                os.unlink(p)
+
+    # ---- recovery -------------------------------------------------------------------------
+    def _recover(self, log_path: str, header: dict) -> None:
+        with open(log_path, "rb") as f:
+            data = f.read()
+        lines = data.split(b"\n")
+        good_end = 0
+        pos = 0
+        for n, raw in enumerate(lines[:-1]):  # the last piece has no newline: never committed
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                raise ManifestError("unparsable commit log line", log_path, line=n + 1) from None
+            if n == 0:
+                got = {k: obj.get(k) for k in HEADER_FIELDS if k != "shard_bytes"}
+                want = {k: header[k] for k in HEADER_FIELDS if k != "shard_bytes"}
+                if got != want:
+                    raise StorageError(f"store was created with {got}, reopened with {want}", log_path)
+                self.shard_bytes = int(obj.get("shard_bytes", self.shard_bytes))
+            else:
+                missing = [k for k in RECORD_FIELDS if k not in obj]
+                if missing:
+                    raise ManifestError(f"commit record lacks {missing}", log_path, line=n + 1)
+                self._line_starts.append(pos)
+                self._records.append(obj)
+            pos += len(raw) + 1
+            good_end = pos
+        if good_end == 0:
+            raise ManifestError("commit log has no complete header line", log_path)
+        if good_end != len(data):
+            log.warning("%s: dropping %d bytes of an uncommitted record", log_path, len(data) - good_end)
+            os.truncate(log_path, good_end)
+        self._keys = {r["key"] for r in self._records}
+        if len(self._keys) != len(self._records):
+            raise ManifestError("a key is committed twice", log_path)
+        self._truncate_shards()
+
+    def _sample_bytes(self, seq_len: int) -> int:
+        return len(self.layer_ids) * seq_len * self.hidden_size * self.dtype.itemsize
+
+    def _truncate_shards(self) -> None:
+        """Make the shard files match the records exactly (drop uncommitted bytes and shards)."""
+        ends: dict[int, int] = {}
+        for r in self._records:
+            end = r["offset"] + self._sample_bytes(r["seq_len"])
+            if r["offset"] != ends.get(r["shard"], 0):
+                raise ManifestError(f"record {r['key']} is not contiguous in its shard", os.path.join(self.path, COMMIT_LOG))
+            ends[r["shard"]] = end
+        last = self._records[-1]["shard"] if self._records else 0
+        for name in sorted(os.listdir(self.path)):
+            if not (name.startswith("shard_") and name.endswith(".bin")):
+                continue
+            k = int(name[6:-4])
+            p = os.path.join(self.path, name)
+            size = os.path.getsize(p)
+            if k > last:
+                log.warning("%s: removing uncommitted shard", p)
+                os.unlink(p)
+                continue
+            want = ends.get(k, 0)
+            if size < want:
+                raise CorruptShardError(f"holds {size} bytes but {want} are committed", p)
+            if size > want:
+                log.warning("%s: truncating %d uncommitted bytes", p, size - want)
+                os.truncate(p, want)
+        for k, want in ends.items():
+            if not os.path.exists(os.path.join(self.path, shard_name(k))):
+                raise CorruptShardError("committed shard is missing", os.path.join(self.path, shard_name(k)))
+        fsync_dir(self.path)
+        self._shard = last
+        self._shard_size = ends.get(last, 0)
+
+    # ---- writing --------------------------------------------------------------------------
+    def _open_shard(self) -> int:
+        if self._shard_fd is None:
+            p = os.path.join(self.path, shard_name(self._shard))
+            new = not os.path.exists(p)
+            self._shard_fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
+            if new:
+                fsync_dir(self.path)
+        return self._shard_fd
+
+    def _close_shard(self) -> None:
+        if self._shard_fd is not None:
+            os.close(self._shard_fd)
+            self._shard_fd = None
+
+    def write(self, key: str, acts: np.ndarray, meta: SampleMeta) -> dict:
+        if self._closed:
+            raise StorageError("writer is closed", self.path)
+        acts = self._check(key, acts, meta)
+        if key in self._keys:
+            raise StorageError(f"key {key} is already stored; rollback() it before writing it again", self.path)
+        nbytes = acts.nbytes
+        if self._shard_size > 0 and self._shard_size + nbytes > self.shard_bytes:
+            self._close_shard()
+            self._shard += 1
+            self._shard_size = 0
+        fd = self._open_shard()
+        offset = self._shard_size
+        os.lseek(fd, offset, os.SEEK_SET)
+        write_all(fd, acts)
+        os.fdatasync(fd)
+        record = {
+            "key": key, "shard": self._shard, "offset": offset, "seq_len": int(acts.shape[1]),
+            "prompt_len": meta.prompt_len, "response_len": meta.response_len, "label": meta.label,
+            "crc32": zlib.crc32(acts.reshape(-1).view(np.uint8)),
+        }
+        self._commit(key, record)
+        self._shard_size = offset + nbytes
+        return {
+            "file_path": f"activations/{shard_name(self._shard)}",
+            "byte_offset": offset,
+            "shape": list(acts.shape),
+            "dtype": self.dtype.name,
+            "size_bytes": nbytes,
+        }
+
+    def _commit(self, key: str, record: dict) -> None:
+        line = (json.dumps(record, sort_keys=True) + "\n").encode()
+        start = os.lseek(self._log_fd, 0, os.SEEK_END)
+        write_all(self._log_fd, line)
+        os.fdatasync(self._log_fd)
+        self._line_starts.append(start)
+        self._records.append(record)
+        self._keys.add(key)
+
+    def committed_keys(self) -> set[str]:
+        return set(self._keys)
+
+    def rollback(self, keep: set[str]) -> None:
+        drop_at = next((j for j, r in enumerate(self._records) if r["key"] not in keep), None)
+        if drop_at is None:
+            return
+        kept_later = [r["key"] for r in self._records[drop_at:] if r["key"] in keep]
+        if kept_later:
+            raise StorageError(
+                f"packed rollback drops only a tail: {self._records[drop_at]['key']} is dropped but "
+                f"later samples {kept_later[:3]} are kept", self.path)
+        self._close_shard()
+        log_path = os.path.join(self.path, COMMIT_LOG)
+        os.truncate(log_path, self._line_starts[drop_at])
+        os.fsync(self._log_fd)
+        log.info("%s: rolled back %d samples", self.path, len(self._records) - drop_at)
+        del self._records[drop_at:]
+        del self._line_starts[drop_at:]
+        self._keys = {r["key"] for r in self._records}
+        self._truncate_shards()
+
+    # ---- finalize -------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._close_shard()
+        os.close(self._log_fd)
+        self._finalize()
+
+    def _finalize(self) -> None:
+        recs = self._records
+        n = len(recs)
+        seq = np.array([r["seq_len"] for r in recs], np.int64)
+        keys = [r["key"].encode() for r in recs]
+        width = max([len(k) for k in keys] + [1])
+        arrays = {
+            "token_offsets": np.concatenate([[0], np.cumsum(seq)]).astype("<i8"),
+            "shard_index": np.array([r["shard"] for r in recs], "<i4"),
+            "byte_offsets": np.array([r["offset"] for r in recs], "<i8"),
+            "prompt_len": np.array([r["prompt_len"] for r in recs], "<i4"),
+            "response_len": np.array([r["response_len"] for r in recs], "<i4"),
+            "label": np.array([r["label"] for r in recs], "|i1"),
+            "crc32": np.array([r["crc32"] for r in recs], "<u4"),
+            "sample_key": np.array(keys, f"|S{width}"),
+        }
+        num_shards = self._shard + 1 if os.path.exists(os.path.join(self.path, shard_name(self._shard))) else 0
+        shards = []
+        for k in range(num_shards):
+            sel = arrays["shard_index"] == k
+            shards.append({
+                "file": shard_name(k),
+                "num_samples": int(sel.sum()),
+                "size_bytes": int(os.path.getsize(os.path.join(self.path, shard_name(k)))),
+            })
+        for name, a in arrays.items():
+            atomic_save_npy(os.path.join(self.path, name + ".npy"), a)
+        manifest = {
+            "schema_version": SCHEMA_VERSION, "format": FORMAT, "dtype": self.dtype.str,
+            "layer_ids": self.layer_ids, "hidden_size": self.hidden_size, "num_samples": n,
+            "num_tokens": int(seq.sum()), "shard_bytes": self.shard_bytes, "shards": shards,
+            "index_arrays": {k: f"{k}.npy" for k in INDEX_ARRAYS},
+            "created_unix": int(time.time()),
+        }
+        manifest["content_hash"] = _hash_content(_hashed_head(manifest), arrays)
+        fsync_dir(self.path)
+        atomic_write_json(os.path.join(self.path, MANIFEST), manifest)
+
+
+class PackedReader(ExtentReader):
+    """Reader of a finalized packed store. Index arrays load lazily per process (seed 004 §2.1)."""
+
+    _unpicklable = ExtentReader._unpicklable + ("_ix",)
+
+    def __init__(self, path, verify_hash: bool = True):
+        self.path = os.fspath(path)
+        mpath = os.path.join(self.path, MANIFEST)
+        if not os.path.exists(mpath):
+            if os.path.exists(os.path.join(self.path, COMMIT_LOG)):
+                raise ManifestError(
+                    "packed store was not finalized (its writer did not close); reopen it with "
+                    "storage.open_writer('packed', ...) and close() to recover", mpath)
+            raise ManifestError("no manifest.json", mpath)
+        try:
+            with open(mpath) as f:
+                m = json.load(f)
+        except ValueError as e:
+            raise ManifestError(f"unparsable JSON ({e})", mpath) from None
+        missing = [k for k in MANIFEST_FIELDS if k not in m]
+        if missing or m.get("format") != FORMAT:
+            raise ManifestError(f"not a {FORMAT} manifest (missing {missing})", mpath)
+        if m["schema_version"] > SCHEMA_VERSION:
+            raise ManifestError(f"schema_version {m['schema_version']} is newer than this reader ({SCHEMA_VERSION})", mpath)
+        try:
+            self.dtype = np.dtype(m["dtype"])
+        except TypeError:
+            raise ManifestError(f"unknown dtype {m['dtype']!r}", mpath) from None
+        if self.dtype.kind != "f":
+            raise ManifestError(f"dtype {m['dtype']!r} is not a floating point type", mpath)
+        self.manifest = m
+        self.layer_ids = list(m["layer_ids"])
+        self.hidden_size = int(m["hidden_size"])
+        self._n = int(m["num_samples"])
+        self._mpath = mpath
+        self._shard_files = [os.path.join(self.path, s["file"]) for s in m["shards"]]
+        ix = self._load_index()
+        self._check_sizes(ix)
+        if verify_hash:
+            got = _hash_content(_hashed_head(m), ix)
+            if got != m["content_hash"]:
+                raise ManifestError(f"content hash mismatch: manifest says {m['content_hash']}, index gives {got}", mpath)
+
+    def _load_index(self) -> dict[str, np.ndarray]:
+        ix = {}
+        for name in INDEX_ARRAYS:
+            p = os.path.join(self.path, self.manifest["index_arrays"][name])
+            try:
+                ix[name] = np.load(p, allow_pickle=False)
+            except FileNotFoundError:
+                raise ManifestError("index array is missing", p) from None
+            except ValueError as e:
+                raise ManifestError(f"unreadable index array ({e})", p) from None
+            want = self._n + 1 if name == "token_offsets" else self._n
+            if ix[name].shape != (want,):
+                raise ManifestError(f"has shape {ix[name].shape}, manifest says {want} samples", p)
+        ix["seq_len"] = np.diff(ix["token_offsets"])
+        self._ix = ix
+        return ix
+
+    def _check_sizes(self, ix) -> None:
+        per_token = self.num_layers * self.hidden_size * self.dtype.itemsize
+        for k, s in enumerate(self.manifest["shards"]):
+            sel = ix["shard_index"] == k
+            expect = int((ix["seq_len"][sel] * per_token).sum())
+            if expect != s["size_bytes"]:
+                raise ManifestError(
+                    f"shard {s['file']} should hold {expect} bytes for dtype {self.manifest['dtype']} "
+                    f"and hidden_size {self.hidden_size}, but manifest says {s['size_bytes']}", self._mpath)
+            p = self._shard_files[k]
+            try:
+                size = os.path.getsize(p)
+            except FileNotFoundError:
+                raise CorruptShardError("shard file is missing", p) from None
+            if size != s["size_bytes"]:
+                raise CorruptShardError(f"shard is {size} bytes, manifest says {s['size_bytes']} (truncated?)", p)
+
+    @property
+    def ix(self) -> dict[str, np.ndarray]:
+        ix = self.__dict__.get("_ix")
+        return ix if ix is not None else self._load_index()
+
+    def __len__(self) -> int:
+        return self._n
+
+    def seq_len(self, i: int) -> int:
+        return int(self.ix["seq_len"][i])
+
+    def meta(self, i: int) -> dict:
+        ix = self.ix
+        return {
+            "sample_key": ix["sample_key"][i].decode(),
+            "seq_len": int(ix["seq_len"][i]),
+            "prompt_len": int(ix["prompt_len"][i]),
+            "response_len": int(ix["response_len"][i]),
+            "label": int(ix["label"][i]),
+        }
+
+    def keys(self) -> list[str]:
+        return [k.decode() for k in self.ix["sample_key"]]
+
+    def _file_path(self, file_no: int) -> str:
+        return self._shard_files[file_no]
+
+    def _extent(self, i: int, layer: int) -> tuple[int, int]:
+        ix = self.ix
+        t = int(ix["seq_len"][i])
+        return int(ix["shard_index"][i]), int(ix["byte_offsets"][i]) + layer * t * self.hidden_size * self.dtype.itemsize
+
+    def verify(self) -> None:
+        ix = self.ix
+        for i in range(self._n):
+            k = int(ix["shard_index"][i])
+            buf = np.empty(self.num_layers * int(ix["seq_len"][i]) * self.hidden_size, self.dtype)
+            pread_into(self._fd(k), buf, int(ix["byte_offsets"][i]), self._shard_files[k])
+            if zlib.crc32(buf.view(np.uint8)) != int(ix["crc32"][i]):
+                raise CorruptShardError(
+                    f"checksum mismatch in sample {ix['sample_key'][i].decode()} at byte {int(ix['byte_offsets'][i])}",
+                    self._shard_files[k])

@@ -1,0 +1,344 @@
+"""The conformance suite every activation format passes (zarr ``testing/store.py`` style).
+
+A format's test module subclasses ``StoreConformance`` and sets ``fmt`` (and the hooks at the
+bottom). ``persist`` plays the worker: write the activations, then append the index line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from storage import (CorruptShardError, ManifestError, SampleMeta, StorageError, open_store, open_writer,
+                     write_multi_manifest)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HYPO = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors])
+
+
+def make_sample(seed: int, L: int, H: int, dtype="float16", t: int | None = None):
+    rng = np.random.default_rng(seed)
+    t = int(rng.integers(1, 24)) if t is None else t
+    acts = rng.standard_normal((L, t, H)).astype(dtype)
+    p = int(rng.integers(0, t + 1))
+    return acts, SampleMeta(prompt_len=p, response_len=t - p, label=int(rng.integers(-1, 2)))
+
+
+def persist(writer, root, key, acts, meta):
+    """What the worker does: activations first (durable), then the index line."""
+    loc = writer.write(key, acts, meta)
+    line = {"activation_key": key, "layers": list(writer.layer_ids), "sequence_mode": "all",
+            "prompt_token_count": meta.prompt_len, "response_token_count": meta.response_len,
+            "row0_position": 0, "num_rows": acts.shape[1], "label": meta.label, **loc}
+    with open(os.path.join(root, "activation_index.jsonl"), "a") as f:
+        f.write(json.dumps(line) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return loc
+
+
+def index_keys(root) -> list[str]:
+    p = os.path.join(root, "activation_index.jsonl")
+    if not os.path.exists(p):
+        return []
+    with open(p) as f:
+        return [json.loads(l)["activation_key"] for l in f if l.endswith("\n")]
+
+
+def check_store(root, expected: dict, meta: dict | None = None):
+    r = open_store(root)
+    assert sorted(r.keys()) == sorted(expected)
+    for i in range(len(r)):
+        m = r.meta(i)
+        want = expected[m["sample_key"]]
+        assert m["seq_len"] == want.shape[1]
+        assert r.index_of(m["sample_key"]) == i
+        if meta is not None:
+            sm = meta[m["sample_key"]]
+            assert (m["prompt_len"], m["response_len"], m["label"]) == (sm.prompt_len, sm.response_len, sm.label)
+        for l in range(want.shape[0]):
+            got = r.read(i, l)
+            assert got.dtype == want.dtype and got.shape == want[l].shape
+            np.testing.assert_array_equal(got, want[l])
+    if len(r):
+        rng = np.random.default_rng(0)
+        s = rng.integers(0, len(r), 12)
+        ls = rng.integers(0, r.num_layers, 12)
+        for a, i, l in zip(r.read_pairs(s, ls), s, ls):
+            np.testing.assert_array_equal(a, expected[r.meta(int(i))["sample_key"]][l])
+    r.verify()
+    return r
+
+
+CHILD = textwrap.dedent("""
+    import json, os, sys, time
+    sys.path.insert(0, {root!r}); sys.path.insert(0, {here!r})
+    import numpy as np
+    from conformance import make_sample, persist
+    from storage import open_writer
+    fmt, root, mode = {fmt!r}, {store!r}, {mode!r}
+    w = open_writer(fmt, root, layer_ids=[0, 3, 7], hidden_size=16, **{opts!r})
+    cls = type(w)
+    orig = cls._commit
+    def commit(self, key, record):
+        if mode == "partial" and key == "k_3":
+            print("PARTIAL", flush=True)
+            time.sleep(60)
+        orig(self, key, record)
+    cls._commit = commit
+    for k in range(10**6):
+        acts, meta = make_sample(k, 3, 16, t=64 if k == 3 else None)
+        persist(w, root, f"k_{{k}}", acts, meta)
+        print("COMMITTED", k, flush=True)
+""")
+
+
+class StoreConformance:
+    fmt: str = ""
+    writer_options: dict = {}
+    rollback_any_subset = False   # npy can drop any subset; packed/zarr only a tail
+    replaces_existing = False     # npy replaces a key written again; packed/zarr refuse
+
+    def open(self, root, layer_ids=(0, 3, 7), hidden=16, dtype="float16"):
+        return open_writer(self.fmt, root, layer_ids=list(layer_ids), hidden_size=hidden, dtype=dtype,
+                           **self.writer_options)
+
+    def fill(self, root, n, start=0, L=3, H=16, dtype="float16", writer=None):
+        w = writer or self.open(root, layer_ids=range(L), hidden=H, dtype=dtype)
+        data, metas = {}, {}
+        for k in range(start, start + n):
+            acts, meta = make_sample(k, L, H, dtype)
+            persist(w, root, f"k_{k}", acts, meta)
+            data[f"k_{k}"], metas[f"k_{k}"] = acts, meta
+        if writer is None:
+            w.close()
+        return data, metas
+
+    # ---- round trip ---------------------------------------------------------------------
+    @HYPO
+    @given(L=st.integers(1, 4), H=st.integers(1, 24), dtype=st.sampled_from(["float16", "float32"]),
+           lens=st.lists(st.integers(0, 40), max_size=6), seed=st.integers(0, 2**31))
+    def test_roundtrip(self, L, H, dtype, lens, seed):
+        with tempfile.TemporaryDirectory() as root:
+            rng = np.random.default_rng(seed)
+            layer_ids = sorted(rng.choice(64, L, replace=False).tolist())
+            w = self.open(root, layer_ids=layer_ids, hidden=H, dtype=dtype)
+            open(os.path.join(root, "activation_index.jsonl"), "w").close()
+            data, metas = {}, {}
+            for k, t in enumerate(lens):
+                acts = rng.standard_normal((L, t, H)).astype(dtype)
+                p = int(rng.integers(0, t + 1))
+                meta = SampleMeta(p, t - p, int(rng.integers(-1, 2)))
+                persist(w, root, f"{seed:x}_{k}", acts, meta)
+                data[f"{seed:x}_{k}"], metas[f"{seed:x}_{k}"] = acts, meta
+            assert w.committed_keys() == set(data)
+            w.close()
+            r = check_store(root, data, metas)
+            if data:
+                assert r.layer_ids == layer_ids and r.hidden_size == H and r.dtype == np.dtype(dtype)
+
+    def test_reopen_append(self, tmp_path):
+        data, _ = self.fill(tmp_path, 3)
+        more, _ = self.fill(tmp_path, 2, start=3)
+        check_store(tmp_path, {**data, **more})
+
+    def test_rollback_tail(self, tmp_path):
+        w = self.open(tmp_path)
+        data, _ = self.fill(tmp_path, 5, writer=w)
+        w.rollback({"k_0", "k_1", "k_2"})
+        assert w.committed_keys() == {"k_0", "k_1", "k_2"}
+        acts, meta = make_sample(99, 3, 16)
+        w.write("k_3", acts, meta)
+        w.close()
+        self._rewrite_index(tmp_path, {"k_0", "k_1", "k_2", "k_3"}, {"k_3": (acts, meta)})
+        check_store(tmp_path, {"k_0": data["k_0"], "k_1": data["k_1"], "k_2": data["k_2"], "k_3": acts})
+
+    def test_rollback_middle(self, tmp_path):
+        w = self.open(tmp_path)
+        self.fill(tmp_path, 4, writer=w)
+        if self.rollback_any_subset:
+            w.rollback({"k_0", "k_2", "k_3"})
+            assert w.committed_keys() == {"k_0", "k_2", "k_3"}
+        else:
+            with pytest.raises(StorageError):
+                w.rollback({"k_0", "k_2", "k_3"})
+            assert w.committed_keys() == {"k_0", "k_1", "k_2", "k_3"}
+        w.close()
+
+    def test_write_existing_key(self, tmp_path):
+        w = self.open(tmp_path)
+        self.fill(tmp_path, 2, writer=w)
+        acts, meta = make_sample(42, 3, 16)
+        if self.replaces_existing:
+            w.write("k_1", acts, meta)
+            w.close()
+            self._rewrite_index(tmp_path, {"k_0", "k_1"}, {"k_1": (acts, meta)})
+            assert np.array_equal(open_store(tmp_path).read(1, 2), acts[2])
+        else:
+            with pytest.raises(StorageError, match="k_1"):
+                w.write("k_1", acts, meta)
+            w.close()
+
+    def test_bad_input(self, tmp_path):
+        w = self.open(tmp_path)
+        acts, meta = make_sample(0, 3, 16)
+        with pytest.raises(StorageError, match="dtype"):
+            w.write("x_0", acts.astype("float32"), meta)
+        with pytest.raises(StorageError, match="shape"):
+            w.write("x_0", acts[:2], meta)
+        with pytest.raises(StorageError, match="rows"):
+            w.write("x_0", acts, SampleMeta(meta.prompt_len + 1, meta.response_len))
+        w.close()
+
+    def _rewrite_index(self, root, keep, replace=None):
+        """The worker's index after a rollback / replacement (only npy reads it)."""
+        p = os.path.join(root, "activation_index.jsonl")
+        lines = [json.loads(l) for l in open(p)]
+        out = {}
+        for l in lines:
+            if l["activation_key"] in keep:
+                out[l["activation_key"]] = l
+        for key, (acts, meta) in (replace or {}).items():
+            out[key].update(shape=list(acts.shape), prompt_token_count=meta.prompt_len,
+                            response_token_count=meta.response_len, label=meta.label, num_rows=acts.shape[1])
+        with open(p, "w") as f:
+            for l in out.values():
+                f.write(json.dumps(l) + "\n")
+
+    # ---- crash safety -------------------------------------------------------------------
+    def _spawn(self, store, mode):
+        code = CHILD.format(root=ROOT, here=os.path.dirname(os.path.abspath(__file__)), fmt=self.fmt,
+                            store=str(store), mode=mode, opts=self.writer_options)
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+    def _resume_and_check(self, store, expect_keys=None):
+        """The worker's resume: keep what the index committed, roll back the rest, read it all."""
+        committed = index_keys(store)
+        if expect_keys is not None:
+            assert committed == expect_keys
+        w = self.open(store)
+        assert set(committed) <= w.committed_keys()
+        w.rollback(set(committed))
+        assert w.committed_keys() == set(committed)
+        w.close()
+        expected = {k: make_sample(int(k[2:]), 3, 16, t=64 if k == "k_3" else None)[0] for k in committed}
+        check_store(store, expected)
+
+    def test_sigkill_mid_sample(self, tmp_path):
+        """SIGKILL after sample k_3's bytes hit the store but before its commit point."""
+        proc = self._spawn(tmp_path, "partial")
+        try:
+            for line in proc.stdout:
+                if line.startswith("PARTIAL"):
+                    break
+            else:
+                pytest.fail("writer child exited early")
+            self.assert_partial_on_disk(tmp_path)
+            os.kill(proc.pid, signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.wait()
+        self._resume_and_check(tmp_path, ["k_0", "k_1", "k_2"])
+
+    def test_sigkill_random_time(self, tmp_path):
+        proc = self._spawn(tmp_path, "loop")
+        try:
+            n = 0
+            for line in proc.stdout:
+                n += 1
+                if n >= 5:
+                    break
+            time.sleep(np.random.default_rng().uniform(0, 0.05))
+            os.kill(proc.pid, signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.wait()
+        self._resume_and_check(tmp_path)
+
+    # ---- damage -------------------------------------------------------------------------
+    def test_truncated_data(self, tmp_path):
+        self.fill(tmp_path, 4)
+        damaged = self.truncate_data(tmp_path)
+        with pytest.raises(CorruptShardError) as err:
+            r = open_store(tmp_path)
+            for i in range(len(r)):
+                for l in range(r.num_layers):
+                    r.read(i, l)
+            r.verify()
+        assert err.value.path == damaged and damaged in str(err.value)
+
+    def test_bad_metadata(self, tmp_path):
+        self.fill(tmp_path, 3)
+        damaged, pattern = self.corrupt_metadata(tmp_path)
+        with pytest.raises((ManifestError, CorruptShardError), match=pattern) as err:
+            open_store(tmp_path).read(0, 0)
+        assert damaged in str(err.value)
+
+    # ---- process model ------------------------------------------------------------------
+    def test_pickle_drops_handles(self, tmp_path):
+        data, _ = self.fill(tmp_path, 3)
+        r = open_store(tmp_path)
+        r.read(0, 0)
+        r2 = pickle.loads(pickle.dumps(r))
+        for k in ("_fds", "_pool", "_z", "_arr", "_ix"):
+            assert k not in r2.__dict__
+        np.testing.assert_array_equal(r2.read(1, 2), data[r2.meta(1)["sample_key"]][2])
+
+    dataloader_cases = [(0, None), (2, "fork")]
+
+    def test_dataloader(self, tmp_path, dataloader_case):
+        workers, ctx = dataloader_case
+        import torch
+        from storage import ActivationPairsDataset, collate_pairs
+
+        data, metas = self.fill(tmp_path, 10)
+        ds = ActivationPairsDataset(tmp_path, seed=7)
+        dl = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=workers, collate_fn=collate_pairs,
+                                         multiprocessing_context=ctx, shuffle=False)
+        seen = 0
+        r = open_store(tmp_path)
+        for b in dl:
+            assert b["acts"].shape[:2] == (len(b["index"]), 2) and b["acts"].dtype == torch.float16
+            for j, i in enumerate(b["index"].tolist()):
+                key = r.meta(i)["sample_key"]
+                t = int(b["seq_len"][j])
+                assert b["mask"][j].sum() == t and t == data[key].shape[1]
+                assert int(b["label"][j]) == metas[key].label
+                pos = b["layer_pos"][j].tolist()
+                assert pos == ds.layers_for(i).tolist() and len(set(pos)) == 2
+                for q in range(2):
+                    np.testing.assert_array_equal(b["acts"][j, q, :t].numpy(), data[key][pos[q]])
+                    assert not b["acts"][j, q, t:].any()
+                seen += 1
+        assert seen == 10
+
+    def test_multi_store(self, tmp_path):
+        a, _ = self.fill(tmp_path / "w0", 3)
+        b, _ = self.fill(tmp_path / "w1", 2, start=3)
+        write_multi_manifest(tmp_path / "merged", [tmp_path / "w0" / "activations", tmp_path / "w1" / "activations"]
+                             if self.fmt != "npy" else [tmp_path / "w0", tmp_path / "w1"])
+        check_store(tmp_path / "merged", {**a, **b})
+        with pytest.raises(StorageError, match="k_0"):
+            write_multi_manifest(tmp_path / "dup", [tmp_path / "w0", tmp_path / "w0"])
+
+    # ---- format hooks -------------------------------------------------------------------
+    def assert_partial_on_disk(self, root):
+        """The killed writer had stored bytes of the uncommitted sample."""
+
+    def truncate_data(self, root) -> str:
+        raise NotImplementedError
+
+    def corrupt_metadata(self, root) -> tuple[str, str]:
+        raise NotImplementedError
