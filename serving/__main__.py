@@ -1,0 +1,66 @@
+"""``python -m serving``: load the model, start the engine thread, serve HTTP with uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from serving.config import ServerConfig, parse_args
+
+logger = logging.getLogger("serving")
+
+
+def build_server(config: ServerConfig):
+    """Load the model and return the FastAPI app with its engine started."""
+    from serving.app import create_app
+    from serving.capture import SpoolWriter, num_layer_ids, parse_layer_ids
+    from serving.engine import Engine
+    from serving.metrics import ServingMetrics
+    from serving.model_loader import load_model
+
+    if config.num_threads:
+        import torch
+
+        torch.set_num_threads(config.num_threads)
+    loaded = load_model(config.model, config.dtype, config.max_model_len)
+    spool = layers = None
+    if config.spool_dir:
+        spool = SpoolWriter(config.spool_dir)
+        layers = parse_layer_ids(config.capture_layers, num_layer_ids(loaded.model))
+    metrics = ServingMetrics(config.model_name)
+    engine = Engine(
+        loaded,
+        max_batch_size=config.max_batch_size,
+        batch_wait_ms=config.batch_wait_ms,
+        spool=spool,
+        capture_layers=layers,
+        metrics=metrics,
+    )
+    engine.start()
+    return create_app(engine, config.model_name, metrics)
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    import uvicorn
+
+    t0 = time.monotonic()
+    try:
+        app = build_server(config)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logger.info("model %s ready in %.1f s; listening on http://%s:%d",
+                config.model_name, time.monotonic() - t0, config.host, config.port)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
+                access_log=config.log_level == "debug")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Hidden-state capture: forward hooks on the residual stream and the safetensors spool writer.
+
+Layer id 0 is the output of the token embedding; layer id k (1..N) is the output of decoder layer
+k, i.e. the residual stream BEFORE the final norm. (transformers' ``output_hidden_states`` gives
+the same for ids 0..N-1, but its last entry is after the final norm.)
+
+The file format is the one of vLLM's ``ExampleHiddenStatesConnector`` (docs/contracts.md):
+``hidden_states`` ``[num_tokens, num_layer_ids, hidden]`` in the model dtype and ``token_ids``
+``[num_tokens]`` int64, written to a temporary name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import uuid
+from collections.abc import Sequence
+
+import torch
+from safetensors.torch import save_file
+
+
+def decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.Module, Sequence[torch.nn.Module]]:
+    """The embedding module and the decoder layers of a causal LM (Llama-style layout)."""
+    base = getattr(model, "model", None) or getattr(model, "transformer", None) or model
+    embed = getattr(base, "embed_tokens", None) or getattr(base, "wte", None)
+    layers = getattr(base, "layers", None) or getattr(base, "h", None)
+    if embed is None or layers is None:
+        raise ValueError(f"cannot find the embedding and decoder layers of {type(model).__name__}")
+    return embed, layers
+
+
+def num_layer_ids(model: torch.nn.Module) -> int:
+    """How many layer ids a capture has at most: the embedding plus every decoder layer."""
+    return len(decoder_layers(model)[1]) + 1
+
+
+def parse_layer_ids(spec: str | None, total: int) -> list[int]:
+    """``"0,5,30"`` → ``[0, 5, 30]`` (order kept); None or empty → all ids ``0..total-1``."""
+    if not spec:
+        return list(range(total))
+    try:
+        ids = [int(part) for part in spec.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"capture layers must be comma-separated integers, got {spec!r}") from None
+    bad = [i for i in ids if not 0 <= i < total]
+    if bad or not ids:
+        raise ValueError(f"capture layer ids must be in 0..{total - 1}, got {spec!r}")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"capture layer ids repeat: {spec!r}")
+    return ids
+
+
+class HiddenStateRecorder:
+    """Records the selected layer outputs of every forward pass while armed.
+
+    ``arm()`` before a forward pass, ``collect()`` after it returns ``[batch, seq, layers, hidden]``
+    (layers in the order of ``layer_ids``). While disarmed the hooks cost one attribute check.
+    """
+
+    def __init__(self, model: torch.nn.Module, layer_ids: Sequence[int]):
+        embed, layers = decoder_layers(model)
+        modules = [embed, *layers]
+        self.layer_ids = list(layer_ids)
+        self._slot = {layer_id: i for i, layer_id in enumerate(self.layer_ids)}
+        self._outputs: list[torch.Tensor | None] = [None] * len(self.layer_ids)
+        self._armed = False
+        self._handles = [
+            modules[layer_id].register_forward_hook(self._hook(layer_id))
+            for layer_id in self.layer_ids
+        ]
+
+    def _hook(self, layer_id: int):
+        slot = self._slot[layer_id]
+
+        def hook(_module, _inputs, output):
+            if self._armed:
+                hidden = output[0] if isinstance(output, tuple) else output
+                self._outputs[slot] = hidden.detach()
+
+        return hook
+
+    def arm(self) -> None:
+        self._outputs = [None] * len(self.layer_ids)
+        self._armed = True
+
+    def collect(self) -> torch.Tensor:
+        self._armed = False
+        if any(out is None for out in self._outputs):
+            raise RuntimeError("a capture hook did not fire during the forward pass")
+        stacked = torch.stack(self._outputs, dim=2)  # type: ignore[arg-type]
+        self._outputs = [None] * len(self.layer_ids)
+        return stacked
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+class SpoolWriter:
+    """Writes one safetensors capture file per sequence into ``spool_dir``."""
+
+    def __init__(self, spool_dir: str | os.PathLike[str]):
+        self.spool_dir = pathlib.Path(spool_dir).expanduser().resolve()
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+
+    def write(self, hidden_states: torch.Tensor, token_ids: Sequence[int]) -> str:
+        """Save ``hidden_states`` ``[T, L, H]`` and ``token_ids`` ``[T]``; return the absolute path."""
+        if hidden_states.ndim != 3 or hidden_states.shape[0] != len(token_ids):
+            raise ValueError(
+                f"hidden_states {tuple(hidden_states.shape)} does not match {len(token_ids)} tokens"
+            )
+        name = f"hs-{uuid.uuid4().hex}"
+        final = self.spool_dir / f"{name}.safetensors"
+        tmp = self.spool_dir / f".{name}.safetensors.partial"
+        tensors = {
+            "hidden_states": hidden_states.detach().to("cpu").contiguous(),
+            "token_ids": torch.tensor(list(token_ids), dtype=torch.int64),
+        }
+        try:
+            save_file(tensors, str(tmp))
+            os.replace(tmp, final)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        return str(final)

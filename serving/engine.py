@@ -1,0 +1,447 @@
+"""Batched generation on a background thread.
+
+Every request is split into sequences (one per ``n``) that go into one queue. The engine thread
+takes every waiting sequence up to ``max_batch_size``, waits up to ``batch_wait_ms`` for more,
+then runs one left-padded prefill and a KV-cached decode loop over the batch. Each row has its own
+sampling parameters, ``torch.Generator``, stop conditions and token budget; finished rows leave
+the batch (their KV cache rows are dropped) so the remaining rows decode faster. Sequences that
+arrive meanwhile are prefilled between two decode steps and join the running batch (continuous
+batching; the caches are left-padded to one width, position ids being explicit per row).
+
+Logprobs are vLLM's default ``raw_logprobs``: ``log_softmax`` of the raw logits, before
+temperature and top-p. The raw logit of each chosen token is kept as well.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from serving.capture import HiddenStateRecorder, SpoolWriter
+from serving.metrics import ServingMetrics
+from serving.model_loader import LoadedModel
+
+logger = logging.getLogger(__name__)
+
+SAMPLING_EPS = 1e-5  # temperatures below this are greedy, as in vLLM
+LOGPROB_FLOOR = -9999.0  # JSON has no -inf; vLLM clamps the same way
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-sequence generation parameters."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    top_logprobs: int | None = None
+    """None: no logprobs; k >= 0: the chosen token's logprob and the k most likely tokens."""
+    capture: bool = False
+    """Save the hidden states of every token fed to the model (prompt + all generated but last)."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    logit: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class SequenceOutput:
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length"
+    stop_reason: int | str | None
+    logprobs: list[TokenLogprob] | None
+    hidden_states_path: str | None = None
+
+
+@dataclass
+class _Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: concurrent.futures.Future
+    generator: torch.Generator | None
+    out_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    states: list[torch.Tensor] = field(default_factory=list)
+
+
+class Engine:
+    """Owns the model and the engine thread; ``submit`` is thread-safe."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        max_batch_size: int = 16,
+        batch_wait_ms: float = 5.0,
+        spool: SpoolWriter | None = None,
+        capture_layers: Sequence[int] | None = None,
+        metrics: ServingMetrics | None = None,
+    ):
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.device = next(self.model.parameters()).device
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = max(batch_wait_ms, 0.0) / 1000.0
+        self.metrics = metrics
+        self.spool = spool
+        self.recorder = (
+            HiddenStateRecorder(self.model, capture_layers) if spool is not None and capture_layers
+            else None
+        )
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else min(loaded.eos_token_ids, default=0)
+        self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        self._queue: queue.Queue[_Sequence] = queue.Queue()
+        self._joinable = _supports_joining(self.model)
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="serving-engine", daemon=True)
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="capture-writer")
+
+    @property
+    def capture_enabled(self) -> bool:
+        return self.recorder is not None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self._writer.shutdown(wait=True)
+
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams) -> concurrent.futures.Future:
+        """Queue one sequence; the future resolves to a ``SequenceOutput``."""
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if max(prompt_ids) >= self.vocab_size or min(prompt_ids) < 0:
+            raise ValueError(f"prompt token ids must be in 0..{self.vocab_size - 1}")
+        if len(prompt_ids) >= self.loaded.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(prompt_ids)} tokens; this server's context is "
+                f"{self.loaded.max_model_len}"
+            )
+        generator = None
+        if params.temperature >= SAMPLING_EPS:
+            generator = torch.Generator(device="cpu")
+            if params.seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(params.seed)
+        seq = _Sequence(list(prompt_ids), params, concurrent.futures.Future(), generator)
+        self._queue.put(seq)
+        if self.metrics:
+            self.metrics.waiting.set(self._queue.qsize())
+        return seq.future
+
+    # ---- engine thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            batch = self._next_batch()
+            if not batch:
+                continue
+            if self.metrics:
+                self.metrics.waiting.set(self._queue.qsize())
+                self.metrics.running.set(len(batch))
+            try:
+                with torch.inference_mode():
+                    self._generate(batch)
+            except Exception as exc:  # noqa: BLE001 - every waiting request must hear about it
+                logger.exception("batch of %d sequences failed", len(batch))
+                for seq in batch:
+                    if not seq.future.done():
+                        seq.future.set_exception(exc)
+            finally:
+                if self.metrics:
+                    self.metrics.running.set(0)
+
+    def _next_batch(self) -> list[_Sequence]:
+        try:
+            batch = [self._queue.get(timeout=0.1)]
+        except queue.Empty:
+            return []
+        deadline = time.monotonic() + self.batch_wait_s
+        while len(batch) < self.max_batch_size:
+            try:
+                batch.append(self._queue.get_nowait())
+                continue
+            except queue.Empty:
+                pass
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                batch.append(self._queue.get(timeout=remaining))
+            except queue.Empty:
+                break
+        return batch
+
+    def _generate(self, batch: list[_Sequence]) -> None:
+        """Run ``batch`` to completion; waiting sequences join it between decode steps.
+
+        ``batch`` is kept equal to the unfinished sequences taken so far (joiners included), so the
+        caller can fail every one of them on error.
+        """
+        run = self._prefill(batch)
+        while True:
+            finished = self._sample_step(run.active, run.logits)
+            for seq in finished:
+                self._finish(seq)
+            keep = [i for i, seq in enumerate(run.active) if seq.finish_reason is None]
+            if len(keep) < len(run.active):
+                run.select(keep)
+            newcomers = self._take_waiting(self.max_batch_size - len(run.active))
+            batch[:] = run.active + newcomers  # what is still owed an answer
+            if not run.active and not newcomers:
+                return
+            if run.active:
+                next_ids = torch.tensor([[seq.out_ids[-1]] for seq in run.active],
+                                        device=self.device)
+                run.mask = torch.cat([run.mask, run.mask.new_ones((len(run.active), 1))], dim=1)
+                run.positions = run.positions + 1
+                run.logits = self._forward(next_ids, run.mask, run.positions, run.cache,
+                                           run.active, None)
+            if newcomers:
+                joined = self._prefill(newcomers)
+                run = joined if not run.active else run.merge(joined)
+            if self.metrics:
+                self.metrics.running.set(len(run.active))
+                self.metrics.waiting.set(self._queue.qsize())
+
+    def _take_waiting(self, room: int) -> list[_Sequence]:
+        """Sequences that can join the running batch now (never waits)."""
+        taken: list[_Sequence] = []
+        while len(taken) < room and self._joinable:
+            try:
+                taken.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return taken
+
+    def _prefill(self, batch: list[_Sequence]) -> _RunningBatch:
+        from transformers import DynamicCache
+
+        lengths = [len(seq.prompt_ids) for seq in batch]
+        width = max(lengths)
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, seq in enumerate(batch):
+            input_ids[row, width - lengths[row]:] = torch.tensor(seq.prompt_ids)
+            mask[row, width - lengths[row]:] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        input_ids, mask, positions = (t.to(self.device) for t in (input_ids, mask, positions))
+        if self.metrics:
+            self.metrics.prompt_tokens.inc(sum(lengths))
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(input_ids, mask, positions, cache, batch, lengths)
+        return _RunningBatch(list(batch), cache, mask, positions[:, -1:], logits)
+
+    def _forward(self, input_ids, mask, positions, cache, active, prompt_lengths):
+        """One forward pass; records capture states of the rows that asked; returns last logits."""
+        capturing = self.recorder is not None and any(seq.params.capture for seq in active)
+        if self.metrics:
+            self.metrics.batch_size.observe(len(active))
+        if capturing:
+            self.recorder.arm()
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        if capturing:
+            states = self.recorder.collect()  # [rows, seq, layers, hidden]
+            for row, seq in enumerate(active):
+                if seq.params.capture:
+                    tokens = prompt_lengths[row] if prompt_lengths else 1
+                    seq.states.append(states[row, states.shape[1] - tokens:].to("cpu"))
+        return out.logits[:, -1, :].float()
+
+    def _sample_step(self, active: list[_Sequence], logits: torch.Tensor) -> list[_Sequence]:
+        """Choose one token per row, record logprobs, apply stop rules; return rows that finished."""
+        logprobs = torch.log_softmax(logits, dim=-1)
+        want_top = max((seq.params.top_logprobs or 0 for seq in active), default=0)
+        top_values = top_ids = None
+        if want_top:
+            top_values, top_ids = torch.topk(logprobs, want_top, dim=-1)
+            top_values, top_ids = top_values.cpu(), top_ids.cpu()
+        finished = []
+        chosen = [self._choose(logits[row], seq.params, seq.generator) for row, seq in
+                  enumerate(active)]
+        chosen_t = torch.tensor(chosen, device=logits.device).unsqueeze(1)
+        chosen_lp = logprobs.gather(1, chosen_t).squeeze(1).cpu().tolist()
+        chosen_logit = logits.gather(1, chosen_t).squeeze(1).cpu().tolist()
+        if self.metrics:
+            self.metrics.generation_tokens.inc(len(active))
+        for row, seq in enumerate(active):
+            token = chosen[row]
+            seq.out_ids.append(token)
+            k = seq.params.top_logprobs
+            if k is not None:
+                top = []
+                if k:
+                    top = list(zip(top_ids[row, :k].tolist(),
+                                   (max(v, LOGPROB_FLOOR) for v in top_values[row, :k].tolist())))
+                seq.logprobs.append(
+                    TokenLogprob(token, max(chosen_lp[row], LOGPROB_FLOOR), chosen_logit[row], top)
+                )
+            if self._check_stop(seq):
+                finished.append(seq)
+        return finished
+
+    @staticmethod
+    def _choose(logits: torch.Tensor, params: SamplingParams, generator) -> int:
+        if params.temperature < SAMPLING_EPS:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits / params.temperature, dim=-1).cpu()
+        if params.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            cumulative = torch.cumsum(sorted_probs, dim=-1)
+            sorted_probs[(cumulative - sorted_probs) > params.top_p] = 0.0
+            pick = torch.multinomial(sorted_probs, 1, generator=generator)
+            return int(order[pick])
+        return int(torch.multinomial(probs, 1, generator=generator))
+
+    def _check_stop(self, seq: _Sequence) -> bool:
+        token = seq.out_ids[-1]
+        params = seq.params
+        if token in self.loaded.eos_token_ids:
+            seq.finish_reason = "stop"
+        if params.stop:
+            previous = len(seq.text)
+            seq.text = self.tokenizer.decode(seq.out_ids, skip_special_tokens=True)
+            if seq.finish_reason is None:
+                longest = max(len(s) for s in params.stop)
+                start = max(0, previous - longest + 1)
+                hits = [(seq.text.find(s, start), s) for s in params.stop]
+                hits = [(at, s) for at, s in hits if at >= 0]
+                if hits:
+                    at, stop = min(hits)
+                    seq.text = seq.text[:at]
+                    seq.finish_reason, seq.stop_reason = "stop", stop
+        if seq.finish_reason is None and (
+            len(seq.out_ids) >= params.max_tokens
+            or len(seq.prompt_ids) + len(seq.out_ids) >= self.loaded.max_model_len
+        ):
+            seq.finish_reason = "length"
+        return seq.finish_reason is not None
+
+    def _finish(self, seq: _Sequence) -> None:
+        if not seq.params.stop or seq.stop_reason is None:
+            seq.text = self.tokenizer.decode(seq.out_ids, skip_special_tokens=True)
+        output = SequenceOutput(
+            prompt_token_ids=seq.prompt_ids,
+            token_ids=list(seq.out_ids),
+            text=seq.text,
+            finish_reason=seq.finish_reason or "length",
+            stop_reason=seq.stop_reason,
+            logprobs=seq.logprobs if seq.params.top_logprobs is not None else None,
+        )
+        if not (seq.params.capture and self.recorder is not None):
+            seq.future.set_result(output)
+            return
+        states = torch.cat(seq.states, dim=0)
+        seq.states = []
+        tokens = (seq.prompt_ids + seq.out_ids)[: states.shape[0]]
+        self._writer.submit(self._write_capture, seq.future, output, states, tokens)
+
+    def _write_capture(self, future, output: SequenceOutput, states, tokens) -> None:
+        try:
+            output.hidden_states_path = self.spool.write(states, tokens)
+            if self.metrics:
+                self.metrics.captures.inc()
+            future.set_result(output)
+        except Exception as exc:  # noqa: BLE001 - reported to the request
+            logger.exception("writing a capture file failed")
+            future.set_exception(exc)
+
+
+@dataclass
+class _RunningBatch:
+    """The rows being decoded, their KV cache, attention mask and next-token logits."""
+
+    active: list[_Sequence]
+    cache: object  # transformers DynamicCache
+    mask: torch.Tensor  # [rows, columns], 0 for left padding
+    positions: torch.Tensor  # [rows, 1], position id of each row's last token
+    logits: torch.Tensor  # [rows, vocab]
+
+    def select(self, keep: list[int]) -> None:
+        """Keep only rows ``keep``, then drop the columns that are padding in every row."""
+        self.active = [self.active[i] for i in keep]
+        if not keep:
+            return
+        index = torch.tensor(keep, device=self.mask.device)
+        self.cache.batch_select_indices(index)
+        self.mask, self.positions, self.logits = (
+            self.mask[index], self.positions[index], self.logits[index]
+        )
+        first = int(self.mask.any(dim=0).int().argmax())
+        if first > 0:
+            self.mask = self.mask[:, first:]
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
+
+    def merge(self, other: _RunningBatch) -> _RunningBatch:
+        """Append ``other``'s rows, left-padding the shorter cache (position ids are explicit)."""
+        width = max(self.mask.shape[1], other.mask.shape[1])
+
+        def pad(t: torch.Tensor, dim_from_end: int) -> torch.Tensor:
+            missing = width - t.shape[-dim_from_end]
+            if not missing:
+                return t
+            spec = [0, 0] * (dim_from_end - 1) + [missing, 0]
+            return torch.nn.functional.pad(t, spec)
+
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keys = torch.cat([pad(mine.keys, 2), pad(theirs.keys, 2)], dim=0)
+            mine.values = torch.cat([pad(mine.values, 2), pad(theirs.values, 2)], dim=0)
+        self.mask = torch.cat([pad(self.mask, 1), pad(other.mask, 1)], dim=0)
+        self.positions = torch.cat([self.positions, other.positions], dim=0)
+        self.logits = torch.cat([self.logits, other.logits], dim=0)
+        self.active = self.active + other.active
+        return self
+
+
+def _supports_joining(model: torch.nn.Module) -> bool:
+    """Rows can join a running batch only when every cache layer is a plain growing KV cache."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    try:
+        cache = DynamicCache(config=model.config)
+    except Exception:  # noqa: BLE001 - unknown config: stay with batch-at-a-time
+        return False
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
