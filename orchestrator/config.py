@@ -126,8 +126,9 @@ class RunConfig:
     """How activations are captured: ``generation`` (on the generation request,
     include_output_tokens: prompt + all response tokens but the last) or ``prefill`` (a
     prefill-only request with prompt + response token ids: every token)."""
-    storage_format: str = "npy"
-    """Activation store format written by the workers (see storage/)."""
+    storage_format: str = "packed"
+    """Activation store format written by the workers: packed (default: the fastest reader in
+    bench/bench_storage.py), npy (one file per activation, seed 003 §6.4) or zarr (seed 000)."""
     num_workers: int = 1
     """Worker processes (spread over the servers round-robin)."""
     groups_in_flight: int = 4

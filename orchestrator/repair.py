@@ -71,6 +71,7 @@ def prompts_to_retry(root: Path, expected: set[str]) -> set[str]:
     k = int(manifest.get("k_samples", 0))
     per_file = manifest.get("storage_format", "npy") == "npy"
     complete: set[str] = set()
+    committed: set[str] = set()
     errored: set[str] = set()
     for wdir in worker_dirs(root):
         quarantine_malformed_lines(wdir)
@@ -88,6 +89,17 @@ def prompts_to_retry(root: Path, expected: set[str]) -> set[str]:
         want = set(range(k + 1))
         for _, row in iter_jsonl(wdir / "prompt_index.jsonl"):
             cid = row.get("commit_id")
+            committed.add(row["prompt_id"])
             if gens.get(cid) == want and acts.get(cid) == want:
                 complete.add(row["prompt_id"])
-    return (set(expected) | errored) - complete
+    retry = (set(expected) | errored) - complete
+    if not per_file:
+        # Shard stores are append-only: a committed sample's key cannot be written again.
+        stuck = retry & committed
+        if stuck:
+            log.warning("%d committed prompt(s) lack some activations but a %s store cannot "
+                        "rewrite their keys; they keep their generations without those "
+                        "activations: %s", len(stuck), manifest.get("storage_format"),
+                        ", ".join(sorted(stuck)[:10]))
+        retry -= stuck
+    return retry

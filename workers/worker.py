@@ -160,6 +160,9 @@ class _Worker:
             self._report_failure(group.prompt_id, None, exc, kind,
                                  fatal=exc.errno in (errno.ENOSPC, errno.EROFS))
             return
+        except Exception as exc:  # e.g. a shard store refusing a key it already holds
+            self._report_failure(group.prompt_id, None, exc, "storage_error")
+            return
         tokens = sum(len(c.token_ids) for c in completions)
         self.results.put({"event": "done", "worker_id": spec.worker_id,
                           "prompt_id": group.prompt_id, "generations": len(completions),

@@ -60,9 +60,10 @@ def worker_rows(root: Path, name: str) -> list[dict]:
 
 @pytest.fixture(scope="session")
 def small_run(tmp_path_factory) -> Path:
-    """10 prompts, K=2, the integrated profile, on the embedded server."""
+    """10 prompts, K=2, the integrated profile, npy store, on the embedded server."""
     root = tmp_path_factory.mktemp("run10")
     proc = run_orchestrator(root, "--limit", "10", "--k-samples", "2", "--max-tokens", "24",
-                            "--num-workers", "2", "--groups-in-flight", "2")
+                            "--num-workers", "2", "--groups-in-flight", "2",
+                            "--storage-format", "npy")
     assert proc.returncode == 0, proc.stderr[-4000:]
     return root

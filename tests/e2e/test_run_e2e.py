@@ -140,6 +140,19 @@ def test_resume_after_sigkill(tmp_path: Path):
     assert len({a["activation_key"] for a in acts}) == len(acts) == 24
     completed = json.loads((tmp_path / "completed_prompts.json").read_text())["completed"]
     assert sorted(completed) == sorted(ids)
+    # the default store (packed) survived the kill: every sample reads back through the
+    # consolidated manifest over the worker shards, with the shape the index records
+    import storage
+
+    reader = storage.open_store(tmp_path / "consolidated" / "activations")
+    keys = {k: i for i, k in enumerate(reader.keys())}
+    assert set(keys) == {a["activation_key"] for a in acts}
+    for a in acts:
+        arr = reader.read(keys[a["activation_key"]], 0)
+        assert arr.shape == (a["shape"][1], a["shape"][2])
+    reader.close()
+    report = json.loads((tmp_path / "consolidated" / "validation_report.json").read_text())
+    assert report["ok"], report["problem_counts"]
     assert "12/12 prompts done" in rerun.stdout, rerun.stdout
 
 

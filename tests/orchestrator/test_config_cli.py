@@ -56,7 +56,7 @@ def test_fingerprint_ignores_paths_and_workers_only():
     assert base.fingerprint_fields() == RunConfig(artifact_root="x", num_workers=3,
                                                    limit=5).fingerprint_fields()
     assert base.fingerprint_fields() != RunConfig(k_samples=2).fingerprint_fields()
-    assert base.fingerprint_fields() != RunConfig(storage_format="packed").fingerprint_fields()
+    assert base.fingerprint_fields() != RunConfig(storage_format="npy").fingerprint_fields()
 
 
 def test_cli_maps_flags_to_config():
