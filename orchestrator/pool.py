@@ -127,6 +127,15 @@ class WorkerPool:
             except (queue.Empty, OSError, ValueError):
                 pass
 
+    def kill_workers(self, worker_ids: Iterable[int]) -> None:
+        """SIGKILL these workers; ``check_workers`` then re-queues their groups and restarts
+        them (used when their server is restarted under them)."""
+        for wid in worker_ids:
+            proc = self.processes.get(wid)
+            if proc is not None and proc.is_alive():
+                proc.kill()
+                proc.join(timeout=10)
+
     def kill(self) -> None:
         """Stop every worker at once (orchestrator shutting down on an error)."""
         self._closed = True

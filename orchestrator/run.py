@@ -30,6 +30,7 @@ from orchestrator.servers import (ModelInfo, ServerProcess, embedded_server_comm
 from orchestrator.status import StatusBoard
 from orchestrator.tasks import load_task
 from orchestrator.validate import validate
+from orchestrator.watchdog import ServerProgress, Watchdog
 from workers.persist import read_jsonl_committed, recover_worker_dir
 from workers.worker import WorkerSpec
 
@@ -141,7 +142,8 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
             pool.start()
             pool.submit(pending)
             board.set_phase("running")
-            _drain(pool, config, root, layer_ids, model, board, checkpoint, completed, result)
+            _drain(pool, config, root, layer_ids, model, board, checkpoint, completed, result,
+                   servers)
             pool.close()
             pool = None
         checkpoint.close(final=completed)
@@ -199,10 +201,12 @@ def _reconcile(root: Path, config: RunConfig, layer_ids: list[int], hidden_size:
 
 def _drain(pool: WorkerPool, config: RunConfig, root: Path, layer_ids: list[int],
            model: ModelInfo, board: StatusBoard, checkpoint: CheckpointWriter,
-           completed: set[str], result: RunResult) -> None:
+           completed: set[str], result: RunResult, servers: list[ServerProcess]) -> None:
     """Consume worker events until every submitted group is done or failed."""
     since_checkpoint = 0
     progress = Progress(total=result.total, initial=result.done_before, enabled=config.progress)
+    watchdog = _start_watchdog(pool, config, board, servers)
+    last_check = time.monotonic()
 
     def committed_in(worker_id: int) -> set[str]:
         return recover_worker_dir(root / f"worker_{worker_id}", storage_format=config.storage_format,
@@ -211,12 +215,16 @@ def _drain(pool: WorkerPool, config: RunConfig, root: Path, layer_ids: list[int]
 
     try:
         while pool.outstanding:
-            event = pool.next_event(timeout=0.5)
-            if event is None:
+            if watchdog is not None:
+                _restart_stuck_servers(pool, servers, watchdog, board)
+            if time.monotonic() - last_check > 1.0:
+                last_check = time.monotonic()
                 for pid in pool.check_workers(committed_in):
                     completed.add(pid)
                     result.done += 1
                     progress.advance(generations=config.k_samples + 1, tokens=0)
+            event = pool.next_event(timeout=0.5)
+            if event is None:
                 continue
             kind, wid = event["event"], event.get("worker_id")
             if kind == "started":
@@ -243,6 +251,44 @@ def _drain(pool: WorkerPool, config: RunConfig, root: Path, layer_ids: list[int]
                                     "(committed work is kept; fix the cause and rerun to resume)")
     finally:
         progress.close()
+        if watchdog is not None:
+            watchdog.stop()
+
+
+def _start_watchdog(pool: WorkerPool, config: RunConfig, board: StatusBoard,
+                    servers: list[ServerProcess]) -> Watchdog | None:
+    if not servers:
+        return None
+
+    def busy(url: str) -> bool:
+        return any(pool.in_flight[wid] for wid, spec in pool.specs.items()
+                   if spec.server_url == url)
+
+    def on_update(seen: ServerProgress) -> None:
+        health = "stalled" if seen.stalled else "healthy" if seen.reachable else "unresponsive"
+        board.server_update(seen.url, health=health,
+                            in_flight=None if seen.running is None else int(seen.running))
+
+    return Watchdog([s.url for s in servers], stall_seconds=config.watchdog_stall_seconds,
+                    busy=busy, on_update=on_update).start()
+
+
+def _restart_stuck_servers(pool: WorkerPool, servers: list[ServerProcess], watchdog: Watchdog,
+                           board: StatusBoard) -> None:
+    """Restart servers that died or stalled; their workers are killed so that the pool
+    re-queues the groups they had in flight and starts them again."""
+    stalled = set(watchdog.stalled())
+    for server in servers:
+        if server.url not in stalled and server.alive():
+            continue
+        why = "stalled" if server.url in stalled else "exited"
+        log.error("restarting %s (%s); re-queuing its in-flight prompt groups", server.name, why)
+        board.server_update(server.url, health=f"restarting ({why})")
+        pool.kill_workers([wid for wid, spec in pool.specs.items()
+                           if spec.server_url == server.url])
+        server.restart()
+        watchdog.reset(server.url)
+        board.server_update(server.url, health="healthy", restarts=server.restarts)
 
 
 def _start_servers(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: Path,

@@ -210,9 +210,9 @@ class ServerProcess:
         self.process = None
         self.pid_path.unlink(missing_ok=True)
 
-    def restart(self) -> None:
-        """Stop, start again and wait for health; counts restarts."""
-        self.stop()
+    def restart(self, grace: float = 5.0) -> None:
+        """Stop (a short grace: it is presumably hung), start again, wait for health."""
+        self.stop(grace=grace)
         self.restarts += 1
         self.start()
         self.wait_ready()

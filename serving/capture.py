@@ -6,11 +6,16 @@ the same for ids 0..N-1, but its last entry is after the final norm.)
 
 The file format is the one of vLLM's ``ExampleHiddenStatesConnector`` (docs/contracts.md):
 ``hidden_states`` ``[num_tokens, num_layer_ids, hidden]`` in the model dtype and ``token_ids``
-``[num_tokens]`` int64, written to a temporary name and renamed into place.
+``[num_tokens]`` int64, written to a temporary name and renamed into place. Like vLLM's
+connector, ``PATH.lock`` is created next to it and held with ``flock(LOCK_EX)`` while the file is
+written, so readers that follow vLLM's protocol (``flock(LOCK_SH)`` on ``PATH.lock``, read, delete
+both) work unchanged. Here the file is complete before the response is sent; neither file is ever
+deleted by the server.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pathlib
 import uuid
@@ -117,10 +122,12 @@ class SpoolWriter:
             "hidden_states": hidden_states.detach().to("cpu").contiguous(),
             "token_ids": torch.tensor(list(token_ids), dtype=torch.int64),
         }
-        try:
-            save_file(tensors, str(tmp))
-            os.replace(tmp, final)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        with open(f"{final}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                save_file(tensors, str(tmp))
+                os.replace(tmp, final)
+            finally:
+                if tmp.exists():
+                    tmp.unlink()
         return str(final)

@@ -44,11 +44,12 @@ def load_capture(path: str, expected_token_ids: list[int], *, delete: bool = Tru
     try:
         tensors = _load(path)
     finally:
-        if delete:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+        if delete:  # the capture file and the lock file both backends write beside it
+            for leftover in (path, path + ".lock"):
+                try:
+                    os.unlink(leftover)
+                except FileNotFoundError:
+                    pass
     hidden, token_ids = tensors.get("hidden_states"), tensors.get("token_ids")
     if hidden is None or token_ids is None:
         raise CaptureError(f"{path}: capture file lacks hidden_states or token_ids")

@@ -171,3 +171,31 @@ def test_resume_with_other_config_is_refused(small_run: Path):
     proc = run_orchestrator(small_run, "--limit", "10", "--k-samples", "3", timeout=300)
     assert proc.returncode == 1
     assert "k_samples: 2 -> 3" in proc.stderr
+
+
+def test_hung_server_is_restarted_and_the_run_completes(tmp_path: Path):
+    """SIGSTOP the embedded server mid-run: the watchdog restarts it, the run completes."""
+    args = ["--limit", "6", "--k-samples", "1", "--max-tokens", "16", "--groups-in-flight", "1",
+            "--watchdog-stall-seconds", "8", "--request-timeout", "120"]
+    proc = subprocess.Popen(orchestrator_cmd(tmp_path, *args), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pidfile = tmp_path / "servers" / "server_0.pid"
+    try:
+        _wait_for(lambda: _committed(tmp_path) >= 1 or proc.poll() is not None, 600,
+                  "a committed prompt")
+        assert proc.poll() is None
+        server_pid = int(pidfile.read_text())
+        os.kill(server_pid, signal.SIGSTOP)
+        out, err = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-4000:]
+    assert "6/6 prompts done" in out
+    assert "restarting server_0 (stalled)" in err
+    new_pid = None if not pidfile.exists() else int(pidfile.read_text())
+    assert new_pid != server_pid
+    with pytest.raises(ProcessLookupError):  # the hung process is gone, not left stopped
+        os.kill(server_pid, 0)
+    ids = [p["prompt_id"] for p in worker_rows(tmp_path, "prompt_index.jsonl")]
+    assert len(ids) == len(set(ids)) == 6

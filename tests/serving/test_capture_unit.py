@@ -55,6 +55,7 @@ def test_spool_writer_round_trip(tmp_path):
     assert data["hidden_states"].dtype == torch.bfloat16
     assert torch.equal(data["hidden_states"], states)
     assert data["token_ids"].dtype == torch.int64 and data["token_ids"].tolist() == [1, 2, 3, 4]
-    assert os.listdir(tmp_path / "spool") == [os.path.basename(path)]  # no partial files left
+    name = os.path.basename(path)  # no partial file left; vLLM-style lock file next to it
+    assert sorted(os.listdir(tmp_path / "spool")) == [name, name + ".lock"]
     with pytest.raises(ValueError):
         writer.write(states, [1, 2])

@@ -1,0 +1,115 @@
+"""Server watchdog: find managed servers that stopped making progress.
+
+A background thread scrapes each server's Prometheus ``/metrics`` (vLLM's names, which the
+embedded server also exports). A server is *stalled* when, for ``stall_seconds``, its generated
+token counter stays flat while it has work — its own ``num_requests_running`` > 0, or, when
+``/metrics`` does not answer at all (a SIGSTOPped process), prompt groups in flight on it as
+the orchestrator knows them. The run loop restarts stalled servers; the thread only observes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = ["Watchdog", "ServerProgress", "parse_progress_metrics"]
+
+log = logging.getLogger(__name__)
+
+TOKENS = "vllm:generation_tokens"
+RUNNING = "vllm:num_requests_running"
+
+
+def parse_progress_metrics(text: str) -> tuple[float | None, float | None]:
+    """(generated tokens total, running requests) summed over label sets; None when absent."""
+    tokens = running = None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in (TOKENS, TOKENS + "_total"):
+                tokens = (tokens or 0.0) + sample.value
+            elif sample.name == RUNNING:
+                running = (running or 0.0) + sample.value
+    return tokens, running
+
+
+@dataclass
+class ServerProgress:
+    """What the watchdog last saw of one server."""
+
+    url: str
+    tokens: float | None = None
+    running: float | None = None
+    reachable: bool = True
+    last_progress: float = field(default_factory=time.monotonic)
+    stalled: bool = False
+
+
+class Watchdog:
+    """Polls servers every ``interval`` seconds on a daemon thread."""
+
+    def __init__(self, urls: list[str], *, stall_seconds: float,
+                 busy: Callable[[str], bool], interval: float = 2.0,
+                 on_update: Callable[[ServerProgress], None] | None = None) -> None:
+        self.servers = {url: ServerProgress(url) for url in urls}
+        self.stall_seconds = stall_seconds
+        self.interval = interval
+        self._busy = busy
+        self._on_update = on_update
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="watchdog", daemon=True)
+
+    def start(self) -> "Watchdog":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def stalled(self) -> list[str]:
+        """URLs currently judged stalled."""
+        with self._lock:
+            return [s.url for s in self.servers.values() if s.stalled]
+
+    def reset(self, url: str) -> None:
+        """Forget a server's history (after its restart)."""
+        with self._lock:
+            self.servers[url] = ServerProgress(url)
+
+    def _loop(self) -> None:
+        with httpx.Client(timeout=min(5.0, self.interval * 2)) as client:
+            while not self._stop.wait(self.interval):
+                for url in list(self.servers):
+                    self._check(client, url)
+
+    def _check(self, client: httpx.Client, url: str) -> None:
+        now = time.monotonic()
+        try:
+            tokens, running = parse_progress_metrics(client.get(f"{url}/metrics").text)
+            reachable = True
+        except (httpx.HTTPError, ValueError):
+            tokens, running, reachable = None, None, False
+        with self._lock:
+            state = self.servers[url]
+            progressed = tokens is not None and tokens != state.tokens
+            has_work = (running or 0) > 0 if reachable else self._busy(url)
+            if progressed or not has_work:
+                state.last_progress = now
+            state.tokens = tokens if tokens is not None else state.tokens
+            state.running, state.reachable = running, reachable
+            was = state.stalled
+            state.stalled = has_work and now - state.last_progress > self.stall_seconds
+            snapshot = ServerProgress(**vars(state))
+        if state.stalled and not was:
+            log.error("server %s made no progress for %.0f s with work in flight (%s)", url,
+                      now - snapshot.last_progress,
+                      "metrics unreachable" if not reachable else f"{running:.0f} running")
+        if self._on_update is not None:
+            self._on_update(snapshot)
