@@ -12,6 +12,11 @@ from .convert import convert_store, merge_stores
 from .errors import CorruptShardError, ManifestError, StorageError, UnknownFormatError
 from .multi import MultiReader, write_multi_manifest
 from .registry import FORMATS, detect_format, open_store, open_writer, store_dir
+from .saev import SaevReader, export_saev
+from .sft_packed import (MemmapShardWriter, PackedSftDataset, PackedSftMultiShardDataset,
+                         collate_packed_sft, convert_legacy_to_memmap, export_sft,
+                         first_fit_decreasing, open_packed_sft)
+from .wds import export_wds, read_wds_manifest
 
 
 def __getattr__(name):  # torch is imported only by those who use the Dataset
@@ -19,6 +24,10 @@ def __getattr__(name):  # torch is imported only by those who use the Dataset
         from . import dataset
 
         return getattr(dataset, name)
+    if name == "WdsPairsDataset":
+        from .wds_dataset import WdsPairsDataset
+
+        return WdsPairsDataset
     raise AttributeError(f"module 'storage' has no attribute {name!r}")
 
 
@@ -41,4 +50,8 @@ __all__ = [
     "open_writer",
     "store_dir",
     "write_multi_manifest",
+    "export_wds", "read_wds_manifest", "WdsPairsDataset",
+    "export_saev", "SaevReader",
+    "export_sft", "MemmapShardWriter", "PackedSftDataset", "PackedSftMultiShardDataset",
+    "open_packed_sft", "collate_packed_sft", "convert_legacy_to_memmap", "first_fit_decreasing",
 ]
