@@ -139,6 +139,9 @@ class WorkerPool:
     def kill(self) -> None:
         """Stop every worker at once (orchestrator shutting down on an error)."""
         self._closed = True
+        # Nobody will read what is still queued: do not let interpreter exit wait on the pipes.
+        self.tasks.cancel_join_thread()
+        self.results.cancel_join_thread()
         for proc in self.processes.values():
             if proc.is_alive():
                 proc.kill()

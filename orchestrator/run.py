@@ -67,8 +67,8 @@ def worker_dirs(artifact_root: Path) -> list[Path]:
     return sorted(dirs, key=lambda p: int(p.name.split("_", 1)[1]))
 
 
-class _Stop(Exception):
-    """SIGTERM received: shut down cleanly."""
+class _Stop(KeyboardInterrupt):
+    """SIGTERM received: shut down cleanly, like Ctrl-C (committed work is kept)."""
 
 
 def _raise_stop(signum, frame):  # noqa: ARG001
@@ -171,6 +171,8 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
             pool.kill()
         for server in servers:
             server.stop()
+        for spool in (root / "spool").glob("server_*"):
+            _clear_spool(spool)
         if checkpoint is not None:
             checkpoint.close(final=completed)
         if api is not None:
@@ -304,7 +306,7 @@ def _start_servers(config: RunConfig, model: ModelInfo, layer_ids: list[int], ro
         port = config.server_base_port + i
         url = f"http://127.0.0.1:{port}"
         spool = root / "spool" / f"server_{i}"
-        spool.mkdir(parents=True, exist_ok=True)
+        _clear_spool(spool)
         env = dict(os.environ)
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
@@ -315,6 +317,9 @@ def _start_servers(config: RunConfig, model: ModelInfo, layer_ids: list[int], ro
                                           layer_ids=layer_ids, spool_dir=spool,
                                           dtype=config.model_dtype, served_model_name=model.name)
             env = vllm_server_env(env, gpu=gpu, cache_dir=cache_dir)
+            for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
+                        "TMPDIR"):
+                Path(env[key]).mkdir(parents=True, exist_ok=True)
         else:
             command = embedded_server_command(model.path, host="127.0.0.1", port=port,
                                               spool_dir=spool, dtype=config.model_dtype,
@@ -336,6 +341,15 @@ def _start_servers(config: RunConfig, model: ModelInfo, layer_ids: list[int], ro
             server.stop()
         raise
     return servers, [s.url for s in servers]
+
+
+def _clear_spool(spool: Path) -> None:
+    """Empty a server's spool dir: capture files of a crashed run are never read again."""
+    if spool.exists():
+        for leftover in spool.iterdir():
+            if leftover.is_file():
+                leftover.unlink()
+    spool.mkdir(parents=True, exist_ok=True)
 
 
 def _remote_model(config: RunConfig) -> ModelInfo:

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from orchestrator.errors import BackendStartError
+from orchestrator.vllm_backend import engine_child_pids
 
 __all__ = ["ServerProcess", "ModelInfo", "resolve_model", "embedded_server_command",
            "hallulog_cache_dir", "wait_healthy", "die_with_parent", "kill_stale_servers"]
@@ -196,6 +197,8 @@ class ServerProcess:
         if proc is None:
             return
         pgid = proc.pid  # start_new_session: the group id is the leader's pid
+        # vLLM's EngineCore and workers: remembered now, checked after the group is killed
+        descendants = engine_child_pids(proc.pid)
         _signal_group(pgid, signal.SIGTERM)
         try:
             proc.wait(timeout=grace)
@@ -207,6 +210,13 @@ class ServerProcess:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             log.error("%s (pid %d) survived SIGKILL", self.name, proc.pid)
+        for pid in _still_alive(descendants):
+            log.error("%s: child process %d survived its group's SIGKILL: killing it", self.name,
+                      pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.process = None
         self.pid_path.unlink(missing_ok=True)
 
@@ -216,6 +226,22 @@ class ServerProcess:
         self.restarts += 1
         self.start()
         self.wait_ready()
+
+
+def _still_alive(pids: list[int], wait: float = 5.0) -> list[int]:
+    """The pids (not zombies) still running after up to ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    alive.append(pid)
+            except (OSError, IndexError):
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
 
 
 def _signal_group(pgid: int, sig: int) -> None:

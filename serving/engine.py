@@ -298,8 +298,7 @@ class Engine:
             top_values, top_ids = torch.topk(logprobs, want_top, dim=-1)
             top_values, top_ids = top_values.cpu(), top_ids.cpu()
         finished = []
-        chosen = [self._choose(logits[row], seq.params, seq.generator) for row, seq in
-                  enumerate(active)]
+        chosen = self._choose_rows(logits, active)
         chosen_t = torch.tensor(chosen, device=logits.device).unsqueeze(1)
         chosen_lp = logprobs.gather(1, chosen_t).squeeze(1).cpu().tolist()
         chosen_logit = logits.gather(1, chosen_t).squeeze(1).cpu().tolist()
@@ -320,6 +319,32 @@ class Engine:
             if self._check_stop(seq):
                 finished.append(seq)
         return finished
+
+    @classmethod
+    def _choose_rows(cls, logits: torch.Tensor, active: list[_Sequence]) -> list[int]:
+        """One token per row: greedy rows by argmax; sampled rows share one batched softmax and
+        sort, then draw with their own generator (so a row's draw never depends on the batch)."""
+        chosen = torch.argmax(logits, dim=-1).tolist()
+        rows = [r for r, seq in enumerate(active) if seq.params.temperature >= SAMPLING_EPS]
+        if len(rows) <= 1:
+            for r in rows:
+                chosen[r] = cls._choose(logits[r], active[r].params, active[r].generator)
+            return chosen
+        temps = torch.tensor([active[r].params.temperature for r in rows],
+                             dtype=logits.dtype, device=logits.device).unsqueeze(1)
+        probs = torch.softmax(logits[rows] / temps, dim=-1).cpu()
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        cumulative = torch.cumsum(sorted_probs, dim=-1)
+        for i, r in enumerate(rows):
+            params = active[r].params
+            if params.top_p < 1.0:
+                row = sorted_probs[i].clone()
+                row[(cumulative[i] - row) > params.top_p] = 0.0
+                pick = torch.multinomial(row, 1, generator=active[r].generator)
+                chosen[r] = int(order[i, pick])
+            else:
+                chosen[r] = int(torch.multinomial(probs[i], 1, generator=active[r].generator))
+        return chosen
 
     @staticmethod
     def _choose(logits: torch.Tensor, params: SamplingParams, generator) -> int:

@@ -8,13 +8,16 @@ token was never fed back, so there are ``P + R - 1`` positions; with prefill cap
 
 from __future__ import annotations
 
+import fcntl
 import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
 from safetensors.numpy import load_file
 
-__all__ = ["CaptureError", "CapturedRows", "load_capture", "select_rows"]
+__all__ = ["CaptureError", "CapturedRows", "load_capture", "select_rows", "discard_capture",
+           "wait_for_capture"]
 
 
 class CaptureError(RuntimeError):
@@ -35,21 +38,53 @@ class CapturedRows:
     """How many rows are response positions."""
 
 
-def load_capture(path: str, expected_token_ids: list[int], *, delete: bool = True
-                 ) -> np.ndarray:
+def wait_for_capture(path: str, timeout: float = 60.0) -> None:
+    """Wait until the backend has finished writing ``path``.
+
+    vLLM may answer before its connector wrote the file (the write happens in the next engine
+    step); the writer holds an exclusive ``flock`` on ``path + ".lock"`` while writing and
+    renames the data into place, so: take the lock shared, then expect the file.
+    """
+    deadline = time.monotonic() + timeout
+    lock_path = path + ".lock"
+    while True:
+        if os.path.exists(lock_path):
+            try:
+                with open(lock_path, "rb") as lock:
+                    fcntl.flock(lock.fileno(), fcntl.LOCK_SH)
+                    fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+            except FileNotFoundError:
+                pass
+        if os.path.exists(path):
+            return
+        if time.monotonic() > deadline:
+            raise CaptureError(f"{path}: capture file not written within {timeout:.0f} s")
+        time.sleep(0.02)
+
+
+def discard_capture(path: str | None) -> None:
+    """Delete a capture file and its lock file (the servers never delete them)."""
+    if not path:
+        return
+    for leftover in (path, path + ".lock"):
+        try:
+            os.unlink(leftover)
+        except FileNotFoundError:
+            pass
+
+
+def load_capture(path: str, expected_token_ids: list[int], *, delete: bool = True,
+                 timeout: float = 60.0) -> np.ndarray:
     """Read a capture file, check its token ids, return ``(num_tokens, num_layer_ids, hidden)``.
 
     The spool file is deleted after reading (the server never deletes it).
     """
     try:
+        wait_for_capture(path, timeout)
         tensors = _load(path)
     finally:
-        if delete:  # the capture file and the lock file both backends write beside it
-            for leftover in (path, path + ".lock"):
-                try:
-                    os.unlink(leftover)
-                except FileNotFoundError:
-                    pass
+        if delete:
+            discard_capture(path)
     hidden, token_ids = tensors.get("hidden_states"), tensors.get("token_ids")
     if hidden is None or token_ids is None:
         raise CaptureError(f"{path}: capture file lacks hidden_states or token_ids")

@@ -20,7 +20,7 @@ from typing import Any
 
 from orchestrator.ids import activation_key, sample_seed
 from orchestrator.prompts import PromptGroup
-from workers.capture import CaptureError, load_capture, select_rows
+from workers.capture import CaptureError, discard_capture, load_capture, select_rows
 from workers.client import BackendClient, Completion
 from workers.persist import GenerationRecord, WorkerDir
 
@@ -140,13 +140,21 @@ class _Worker:
                           "prompt_id": group.prompt_id})
         capture_in_generation = spec.capture_mode == "generation"
         requests = [self._request_params(group.prompt_id, sid) for sid in range(spec.k_samples + 1)]
-        try:
-            completions = await asyncio.gather(*[
-                self.client.chat(group.messages, capture=capture_in_generation, **params)
-                for params in requests])
-        except Exception as exc:
-            self._report_failure(group.prompt_id, None, exc, "generation_failed")
+        outcomes = await asyncio.gather(*[
+            self.client.chat(group.messages, capture=capture_in_generation, **params)
+            for params in requests], return_exceptions=True)
+        failures = [(sid, o) for sid, o in enumerate(outcomes) if isinstance(o, BaseException)]
+        if failures:
+            for o in outcomes:
+                if not isinstance(o, BaseException):
+                    discard_capture(o.hidden_states_path)
+            sample_id, exc = failures[0]
+            self._report_failure(group.prompt_id, sample_id, exc, "generation_failed")
             return
+        completions: list[Completion] = list(outcomes)  # type: ignore[arg-type]
+        if not capture_in_generation:  # an extraction server writes a file for every request
+            for comp in completions:
+                discard_capture(comp.hidden_states_path)
 
         records, errors = await self._capture_all(group, completions, requests)
         prompt_row = self._prompt_row(group, completions[0], records[0].label)
