@@ -130,15 +130,18 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
                 pick = chosen.get(row.get("prompt_id"))
                 return pick is not None and pick == (wdir.name, row.get("commit_id"))
 
+            sample_labels: dict[tuple[str, int], Any] = {}
             for _, row in iter_jsonl(wdir / "prompt_index.jsonl"):
                 if keep(row):
                     row = apply_label(row, labels.get(row["prompt_id"]))
+                    sample_labels[(row["prompt_id"], 0)] = row.get("label")
                     tmp["prompt_index.jsonl"].write(json.dumps(row, ensure_ascii=False) + "\n")
             seen: set[tuple[str, int]] = set()
             for _, row in iter_jsonl(wdir / "generations.jsonl"):
                 key = (row["prompt_id"], row["sample_id"])
                 if keep(row) and key not in seen:
                     seen.add(key)
+                    sample_labels.setdefault(key, row.get("label"))
                     kept_generations += 1
                     tmp["generations.jsonl"].write(json.dumps(row, ensure_ascii=False) + "\n")
             for _, row in iter_jsonl(wdir / "activation_index.jsonl"):
@@ -149,6 +152,9 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
                     modes[_link_or_copy(src, act_dir / src.name)] += 1
                     row = {**row, "file_path": f"activations/{src.name}",
                            "source_path": f"{wdir.name}/{row['file_path']}"}
+                # readers of the store take each sample's label from here
+                label = sample_labels.get((row["prompt_id"], row["sample_id"]))
+                row = {**row, "label": -1 if label is None else int(label)}
                 total_bytes += int(row.get("size_bytes") or 0)
                 kept_activations += 1
                 tmp["activation_index.jsonl"].write(json.dumps(row, ensure_ascii=False) + "\n")
