@@ -50,7 +50,7 @@ def test_status_json_metrics_and_dashboard_during_a_real_run(tmp_path: Path):
         snap = _poll(url, lambda s: s["phase"] == "running" and s["prompts"]["done"] >= 1, 600,
                      proc)
         assert snap["prompts"]["total"] == 8
-        assert snap["config_summary"]["k_samples"] == 1
+        assert snap["config"]["k_samples"] == 1
         assert len(snap["fingerprint"]) == 64 and snap["run_id"]
         assert snap["artifact_root"] == str(tmp_path / "run")
         assert snap["generations"] == 2 * snap["prompts"]["done"]
