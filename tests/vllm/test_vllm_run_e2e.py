@@ -40,6 +40,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory):
     """A vLLM-backed run whose EngineCore is SIGSTOPped once, mid-run."""
@@ -68,10 +75,10 @@ def vllm_run(tmp_path_factory):
                     continue
                 children = engine_child_pids(server_pid)
                 seen_pids.update([server_pid, *children])
-                if not stopped and committed() >= 1 and children:
-                    engine = children[0]
-                    os.kill(engine, signal.SIGSTOP)
-                    stopped.append(engine)
+                engines = [pid for pid in children if b"EngineCore" in _cmdline(pid)]
+                if not stopped and committed() >= 1 and engines:
+                    os.kill(engines[0], signal.SIGSTOP)
+                    stopped.append(engines[0])
             time.sleep(0.5)
 
     watcher = threading.Thread(target=sabotage, daemon=True)
@@ -128,8 +135,10 @@ def test_vllm_activations_match_the_embedded_server(vllm_run):
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, 300, process=server)
+        model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
         body = httpx.post(f"{url}/v1/completions", timeout=300,
-                          json={"model": "x", "prompt": ids, "max_tokens": 1}).json()
+                          json={"model": model, "prompt": ids, "max_tokens": 1}).json()
+        assert body.get("kv_transfer_params"), body
         path = body["kv_transfer_params"]["hidden_states_path"]
         embedded = load_file(path)["hidden_states"]  # (T, 31, H) float32
     finally:
