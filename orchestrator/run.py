@@ -231,6 +231,7 @@ def _drain(pool: WorkerPool, config: RunConfig, root: Path, layer_ids: list[int]
             kind, wid = event["event"], event.get("worker_id")
             if kind == "started":
                 board.group_started(wid, event["prompt_id"])
+                board.worker_update(wid, state="generating", current_prompt=event["prompt_id"])
             elif kind == "done":
                 completed.add(event["prompt_id"])
                 result.done += 1
@@ -247,7 +248,9 @@ def _drain(pool: WorkerPool, config: RunConfig, root: Path, layer_ids: list[int]
                 progress.fail()
                 log.error("prompt %s failed on worker %s: %s", event["prompt_id"], wid,
                           event["error"].get("error_message"))
-            elif kind == "fatal":
+            if kind in ("done", "failed") and not pool.in_flight[wid]:
+                board.worker_update(wid, state="idle")
+            if kind == "fatal":
                 raise HallulogError(f"worker {wid} stopped: "
                                     f"{event['error'].get('error_message')} "
                                     "(committed work is kept; fix the cause and rerun to resume)")
