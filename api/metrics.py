@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 __all__ = ["SnapshotCollector", "make_registry", "render", "CONTENT_TYPE"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-PHASES = ("starting", "running", "consolidating", "exporting", "done", "failed")
+PHASES = ("starting", "running", "labeling", "consolidating", "exporting", "done", "failed")
 
 
 class SnapshotCollector(Collector):

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 __all__ = ["StatusBoard", "PHASES", "SNAPSHOT_VERSION"]
 
-PHASES = ("starting", "running", "consolidating", "exporting", "done", "failed")
+PHASES = ("starting", "running", "labeling", "consolidating", "exporting", "done", "failed")
 SNAPSHOT_VERSION = 1
 _WORKING_PHASES = ("starting", "running")
 
