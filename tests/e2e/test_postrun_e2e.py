@@ -142,3 +142,20 @@ def test_injected_server_failures_then_retry_failed(tmp_path: Path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_judge_task_is_labelled_after_the_run(tmp_path: Path):
+    """A HalluLens task: the run's own server judges the answers before consolidation."""
+    root = tmp_path / "run"
+    proc = _cli(root, "--task", "mixedentities", "--limit", "2", "--k-samples", "1",
+                "--max-tokens", "16")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    labels = read_jsonl(root / "labels.jsonl")
+    assert len(labels) == 2 and all(row["judge_raw"] for row in labels)
+    prompts = read_jsonl(root / "consolidated" / "prompt_index.jsonl")
+    assert len(prompts) == 2
+    for row in prompts:
+        assert row["label_grader"] == "llm_judge" and row["judge_verdict"]
+        assert row["label"] in (0, 1, None)
+    report = json.loads((root / "consolidated" / "validation_report.json").read_text())
+    assert report["ok"], report["problem_counts"]
