@@ -2,9 +2,9 @@
 
 A background thread scrapes each server's Prometheus ``/metrics`` (vLLM's names, which the
 embedded server also exports). A server is *stalled* when, for ``stall_seconds``, its generated
-token counter stays flat while it has work — its own ``num_requests_running`` > 0, or, when
-``/metrics`` does not answer at all (a SIGSTOPped process), prompt groups in flight on it as
-the orchestrator knows them. The run loop restarts stalled servers; the thread only observes.
+token counter stays flat while it has work — its own ``num_requests_running`` > 0, or prompt
+groups in flight on it as the orchestrator knows them (which also covers a server whose
+``/metrics`` does not answer, or whose engine is stopped and whose gauges went stale). The run loop restarts stalled servers; the thread only observes.
 """
 
 from __future__ import annotations
@@ -99,7 +99,9 @@ class Watchdog:
         with self._lock:
             state = self.servers[url]
             progressed = tokens is not None and tokens != state.tokens
-            has_work = (running or 0) > 0 if reachable else self._busy(url)
+            # vLLM's gauges are updated by the engine: a stopped engine leaves them stale (0
+            # running), so the orchestrator's own view of in-flight work counts too.
+            has_work = (running or 0) > 0 or self._busy(url)
             if progressed or not has_work:
                 state.last_progress = now
             state.tokens = tokens if tokens is not None else state.tokens

@@ -92,3 +92,14 @@ def test_unreachable_server_with_work_in_flight_is_a_stall(metrics_url):
     finally:
         _Metrics.state["hang"] = False
         dog.stop()
+
+
+def test_stale_gauges_with_work_in_flight_is_a_stall(metrics_url):
+    """A stopped vLLM engine leaves num_requests_running at 0 while requests hang."""
+    dog = Watchdog([metrics_url], stall_seconds=0.5, busy=lambda url: True,
+                   interval=0.1).start()
+    try:
+        _Metrics.state.update(running=0, tokens=24)
+        assert _wait(lambda: dog.stalled() == [metrics_url])
+    finally:
+        dog.stop()
