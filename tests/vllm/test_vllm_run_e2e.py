@@ -65,7 +65,7 @@ def vllm_run(tmp_path_factory):
 
     def sabotage():
         pidfile = root / "servers" / "server_0.pid"
-        deadline = time.monotonic() + 1500
+        deadline = time.monotonic() + 1200
         while time.monotonic() < deadline and proc.poll() is None:
             if pidfile.exists():
                 try:
@@ -84,7 +84,7 @@ def vllm_run(tmp_path_factory):
     watcher = threading.Thread(target=sabotage, daemon=True)
     watcher.start()
     try:
-        out, err = proc.communicate(timeout=2400)
+        out, err = proc.communicate(timeout=1200)
     finally:
         if proc.poll() is None:
             proc.kill()
