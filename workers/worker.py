@@ -157,7 +157,8 @@ class _Worker:
                 discard_capture(comp.hidden_states_path)
 
         records, errors = await self._capture_all(group, completions, requests)
-        prompt_row = self._prompt_row(group, completions[0], records[0].label)
+        prompt_row = self._prompt_row(group, completions[0], records[0].label,
+                                      records[0].row["label_grader"])
         try:
             async with self.persist_lock:
                 await asyncio.to_thread(self.out.persist_group, prompt_row, records)
@@ -259,11 +260,10 @@ class _Worker:
             "worker_id": self.spec.worker_id,
         }
 
-    def _prompt_row(self, group: PromptGroup, primary: Completion, label: int | None
-                    ) -> dict[str, Any]:
+    def _prompt_row(self, group: PromptGroup, primary: Completion, label: int | None,
+                    grader: str | None) -> dict[str, Any]:
         ref = group.reference
         reference_answer = ref.get("value") if isinstance(ref, dict) else ref
-        _, grader = grade_answer(group, primary.text)
         return {
             "prompt_id": group.prompt_id, "dataset": group.dataset, "split": group.split,
             "dataset_id": group.dataset_id, "prompt": group.prompt_text,
