@@ -20,6 +20,7 @@ import zlib
 
 import numpy as np
 
+from ._commitlog import append_record, tail_to_drop
 from ._io import atomic_save_npy, atomic_write_json, fsync_dir, pread_into, write_all
 from .base import ActivationWriter, ExtentReader, SampleMeta
 from .errors import CorruptShardError, ManifestError, StorageError
@@ -232,11 +233,7 @@ class PackedWriter(ActivationWriter):
         }
 
     def _commit(self, key: str, record: dict) -> None:
-        line = (json.dumps(record, sort_keys=True) + "\n").encode()
-        start = os.lseek(self._log_fd, 0, os.SEEK_END)
-        write_all(self._log_fd, line)
-        os.fdatasync(self._log_fd)
-        self._line_starts.append(start)
+        self._line_starts.append(append_record(self._log_fd, record))
         self._records.append(record)
         self._keys.add(key)
 
@@ -244,14 +241,9 @@ class PackedWriter(ActivationWriter):
         return set(self._keys)
 
     def rollback(self, keep: set[str]) -> None:
-        drop_at = next((j for j, r in enumerate(self._records) if r["key"] not in keep), None)
+        drop_at = tail_to_drop(self._records, keep, "packed", self.path)
         if drop_at is None:
             return
-        kept_later = [r["key"] for r in self._records[drop_at:] if r["key"] in keep]
-        if kept_later:
-            raise StorageError(
-                f"packed rollback drops only a tail: {self._records[drop_at]['key']} is dropped but "
-                f"later samples {kept_later[:3]} are kept", self.path)
         self._close_shard()
         log_path = os.path.join(self.path, COMMIT_LOG)
         os.truncate(log_path, self._line_starts[drop_at])

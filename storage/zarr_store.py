@@ -27,7 +27,8 @@ import warnings
 
 import numpy as np
 
-from ._io import atomic_write_bytes, fsync_dir, write_all
+from ._commitlog import append_record, tail_to_drop
+from ._io import atomic_write_bytes, fsync_dir
 from .base import ActivationReader, ActivationWriter, SampleMeta
 from .errors import CorruptShardError, ManifestError, StorageError
 
@@ -211,10 +212,7 @@ class ZarrWriter(ActivationWriter):
                 "dtype": self.dtype.name, "size_bytes": int(acts.nbytes)}
 
     def _commit(self, key: str, record: dict) -> None:
-        start = os.lseek(self._log_fd, 0, os.SEEK_END)
-        write_all(self._log_fd, (json.dumps(record, sort_keys=True) + "\n").encode())
-        os.fdatasync(self._log_fd)
-        self._line_starts.append(start)
+        self._line_starts.append(append_record(self._log_fd, record))
         self._records.append(record)
         self._keys.add(key)
 
@@ -222,12 +220,9 @@ class ZarrWriter(ActivationWriter):
         return set(self._keys)
 
     def rollback(self, keep: set[str]) -> None:
-        drop_at = next((j for j, r in enumerate(self._records) if r["key"] not in keep), None)
+        drop_at = tail_to_drop(self._records, keep, "zarr", self.path)
         if drop_at is None:
             return
-        kept_later = [r["key"] for r in self._records[drop_at:] if r["key"] in keep]
-        if kept_later:
-            raise StorageError(f"zarr rollback drops only a tail: later samples {kept_later[:3]} are kept", self.path)
         os.truncate(os.path.join(self.path, COMMIT_LOG), self._line_starts[drop_at])
         os.fsync(self._log_fd)
         del self._records[drop_at:]
