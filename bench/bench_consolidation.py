@@ -23,11 +23,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.config import RunConfig  # noqa: E402
-from orchestrator.consolidate import consolidate  # noqa: E402
-from orchestrator.ids import activation_key, prompt_id_for  # noqa: E402
+from orchestrator.postrun.consolidate import consolidate  # noqa: E402
+from contracts.ids import activation_key, prompt_id_for  # noqa: E402
 from orchestrator.manifest import build_manifest, write_manifest  # noqa: E402
-from orchestrator.validate import validate  # noqa: E402
-import orchestrator.run  # noqa: E402,F401  (imported before timing: consolidate uses it)
+from orchestrator.postrun.validate import validate  # noqa: E402
+import orchestrator.postrun.consolidate  # noqa: E402,F401  (imported before timing)
 from workers.persist import GenerationRecord, WorkerDir  # noqa: E402
 
 L, T, H = 4, 3, 8

@@ -41,7 +41,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.vllm_backend import vllm_server_command, vllm_server_env  # noqa: E402
+from orchestrator.run.vllm_backend import vllm_server_command, vllm_server_env  # noqa: E402
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -176,17 +176,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_command(config: RunConfig, args: argparse.Namespace) -> int:
-    from orchestrator import postrun
+    from orchestrator import commands
     from orchestrator.run import run
 
     if args.consolidate_only:
-        return postrun.consolidate_only(config, merge=args.merge)
+        return commands.consolidate_only(config, merge=args.merge)
     if args.validate_only:
-        return postrun.validate_only(config)
+        return commands.validate_only(config)
     if args.retry_failed:
-        return postrun.retry_failed(config)
+        return commands.retry_failed(config)
     result = run(config)
-    print(postrun.format_result(result))
+    print(commands.format_result(result))
     if result.failed:
         print(f"{len(result.failed)} prompt(s) failed: see worker_*/errors.jsonl; rerun with "
               "--retry-failed to reprocess them", file=sys.stderr)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
+from contracts.errors import ArtifactError, HallulogError, MalformedLineError
+
 __all__ = ["HallulogError", "BackendUnavailable", "BackendStartError", "ResumeRefused",
-           "ArtifactError"]
-
-
-class HallulogError(Exception):
-    """Base of every error the orchestrator raises on purpose (the CLI prints its message)."""
+           "ArtifactError", "MalformedLineError"]
 
 
 class BackendUnavailable(HallulogError):
@@ -20,7 +18,3 @@ class BackendStartError(HallulogError):
 
 class ResumeRefused(HallulogError):
     """The artifact root holds a run with a different config fingerprint."""
-
-
-class ArtifactError(HallulogError):
-    """An artifact file is missing or malformed; the message names the file (and line)."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestrator.config import RunConfig
 from orchestrator.errors import ArtifactError, ResumeRefused
-from orchestrator.ids import fingerprint
+from contracts.ids import fingerprint
 
 __all__ = ["MANIFEST_NAME", "build_manifest", "load_manifest", "write_manifest",
            "check_resumable", "update_manifest"]

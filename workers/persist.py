@@ -9,7 +9,6 @@ so after a crash everything not covered by a ``prompt_index.jsonl`` line is a ta
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import uuid
@@ -18,15 +17,12 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import storage
+from contracts import layout
+from contracts.jsonl import JsonlAppender, cut_torn_tail, iter_lines, truncate_to
 
-__all__ = ["WorkerDir", "GenerationRecord", "recover_worker_dir", "read_jsonl_committed",
-           "JSONL_FILES"]
+__all__ = ["WorkerDir", "GenerationRecord", "recover_worker_dir"]
 
 log = logging.getLogger(__name__)
-
-JSONL_FILES = ("prompt_index.jsonl", "generations.jsonl", "activation_index.jsonl",
-               "errors.jsonl")
-
 
 @dataclass
 class GenerationRecord:
@@ -53,8 +49,8 @@ class WorkerDir:
         self.worker_id = worker_id
         self.writer = storage.open_writer(storage_format, root=self.root, layer_ids=layer_ids,
                                           hidden_size=hidden_size, dtype=dtype)
-        self._files = {name: open(self.root / name, "a", encoding="utf-8")
-                       for name in JSONL_FILES}
+        self._files = {name: JsonlAppender(self.root / name)
+                       for name in layout.WORKER_JSONL_FILES}
 
     def close(self) -> None:
         for f in self._files.values():
@@ -89,70 +85,50 @@ class WorkerDir:
         self._append("errors.jsonl", [error])
 
     def _append(self, name: str, rows: Iterable[dict[str, Any]]) -> None:
-        lines = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n"
-                        for r in rows)
-        if not lines:
-            return
         f = self._files[name]
-        f.write(lines)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_jsonl_committed(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """Rows of a worker JSONL file, ignoring a torn last line (no trailing newline).
-
-    Returns (rows, byte length of the complete lines). A malformed line that is not the torn
-    tail raises ValueError naming file and line.
-    """
-    if not path.exists():
-        return [], 0
-    data = path.read_bytes()
-    complete = data.rfind(b"\n") + 1
-    rows = []
-    for lineno, line in enumerate(data[:complete].splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: malformed JSON line ({exc.msg})") from None
-    return rows, complete
+        if f.append(rows):
+            f.sync()
 
 
 def recover_worker_dir(root: Path, *, storage_format: str, layer_ids: list[int],
                        hidden_size: int, dtype: str) -> set[str]:
     """Roll a worker directory back to its last committed group; return committed prompt ids.
 
-    Lines and activations of groups without a ``prompt_index.jsonl`` line are removed; a torn
-    last line is cut off. Runs before the worker (re)opens the directory for appending.
+    Every file is streamed once. Lines after the last line of a committed group (the rows of a
+    group whose ``prompt_index.jsonl`` line never made it) are cut off by truncating the file at
+    that offset, torn last lines likewise, and the activation store drops the entries those
+    lines named. A malformed line before the tail stops recovery with an error naming the file
+    and line; nothing is deleted then. Runs before the worker (re)opens the directory.
     """
     root = Path(root)
     if not root.exists():
         return set()
-    prompt_rows, _ = read_jsonl_committed(root / "prompt_index.jsonl")
-    committed = {r["prompt_id"] for r in prompt_rows}
-    commits = {r.get("commit_id") for r in prompt_rows}
+    committed: set[str] = set()
+    commits: set[str] = set()
+    for line in iter_lines(root / layout.PROMPT_INDEX):
+        committed.add(line.row["prompt_id"])
+        commits.add(line.row.get("commit_id"))
+    cut_torn_tail(root / layout.PROMPT_INDEX)
+    cut_torn_tail(root / layout.ERRORS)
     keep_keys: set[str] = set()
-    for name in JSONL_FILES:
+    for name in (layout.GENERATIONS, layout.ACTIVATION_INDEX):
         path = root / name
-        rows, complete = read_jsonl_committed(path)
-        if name in ("generations.jsonl", "activation_index.jsonl"):
-            kept = [r for r in rows if r.get("commit_id") in commits]
-        else:
-            kept = rows
-        if name == "activation_index.jsonl":
-            keep_keys = {r["activation_key"] for r in kept}
-        if len(kept) != len(rows):
-            log.warning("%s: rolled back %d line(s) of uncommitted groups", path,
-                        len(rows) - len(kept))
-            _rewrite_jsonl(path, kept)
-        elif path.exists() and complete != path.stat().st_size:
-            log.warning("%s: cut a torn last line", path)
-            with open(path, "r+b") as f:
-                f.truncate(complete)
-                os.fsync(f.fileno())
-    if (root / "activations").exists():
+        keep_end, dropped = 0, 0
+        kept_here: list[str] = []
+        pending: list[str] = []  # keys since the last committed line: kept if one follows
+        for line in iter_lines(path):
+            pending.append(line.row.get("activation_key"))
+            if line.row.get("commit_id") in commits:
+                keep_end, dropped = line.end, 0
+                kept_here.extend(pending)
+                pending.clear()
+            else:
+                dropped += 1
+        if path.exists() and truncate_to(path, keep_end):
+            log.warning("%s: rolled back %d line(s) of an uncommitted group", path, dropped)
+        if name == layout.ACTIVATION_INDEX:
+            keep_keys = set(kept_here)
+    if os.path.exists(storage.store_dir(root)):
         writer = storage.open_writer(storage_format, root=root, layer_ids=layer_ids,
                                      hidden_size=hidden_size, dtype=dtype)
         try:
@@ -160,13 +136,3 @@ def recover_worker_dir(root: Path, *, storage_format: str, layer_ids: list[int],
         finally:
             writer.close()
     return committed
-
-
-def _rewrite_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    tmp = path.with_suffix(path.suffix + ".partial")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

@@ -18,8 +18,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from orchestrator.ids import activation_key, sample_seed
-from orchestrator.prompts import PromptGroup
+from contracts.process import die_with_parent
+from contracts.ids import activation_key, sample_seed
+from contracts.prompt_group import PromptGroup
 from workers.capture import CaptureError, discard_capture, load_capture, select_rows
 from workers.client import BackendClient, Completion
 from workers.persist import GenerationRecord, WorkerDir
@@ -63,7 +64,7 @@ def grade_answer(group: PromptGroup, text: str) -> tuple[int | None, str | None]
     """
     ref = group.reference
     if isinstance(ref, dict) and ref.get("aliases"):
-        from orchestrator.labels import alias_match_label
+        from contracts.answer_match import alias_match_label
 
         return alias_match_label(text, list(ref["aliases"])), "alias_match"
     return None, None
@@ -71,8 +72,6 @@ def grade_answer(group: PromptGroup, text: str) -> tuple[int | None, str | None]
 
 def worker_main(spec: WorkerSpec, task_queue, result_queue) -> None:
     """Entry point of a spawned worker process."""
-    from orchestrator.servers import die_with_parent
-
     die_with_parent(signal.SIGKILL)  # never outlive a crashed orchestrator: it owns the queue
     logging.basicConfig(level=os.environ.get("HALLULOG_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s worker_{spec.worker_id} %(levelname)s %(message)s")

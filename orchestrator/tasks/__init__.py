@@ -1,4 +1,4 @@
-"""Task loaders: dataset files → :class:`~orchestrator.prompts.PromptGroup` lists.
+"""Task loaders: dataset files → :class:`~contracts.prompt_group.PromptGroup` lists.
 
 ```python
 from orchestrator.tasks import load_task, TASKS

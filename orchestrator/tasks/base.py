@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.prompts import PromptGroup
+from contracts.prompt_group import PromptGroup
 
 __all__ = ["TaskData", "MalformedLine", "DatasetFormatError", "MalformedCollector", "read_text",
            "LineCounter", "iter_jsonl", "skip_ws", "report_malformed"]

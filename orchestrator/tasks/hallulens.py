@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from orchestrator.prompts import PromptGroup
+from contracts.prompt_group import PromptGroup
 from orchestrator.tasks.base import (DatasetFormatError, MalformedCollector, TaskData, iter_jsonl,
                                      read_text)
 

@@ -16,12 +16,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orchestrator.labels import normalize_answer
-from orchestrator.prompts import PromptGroup
+from contracts.answer_match import CORRECT, alias_match_label, normalize_answer
+from contracts.prompt_group import PromptGroup
+from orchestrator.tasks.verdict import ALIAS_GRADER, Verdict, detect_abstention, reference_of
 from orchestrator.tasks.base import (DatasetFormatError, LineCounter, MalformedCollector, TaskData,
                                      iter_jsonl, read_text, skip_ws)
 
-__all__ = ["PROMPT_TEMPLATE", "DEFAULT_SPLIT", "load", "build_prompt"]
+__all__ = ["PROMPT_TEMPLATE", "DEFAULT_SPLIT", "load", "build_prompt", "AliasGrader"]
 
 DATASET = "triviaqa"
 DEFAULT_SPLIT = "dev"
@@ -234,3 +235,25 @@ def load(path: str | Path, *, split: str | None = None, limit: int | None = None
               for qid, question, reference, meta in records]
     return TaskData(groups=groups, source=path_s, prompt_template=PROMPT_TEMPLATE,
                     malformed=collector.finish(), task=DATASET, split=the_split)
+
+
+class AliasGrader:
+    """triviaqa: alias match (label) + abstention phrase list (flag only)."""
+
+    name = ALIAS_GRADER
+    judge_model: str | None = None
+
+    async def grade(self, prompt_row: dict, answer: str) -> Verdict:
+        ref = reference_of(prompt_row)
+        aliases = ref.get("aliases")
+        if not aliases:
+            aliases = [ref["value"]] if ref.get("value") else []
+        abstained = detect_abstention(answer)
+        if not aliases:
+            return Verdict(None, self.name, "no_reference", abstained)
+        label = alias_match_label(answer, [str(a) for a in aliases])
+        return Verdict(label, self.name, "correct" if label == CORRECT else "incorrect",
+                       abstained)
+
+    async def aclose(self) -> None:
+        return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from status_fixtures import FakeClock, make_board
-from orchestrator.status import StatusBoard
+from orchestrator.run.status import StatusBoard
 
 
 @pytest.fixture

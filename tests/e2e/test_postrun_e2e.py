@@ -116,7 +116,7 @@ def test_injected_server_failures_then_retry_failed(tmp_path: Path):
                                "--port", str(port), "--spool-dir", str(spool)], cwd=REPO,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        from orchestrator.servers import wait_healthy
+        from orchestrator.run.servers import wait_healthy
 
         wait_healthy(f"http://127.0.0.1:{port}", 300, process=server)
         root = tmp_path / "run"

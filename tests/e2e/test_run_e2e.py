@@ -88,7 +88,7 @@ def test_stored_activations_equal_transformers(small_run: Path):
 
 
 def test_labels_are_alias_matches(small_run: Path):
-    from orchestrator.labels import alias_match_label
+    from contracts.answer_match import alias_match_label
 
     gens = {(g["prompt_id"], g["sample_id"]): g for g in worker_rows(small_run,
                                                                     "generations.jsonl")}

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from orchestrator.checkpoint import CheckpointWriter, load_completed, write_completed
+from orchestrator.run.checkpoint import CheckpointWriter, load_completed, write_completed
 from orchestrator.config import RunConfig
 from orchestrator.errors import ArtifactError, ResumeRefused
 from orchestrator.manifest import build_manifest, check_resumable

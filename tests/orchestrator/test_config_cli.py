@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator.cli import build_parser, config_from_args
 from orchestrator.config import ConfigError, RunConfig, select_layer_ids
-from orchestrator.ids import activation_key, prompt_id_for, sample_seed
+from contracts.ids import activation_key, prompt_id_for, sample_seed
 
 
 def test_prompt_id_is_sha256_of_compact_json():

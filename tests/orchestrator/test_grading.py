@@ -15,11 +15,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchestrator import judge_prompts as jp
 from orchestrator.errors import HallulogError
-from orchestrator.grading import (AliasGrader, JudgeGrader, Verdict, apply_label,
-                                  detect_abstention, grader_for, label_run, load_labels,
-                                  parse_choice, parse_longwiki)
+from orchestrator.postrun.labels import apply_label, label_run, load_labels
+from orchestrator.tasks import judge_prompts as jp
+from orchestrator.tasks.grading import grader_for
+from orchestrator.tasks.hallulens_grading import JudgeGrader
+from orchestrator.tasks.judge_parsing import parse_choice, parse_longwiki
+from orchestrator.tasks.triviaqa import AliasGrader
+from orchestrator.tasks.verdict import Verdict, detect_abstention
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import string
 import pytest
 from hypothesis import given, strategies as st
 
-from orchestrator.labels import CORRECT, HALLUCINATED, alias_match_label, normalize_answer
+from contracts.answer_match import CORRECT, HALLUCINATED, alias_match_label, normalize_answer
 
 
 @pytest.mark.parametrize("raw, expected", [

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.ids import prompt_id_for
-from orchestrator.labels import alias_match_label, normalize_answer
-from orchestrator.prompts import PromptGroup
+from contracts.ids import prompt_id_for
+from contracts.answer_match import alias_match_label, normalize_answer
+from contracts.prompt_group import PromptGroup
 from orchestrator.tasks import (BUNDLED_SAMPLES, TASKS, DatasetFormatError, MalformedLine, TaskData,
                                 bundled_path, load_task)
 from orchestrator.tasks.hallulens import ENTITY_PROMPT_TEMPLATES

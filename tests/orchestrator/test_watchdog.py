@@ -6,7 +6,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from orchestrator.watchdog import Watchdog, parse_progress_metrics
+from orchestrator.run.watchdog import Watchdog, parse_progress_metrics
 
 METRICS = """# HELP vllm:generation_tokens_total Generated tokens.
 # TYPE vllm:generation_tokens_total counter

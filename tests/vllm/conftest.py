@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.vllm_backend import engine_child_pids, vllm_server_command, vllm_server_env
+from orchestrator.run.vllm_backend import engine_child_pids, vllm_server_command, vllm_server_env
 
 LAYER_IDS = list(range(31))  # embeddings + the residual stream after each of SmolLM2's 30 layers
 STARTUP_TIMEOUT_S = float(os.environ.get("HALLULOG_VLLM_STARTUP_TIMEOUT", "900"))

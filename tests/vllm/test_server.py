@@ -14,7 +14,7 @@ import httpx  # noqa: E402
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from orchestrator.vllm_backend import engine_child_pids, parse_prometheus_counters  # noqa: E402
+from orchestrator.run.vllm_backend import engine_child_pids, parse_prometheus_counters  # noqa: E402
 
 from .conftest import LAYER_IDS  # noqa: E402
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from orchestrator.vllm_backend import (
+from orchestrator.run.vllm_backend import (
     CONNECTOR_NAME,
     capture_flags,
     engine_child_pids,

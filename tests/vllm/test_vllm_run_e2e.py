@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install_vllm_cpu.sh)")
 
-from orchestrator.vllm_backend import engine_child_pids  # noqa: E402
+from orchestrator.run.vllm_backend import engine_child_pids  # noqa: E402
 from tests.e2e.conftest import REPO, free_port_block, orchestrator_cmd, worker_rows  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
@@ -117,7 +117,7 @@ def test_vllm_activations_match_the_embedded_server(vllm_run):
     import httpx
     from safetensors.numpy import load_file
 
-    from orchestrator.servers import wait_healthy
+    from orchestrator.run.servers import wait_healthy
     from serving.model_loader import default_model_dir
 
     root = vllm_run[0]

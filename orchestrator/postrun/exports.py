@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from orchestrator.consolidate import CONSOLIDATED, iter_jsonl
+from contracts import layout
+from contracts.jsonl import iter_rows
 
 __all__ = ["write_exports", "EXPORT_FILES"]
 
@@ -22,7 +23,7 @@ EXPORT_FILES = ("selfcheck_samples.jsonl", "semantic_entropy_inputs.jsonl",
 
 
 def _groups(path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    rows = (row for _, row in iter_jsonl(path))
+    rows = (row for row in iter_rows(path))
     for pid, group in itertools.groupby(rows, key=lambda r: r["prompt_id"]):
         yield pid, sorted(group, key=lambda r: r["sample_id"])
 
@@ -50,12 +51,12 @@ def _energy_sample(gen: dict[str, Any]) -> dict[str, Any]:
 
 def write_exports(root: Path) -> dict[str, int]:
     """Write every export into ``consolidated/exports/``; returns rows written per file."""
-    out = Path(root) / CONSOLIDATED
+    out = layout.consolidated_dir(root)
     exports = out / "exports"
     exports.mkdir(exist_ok=True)
-    prompts = {row["prompt_id"]: row for _, row in iter_jsonl(out / "prompt_index.jsonl")}
+    prompts = {row["prompt_id"]: row for row in iter_rows(out / layout.PROMPT_INDEX)}
     acts = {row["activation_key"]: row
-            for _, row in iter_jsonl(out / "activation_index.jsonl")}
+            for row in iter_rows(out / layout.ACTIVATION_INDEX)}
     files = {name: open(exports / f"{name}.partial", "w", encoding="utf-8")
              for name in EXPORT_FILES}
     written = dict.fromkeys(EXPORT_FILES, 0)
@@ -65,7 +66,7 @@ def write_exports(root: Path) -> dict[str, int]:
         written[name] += 1
 
     try:
-        for pid, gens in _groups(out / "generations.jsonl"):
+        for pid, gens in _groups(out / layout.GENERATIONS):
             prompt = prompts.get(pid)
             if prompt is None or not gens or gens[0]["sample_id"] != 0:
                 continue

@@ -14,15 +14,16 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from orchestrator.consolidate import iter_jsonl
+from contracts import layout
+from contracts.jsonl import iter_rows
 from orchestrator.manifest import load_manifest
 
 __all__ = ["prompts_to_retry", "quarantine_malformed_lines"]
 
 log = logging.getLogger(__name__)
 
-_WORKER_FILES = ("prompt_index.jsonl", "generations.jsonl", "activation_index.jsonl",
-                 "errors.jsonl")
+_WORKER_FILES = (layout.PROMPT_INDEX, layout.GENERATIONS, layout.ACTIVATION_INDEX,
+                 layout.ERRORS)
 
 
 def quarantine_malformed_lines(worker_dir: Path) -> int:
@@ -64,8 +65,6 @@ def quarantine_malformed_lines(worker_dir: Path) -> int:
 
 def prompts_to_retry(root: Path, expected: set[str]) -> set[str]:
     """Prompt ids (of ``expected`` or of errors.jsonl) without a complete commit."""
-    from orchestrator.run import worker_dirs
-
     root = Path(root)
     manifest = load_manifest(root) or {}
     k = int(manifest.get("k_samples", 0))
@@ -73,21 +72,21 @@ def prompts_to_retry(root: Path, expected: set[str]) -> set[str]:
     complete: set[str] = set()
     committed: set[str] = set()
     errored: set[str] = set()
-    for wdir in worker_dirs(root):
+    for wdir in layout.worker_dirs(root):
         quarantine_malformed_lines(wdir)
         gens: dict[str, set[int]] = defaultdict(set)
         acts: dict[str, set[int]] = defaultdict(set)
-        for _, row in iter_jsonl(wdir / "generations.jsonl"):
+        for row in iter_rows(wdir / layout.GENERATIONS):
             gens[row.get("commit_id")].add(row.get("sample_id"))
-        for _, row in iter_jsonl(wdir / "activation_index.jsonl"):
+        for row in iter_rows(wdir / layout.ACTIVATION_INDEX):
             if per_file and not (wdir / row.get("file_path", "")).is_file():
                 continue
             acts[row.get("commit_id")].add(row.get("sample_id"))
-        for _, row in iter_jsonl(wdir / "errors.jsonl"):
+        for row in iter_rows(wdir / layout.ERRORS):
             if row.get("prompt_id"):
                 errored.add(row["prompt_id"])
         want = set(range(k + 1))
-        for _, row in iter_jsonl(wdir / "prompt_index.jsonl"):
+        for row in iter_rows(wdir / layout.PROMPT_INDEX):
             cid = row.get("commit_id")
             committed.add(row["prompt_id"])
             if gens.get(cid) == want and acts.get(cid) == want:

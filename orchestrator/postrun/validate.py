@@ -19,7 +19,8 @@ import numpy as np
 
 import storage
 
-from orchestrator.consolidate import CONSOLIDATED
+from contracts import layout
+from contracts.jsonl import iter_rows
 from orchestrator.manifest import load_manifest
 
 __all__ = ["validate", "SCHEMAS", "REPAIRS", "format_report", "schema_errors"]
@@ -44,14 +45,14 @@ def _logprobs_ok(v: Any) -> bool:
 
 
 SCHEMAS: dict[str, dict[str, Callable[[Any], bool]]] = {
-    "prompt_index.jsonl": {
+    layout.PROMPT_INDEX: {
         "prompt_id": lambda v: isinstance(v, str) and bool(_HEX16.match(v)),
         "dataset_id": lambda v: isinstance(v, str),
         "prompt": lambda v: isinstance(v, str),
         "label": _label_ok,
         "meta": lambda v: isinstance(v, dict),
     },
-    "generations.jsonl": {
+    layout.GENERATIONS: {
         "prompt_id": lambda v: isinstance(v, str) and bool(_HEX16.match(v)),
         "sample_id": lambda v: _is_int(v) and v >= 0,
         "role": lambda v: v in ("primary", "sample"),
@@ -63,7 +64,7 @@ SCHEMAS: dict[str, dict[str, Callable[[Any], bool]]] = {
         "request_params": lambda v: isinstance(v, dict),
         "generation_time_ms": _is_int,
     },
-    "activation_index.jsonl": {
+    layout.ACTIVATION_INDEX: {
         "prompt_id": lambda v: isinstance(v, str) and bool(_HEX16.match(v)),
         "sample_id": lambda v: _is_int(v) and v >= 0,
         "activation_key": lambda v: isinstance(v, str),
@@ -76,7 +77,7 @@ SCHEMAS: dict[str, dict[str, Callable[[Any], bool]]] = {
         "size_bytes": _is_int,
         "worker_id": _is_int,
     },
-    "errors.jsonl": {
+    layout.ERRORS: {
         "timestamp": lambda v: isinstance(v, str),
         "error_type": lambda v: isinstance(v, str),
         "prompt_id": lambda v: v is None or isinstance(v, str),
@@ -172,15 +173,13 @@ def validate(root: Path, *, expected_prompt_ids: set[str] | None = None) -> dict
     k = int(manifest.get("k_samples", 0))
     fmt = manifest.get("storage_format", "npy")
 
-    from orchestrator.run import worker_dirs
-
-    for wdir in worker_dirs(root):
+    for wdir in layout.worker_dirs(root):
         for name in SCHEMAS:
             _scan(wdir / name, report, consolidated=False)
 
-    out = root / CONSOLIDATED
+    out = layout.consolidated_dir(root)
     counts: dict[str, Any] = {}
-    if not (out / "prompt_index.jsonl").exists():
+    if not (out / layout.PROMPT_INDEX).exists():
         report.add("not_consolidated", "no consolidated/prompt_index.jsonl", file=None)
     else:
         counts = _check_consolidated(out, report, k=k, fmt=fmt,
@@ -206,20 +205,20 @@ def validate(root: Path, *, expected_prompt_ids: set[str] | None = None) -> dict
 
 def _check_consolidated(out: Path, report: _Report, *, k: int, fmt: str,
                         expected_prompt_ids: set[str] | None) -> dict[str, Any]:
-    prompts = _scan(out / "prompt_index.jsonl", report, consolidated=True)
-    gens = _scan(out / "generations.jsonl", report, consolidated=True)
-    acts = _scan(out / "activation_index.jsonl", report, consolidated=True)
+    prompts = _scan(out / layout.PROMPT_INDEX, report, consolidated=True)
+    gens = _scan(out / layout.GENERATIONS, report, consolidated=True)
+    acts = _scan(out / layout.ACTIVATION_INDEX, report, consolidated=True)
 
     prompt_lines: dict[str, list[int]] = defaultdict(list)
     for line, row in prompts:
         prompt_lines[row["prompt_id"]].append(line)
         if row.get("label") is None:
-            report.add("missing_label", "prompt has no label", file=out / "prompt_index.jsonl",
+            report.add("missing_label", "prompt has no label", file=out / layout.PROMPT_INDEX,
                        line=line, prompt_id=row["prompt_id"])
     for pid, lines in prompt_lines.items():
         if len(lines) > 1:
             report.add("duplicate_id", f"prompt_id repeated on lines {lines}",
-                       file=out / "prompt_index.jsonl", line=lines[1], prompt_id=pid)
+                       file=out / layout.PROMPT_INDEX, line=lines[1], prompt_id=pid)
 
     samples: dict[str, set[int]] = defaultdict(set)
     gen_lines: dict[tuple[str, int], list[int]] = defaultdict(list)
@@ -229,12 +228,12 @@ def _check_consolidated(out: Path, report: _Report, *, k: int, fmt: str,
     for (pid, sid), lines in gen_lines.items():
         if len(lines) > 1:
             report.add("duplicate_id", f"generation ({pid}, {sid}) repeated on lines {lines}",
-                       file=out / "generations.jsonl", line=lines[1], prompt_id=pid)
+                       file=out / layout.GENERATIONS, line=lines[1], prompt_id=pid)
     for pid in prompt_lines:
         have = samples.get(pid, set())
         if len(have) < k + 1:
             report.add("missing_samples", f"{len(have)} of {k + 1} generations",
-                       file=out / "prompt_index.jsonl", line=prompt_lines[pid][0], prompt_id=pid)
+                       file=out / layout.PROMPT_INDEX, line=prompt_lines[pid][0], prompt_id=pid)
     if expected_prompt_ids is not None:
         missing = sorted(expected_prompt_ids - set(prompt_lines))
         for pid in missing:
@@ -247,16 +246,16 @@ def _check_consolidated(out: Path, report: _Report, *, k: int, fmt: str,
         act_rows[row["activation_key"]] = (line, row)
         if (row["prompt_id"], row["sample_id"]) not in gen_lines:
             report.add("orphaned_activation", "activation without a generation",
-                       file=out / "activation_index.jsonl", line=line, prompt_id=row["prompt_id"])
+                       file=out / layout.ACTIVATION_INDEX, line=line, prompt_id=row["prompt_id"])
     for key, lines in act_lines.items():
         if len(lines) > 1:
             report.add("duplicate_id", f"activation_key {key} repeated on lines {lines}",
-                       file=out / "activation_index.jsonl", line=lines[1])
+                       file=out / layout.ACTIVATION_INDEX, line=lines[1])
     for line, row in gens:
         key = f"{row['prompt_id']}_{row['sample_id']}"
         if key not in act_rows:
             report.add("missing_activation", "generation has no activations (capture failed?)",
-                       file=out / "generations.jsonl", line=line, prompt_id=row["prompt_id"])
+                       file=out / layout.GENERATIONS, line=line, prompt_id=row["prompt_id"])
 
     if fmt == "npy":
         _check_npy_files(out, act_rows, report)
@@ -273,18 +272,18 @@ def _check_npy_files(out: Path, act_rows: dict[str, tuple[int, dict]], report: _
         listed.add(path.name)
         if not path.exists():
             report.add("missing_activation_file", f"{row['file_path']} does not exist",
-                       file=out / "activation_index.jsonl", line=line, prompt_id=row["prompt_id"])
+                       file=out / layout.ACTIVATION_INDEX, line=line, prompt_id=row["prompt_id"])
             continue
         try:
             arr = np.load(path, mmap_mode="r")
         except (ValueError, OSError) as exc:
             report.add("activation_mismatch", f"{row['file_path']} unreadable: {exc}",
-                       file=out / "activation_index.jsonl", line=line, prompt_id=row["prompt_id"])
+                       file=out / layout.ACTIVATION_INDEX, line=line, prompt_id=row["prompt_id"])
             continue
         if list(arr.shape) != row["shape"] or arr.dtype.name != row["dtype"]:
             report.add("activation_mismatch",
                        f"{row['file_path']} is {list(arr.shape)} {arr.dtype.name}, index says "
-                       f"{row['shape']} {row['dtype']}", file=out / "activation_index.jsonl",
+                       f"{row['shape']} {row['dtype']}", file=out / layout.ACTIVATION_INDEX,
                        line=line, prompt_id=row["prompt_id"])
     act_dir = out / "activations"
     if act_dir.exists():
@@ -307,12 +306,12 @@ def _check_store(out: Path, act_rows: dict[str, tuple[int, dict]], report: _Repo
             i = keys.get(key)
             if i is None:
                 report.add("missing_activation_file", f"{key} not in the activation store",
-                           file=out / "activation_index.jsonl", line=line,
+                           file=out / layout.ACTIVATION_INDEX, line=line,
                            prompt_id=row["prompt_id"])
             elif reader.seq_len(i) != row["shape"][1]:
                 report.add("activation_mismatch",
                            f"{key}: store holds {reader.seq_len(i)} rows, index says "
-                           f"{row['shape'][1]}", file=out / "activation_index.jsonl", line=line,
+                           f"{row['shape'][1]}", file=out / layout.ACTIVATION_INDEX, line=line,
                            prompt_id=row["prompt_id"])
     finally:
         reader.close()

@@ -30,16 +30,16 @@ def format_result(result: RunResult) -> str:
 
 
 def _print_validation(report: dict) -> None:
-    from orchestrator.validate import format_report
+    from orchestrator.postrun.validate import format_report
 
     print(format_report(report))
 
 
 def consolidate_only(config: RunConfig, *, merge: bool = False) -> int:
     """``--consolidate-only``: consolidate, export and validate existing worker outputs."""
-    from orchestrator.consolidate import consolidate
-    from orchestrator.exports import write_exports
-    from orchestrator.validate import validate
+    from orchestrator.postrun.consolidate import consolidate
+    from orchestrator.postrun.exports import write_exports
+    from orchestrator.postrun.validate import validate
 
     root = config.artifact_root
     result = consolidate(root, merge=merge)
@@ -55,7 +55,7 @@ def consolidate_only(config: RunConfig, *, merge: bool = False) -> int:
 
 def validate_only(config: RunConfig) -> int:
     """``--validate-only``: check the artifacts; non-zero exit when they are incomplete."""
-    from orchestrator.validate import validate
+    from orchestrator.postrun.validate import validate
 
     report = validate(config.artifact_root, expected_prompt_ids=_expected_ids(config))
     _print_validation(report)
@@ -64,7 +64,7 @@ def validate_only(config: RunConfig) -> int:
 
 def retry_failed(config: RunConfig) -> int:
     """``--retry-failed``: reprocess exactly the failed or incomplete prompts, re-consolidate."""
-    from orchestrator.repair import prompts_to_retry
+    from orchestrator.postrun.repair import prompts_to_retry
     from orchestrator.run import run
 
     expected = _expected_ids(config)

@@ -14,27 +14,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from orchestrator.checkpoint import CheckpointWriter, load_completed, write_completed
+from orchestrator.run.checkpoint import CheckpointWriter, load_completed, write_completed
 from orchestrator.config import RunConfig, select_layer_ids
-from orchestrator.consolidate import consolidate
+from orchestrator.postrun.consolidate import consolidate
+from contracts.layout import worker_dir, worker_dirs
 from orchestrator.errors import HallulogError
-from orchestrator.exports import write_exports
+from orchestrator.postrun.labels import (label_counts, label_with_judge, needs_judge,
+                                         unlabeled_prompts)
+from orchestrator.postrun.exports import write_exports
 from orchestrator.manifest import (build_manifest, check_resumable, load_manifest,
                                    update_manifest, write_manifest)
-from orchestrator.pool import WorkerPool
-from orchestrator.progress import Progress
-from orchestrator.servers import (ModelInfo, ServerProcess, embedded_server_command,
-                                  hallulog_cache_dir, kill_stale_servers, resolve_model)
-from orchestrator.status import StatusBoard
+from orchestrator.run.pool import WorkerPool
+from orchestrator.run.progress import Progress
+from orchestrator.run.servers import (ModelInfo, ServerProcess, hallulog_cache_dir, remote_model,
+                                      clear_spool, resolve_model, start_servers)
+from orchestrator.run.status import StatusBoard
 from orchestrator.tasks import load_task
-from orchestrator.validate import validate
-from orchestrator.watchdog import ServerProgress, Watchdog
-from workers.persist import read_jsonl_committed, recover_worker_dir
+from orchestrator.postrun.validate import validate
+from orchestrator.run.watchdog import ServerProgress, Watchdog
+from workers.persist import recover_worker_dir
 from workers.worker import WorkerSpec
 
-__all__ = ["run", "RunResult", "worker_dirs"]
+__all__ = ["run", "RunResult"]
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +59,6 @@ class RunResult:
     @property
     def complete(self) -> bool:
         return self.done_before + self.done >= self.total
-
-
-def worker_dirs(artifact_root: Path) -> list[Path]:
-    """Existing ``worker_{i}`` directories, by worker id."""
-    dirs = [p for p in Path(artifact_root).glob("worker_*") if p.is_dir()
-            and p.name.split("_", 1)[1].isdigit()]
-    return sorted(dirs, key=lambda p: int(p.name.split("_", 1)[1]))
 
 
 class _Stop(KeyboardInterrupt):
@@ -94,7 +88,7 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
     split = groups[0].split
 
     model = resolve_model(config.model, cache_dir) if config.manage_servers \
-        else _remote_model(config)
+        else remote_model(config)
     layer_ids = select_layer_ids(config.profile.target_layers, model.num_hidden_layers)
     fresh = build_manifest(config, run_id=None, model_name=model.name, model_path=str(model.path),
                            layer_ids=layer_ids, hidden_size=model.hidden_size,
@@ -135,7 +129,7 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
         judge = needs_judge(config.task) and bool(unlabeled_prompts(root) or pending)
         if pending or judge:
             board.set_phase("starting")
-            servers, urls = _start_servers(config, model, layer_ids, root, cache_dir, board)
+            servers, urls = start_servers(config, model, layer_ids, root, cache_dir, board)
         if pending:
             specs = _worker_specs(config, model, layer_ids, root, urls)
             pool = WorkerPool(specs)
@@ -152,7 +146,9 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
                         finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         if judge:
             board.set_phase("labeling")
-            result.judge = _label(config, root, urls[0], model.name)
+            result.judge = label_with_judge(root, task=config.task,
+                                            judge_url=config.judge_url or urls[0],
+                                            judge_model=config.judge_model or model.name)
         for server in servers:
             server.stop()
         if config.consolidate and result.complete:
@@ -172,7 +168,7 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
         for server in servers:
             server.stop()
         for spool in (root / "spool").glob("server_*"):
-            _clear_spool(spool)
+            clear_spool(spool)
         if checkpoint is not None:
             checkpoint.close(final=completed)
         if api is not None:
@@ -211,7 +207,7 @@ def _drain(pool: WorkerPool, config: RunConfig, root: Path, layer_ids: list[int]
     last_check = time.monotonic()
 
     def committed_in(worker_id: int) -> set[str]:
-        return recover_worker_dir(root / f"worker_{worker_id}", storage_format=config.storage_format,
+        return recover_worker_dir(worker_dir(root, worker_id), storage_format=config.storage_format,
                                   layer_ids=layer_ids, hidden_size=model.hidden_size,
                                   dtype=config.profile.dtype)
 
@@ -296,88 +292,12 @@ def _restart_stuck_servers(pool: WorkerPool, servers: list[ServerProcess], watch
         board.server_update(server.url, health="healthy", restarts=server.restarts)
 
 
-def _start_servers(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: Path,
-                   cache_dir: Path, board: StatusBoard) -> tuple[list[ServerProcess], list[str]]:
-    if not config.manage_servers:
-        for url in config.server_urls:
-            board.server_update(url, health="external")
-        return [], list(config.server_urls)
-    slots = list(config.gpus) or [None]
-    kill_stale_servers(root / "servers")
-    servers = []
-    for i, gpu in enumerate(slots):
-        port = config.server_base_port + i
-        url = f"http://127.0.0.1:{port}"
-        spool = root / "spool" / f"server_{i}"
-        _clear_spool(spool)
-        env = dict(os.environ)
-        if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-        if config.backend == "vllm":
-            from orchestrator.vllm_backend import vllm_server_command, vllm_server_env
-
-            command = vllm_server_command(model.path, host="127.0.0.1", port=port,
-                                          layer_ids=layer_ids, spool_dir=spool,
-                                          dtype=config.model_dtype, served_model_name=model.name)
-            env = vllm_server_env(env, gpu=gpu, cache_dir=cache_dir)
-            for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
-                        "TMPDIR"):
-                Path(env[key]).mkdir(parents=True, exist_ok=True)
-        else:
-            command = embedded_server_command(model.path, host="127.0.0.1", port=port,
-                                              spool_dir=spool, dtype=config.model_dtype,
-                                              layer_ids=layer_ids, served_model_name=model.name)
-            env["HALLULOG_CACHE_DIR"] = str(cache_dir)
-        servers.append(ServerProcess(name=f"server_{i}", command=command, url=url,
-                                     log_path=root / "servers" / f"server_{i}.log", env=env,
-                                     startup_timeout=config.server_startup_timeout))
-    try:
-        for server in servers:
-            server.start()
-            board.server_update(server.url, health="starting", restarts=0, in_flight=0)
-        for server in servers:
-            seconds = server.wait_ready()
-            board.server_update(server.url, health="healthy")
-            log.info("%s ready in %.1f s", server.name, seconds)
-    except BaseException:
-        for server in servers:
-            server.stop()
-        raise
-    return servers, [s.url for s in servers]
-
-
-def _clear_spool(spool: Path) -> None:
-    """Empty a server's spool dir: capture files of a crashed run are never read again."""
-    if spool.exists():
-        for leftover in spool.iterdir():
-            if leftover.is_file():
-                leftover.unlink()
-    spool.mkdir(parents=True, exist_ok=True)
-
-
-def _remote_model(config: RunConfig) -> ModelInfo:
-    """Model facts of an already running server (``--manage-servers false``)."""
-    url = config.server_urls[0].rstrip("/")
-    try:
-        models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
-    except (httpx.HTTPError, KeyError, ValueError) as exc:
-        raise HallulogError(f"--server-urls {url}: cannot list models ({exc})") from None
-    name = models[0]["id"]
-    local = Path(config.model) if config.model != "default" else None
-    if local is None or not (local / "config.json").exists():
-        raise HallulogError("--manage-servers false needs --model pointing at the local model "
-                            "directory the servers serve (to know its layers and hidden size)")
-    info = resolve_model(str(local), hallulog_cache_dir(config.cache_dir))
-    return ModelInfo(path=info.path, num_hidden_layers=info.num_hidden_layers,
-                     hidden_size=info.hidden_size, name=name)
-
-
 def _worker_specs(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: Path,
                   urls: list[str]) -> list[WorkerSpec]:
     profile = config.profile
     return [WorkerSpec(
         worker_id=i, server_url=urls[i % len(urls)], model_name=model.name,
-        worker_dir=str(root / f"worker_{i}"), storage_format=config.storage_format,
+        worker_dir=str(worker_dir(root, i)), storage_format=config.storage_format,
         layer_ids=tuple(layer_ids), hidden_size=model.hidden_size,
         sequence_mode=profile.sequence_mode, dtype=profile.dtype,
         capture_mode=config.capture_mode, k_samples=config.k_samples,
@@ -408,49 +328,3 @@ def _start_api(config: RunConfig, board: StatusBoard):
     server.start()
     log.info("status API on http://%s:%d/", config.status_host, config.status_port)
     return server
-
-
-def needs_judge(task: str) -> bool:
-    """Tasks whose labels come from the LLM judge after the run (not from the worker)."""
-    return task != "triviaqa"
-
-
-def unlabeled_prompts(root: Path) -> set[str]:
-    """Committed prompts without a label in the worker rows nor in ``labels.jsonl``."""
-    labeled = {row.get("prompt_id") for row in read_jsonl_committed(root / "labels.jsonl")[0]}
-    missing = set()
-    for wdir in worker_dirs(root):
-        for row in read_jsonl_committed(wdir / "prompt_index.jsonl")[0]:
-            if row.get("label") is None and row["prompt_id"] not in labeled:
-                missing.add(row["prompt_id"])
-    return missing
-
-
-def _label(config: RunConfig, root: Path, own_url: str | None, own_model: str
-           ) -> dict[str, Any]:
-    import asyncio
-
-    from orchestrator.grading import label_run
-
-    url = config.judge_url or own_url
-    if url is None:
-        raise HallulogError(f"task {config.task} is graded by an LLM judge: set --judge-url")
-    return asyncio.run(label_run(root, task=config.task, judge_url=url,
-                                 judge_model=config.judge_model or own_model))
-
-
-def label_counts(root: Path) -> dict[str, int]:
-    """Label balance over the committed prompts (judge labels from labels.jsonl win)."""
-    judged = {row["prompt_id"]: row.get("label")
-              for row in read_jsonl_committed(root / "labels.jsonl")[0]}
-    counts = {"correct": 0, "hallucinated": 0, "unlabeled": 0}
-    seen: set[str] = set()
-    for wdir in worker_dirs(root):
-        for row in read_jsonl_committed(wdir / "prompt_index.jsonl")[0]:
-            if row["prompt_id"] in seen:
-                continue
-            seen.add(row["prompt_id"])
-            label = judged.get(row["prompt_id"], row.get("label"))
-            counts["correct" if label == 0 else "hallucinated" if label == 1
-                   else "unlabeled"] += 1
-    return counts

@@ -3,7 +3,7 @@ HalluLens: a constrained answer format whose keyword a parser can find without g
 
 Every prompt ends by asking for one keyword from a fixed set (or, for longwiki, one keyword per
 claim line plus a final ``VERDICT:`` line). The keywords are module constants so that the parser
-in :mod:`orchestrator.grading` and the prompts cannot drift apart. Outline and rules:
+in :mod:`orchestrator.postrun.labels` and the prompts cannot drift apart. Outline and rules:
 docs/labels.md.
 """
 

@@ -16,14 +16,21 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
+from contracts import layout
+from contracts.process import die_with_parent
 from orchestrator.errors import BackendStartError
-from orchestrator.vllm_backend import engine_child_pids
+from orchestrator.run.vllm_backend import engine_child_pids, vllm_server_command, vllm_server_env
 
-__all__ = ["ServerProcess", "ModelInfo", "resolve_model", "embedded_server_command",
-           "hallulog_cache_dir", "wait_healthy", "die_with_parent", "kill_stale_servers"]
+if TYPE_CHECKING:
+    from orchestrator.config import RunConfig
+    from orchestrator.run.status import StatusBoard
+
+__all__ = ["start_servers", "clear_spool", "remote_model", "ServerProcess", "ModelInfo", "resolve_model", "embedded_server_command",
+           "hallulog_cache_dir", "wait_healthy", "kill_stale_servers"]
 
 log = logging.getLogger(__name__)
 
@@ -107,20 +114,6 @@ def _log_tail(log_path: Path | None, lines: int = 30) -> str:
         return ""
     tail = log_path.read_text(errors="replace").splitlines()[-lines:]
     return f"; last lines of {log_path}:\n" + "\n".join(tail)
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere).
-
-    A SIGKILLed orchestrator cannot stop its children; this makes them go with it.
-    """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def kill_stale_servers(servers_dir: Path) -> list[int]:
@@ -249,3 +242,79 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def start_servers(config: "RunConfig", model: ModelInfo, layer_ids: list[int], root: Path,
+                  cache_dir: Path, board: "StatusBoard") -> tuple[list[ServerProcess], list[str]]:
+    """Start one managed server per GPU (or one on CPU) and wait until all are healthy;
+    with ``--manage-servers false`` just report the given URLs. Returns (servers, urls)."""
+    if not config.manage_servers:
+        for url in config.server_urls:
+            board.server_update(url, health="external")
+        return [], list(config.server_urls)
+    slots = list(config.gpus) or [None]
+    kill_stale_servers(layout.servers_dir(root))
+    servers = []
+    for i, gpu in enumerate(slots):
+        port = config.server_base_port + i
+        url = f"http://127.0.0.1:{port}"
+        spool = layout.spool_dir(root, i)
+        clear_spool(spool)
+        env = dict(os.environ)
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        if config.backend == "vllm":
+            command = vllm_server_command(model.path, host="127.0.0.1", port=port,
+                                          layer_ids=layer_ids, spool_dir=spool,
+                                          dtype=config.model_dtype, served_model_name=model.name)
+            env = vllm_server_env(env, gpu=gpu, cache_dir=cache_dir)
+            for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
+                        "TMPDIR"):
+                Path(env[key]).mkdir(parents=True, exist_ok=True)
+        else:
+            command = embedded_server_command(model.path, host="127.0.0.1", port=port,
+                                              spool_dir=spool, dtype=config.model_dtype,
+                                              layer_ids=layer_ids, served_model_name=model.name)
+            env["HALLULOG_CACHE_DIR"] = str(cache_dir)
+        servers.append(ServerProcess(name=f"server_{i}", command=command, url=url,
+                                     log_path=layout.servers_dir(root) / f"server_{i}.log", env=env,
+                                     startup_timeout=config.server_startup_timeout))
+    try:
+        for server in servers:
+            server.start()
+            board.server_update(server.url, health="starting", restarts=0, in_flight=0)
+        for server in servers:
+            seconds = server.wait_ready()
+            board.server_update(server.url, health="healthy")
+            log.info("%s ready in %.1f s", server.name, seconds)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers, [s.url for s in servers]
+
+
+def clear_spool(spool: Path) -> None:
+    """Empty a server's spool dir: capture files of a crashed run are never read again."""
+    if spool.exists():
+        for leftover in spool.iterdir():
+            if leftover.is_file():
+                leftover.unlink()
+    spool.mkdir(parents=True, exist_ok=True)
+
+
+def remote_model(config: "RunConfig") -> ModelInfo:
+    """Model facts of an already running server (``--manage-servers false``)."""
+    url = config.server_urls[0].rstrip("/")
+    try:
+        models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        raise BackendStartError(f"--server-urls {url}: cannot list models ({exc})") from None
+    name = models[0]["id"]
+    local = Path(config.model) if config.model != "default" else None
+    if local is None or not (local / "config.json").exists():
+        raise BackendStartError("--manage-servers false needs --model pointing at the local model "
+                            "directory the servers serve (to know its layers and hidden size)")
+    info = resolve_model(str(local), hallulog_cache_dir(config.cache_dir))
+    return ModelInfo(path=info.path, num_hidden_layers=info.num_hidden_layers,
+                     hidden_size=info.hidden_size, name=name)

@@ -20,49 +20,18 @@ import shutil
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import storage
-
+from contracts import layout
+from contracts.jsonl import iter_rows
 from orchestrator.errors import ArtifactError
-from orchestrator.grading import apply_label, load_labels
+from orchestrator.postrun.labels import apply_label, load_labels
 from orchestrator.manifest import load_manifest, update_manifest
 
-__all__ = ["consolidate", "iter_jsonl", "ConsolidationResult", "CONSOLIDATED"]
+__all__ = ["consolidate", "ConsolidationResult"]
 
 log = logging.getLogger(__name__)
-
-CONSOLIDATED = "consolidated"
-
-
-def iter_jsonl(path: Path, *, strict: bool = True) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row) of a JSONL file; a torn last line (no newline) is skipped.
-
-    A malformed complete line raises ArtifactError naming file and line (``strict``) or is
-    skipped (the validator reports those).
-    """
-    if not path.exists():
-        return
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.endswith(b"\n"):
-                log.warning("%s:%d: torn last line ignored", path, lineno)
-                return
-            if not raw.strip():
-                continue
-            try:
-                yield lineno, json.loads(raw)
-            except json.JSONDecodeError as exc:
-                if strict:
-                    raise ArtifactError(f"{path}:{lineno}: malformed JSON ({exc.msg}); run "
-                                        "--validate-only for a full report") from None
-
-
-def _worker_dirs(root: Path) -> list[Path]:
-    from orchestrator.run import worker_dirs
-
-    return worker_dirs(root)
-
 
 class ConsolidationResult(dict):
     """The consolidation block written into run_manifest.json."""
@@ -71,13 +40,13 @@ class ConsolidationResult(dict):
 def _pick_commits(root: Path, k_samples: int) -> dict[str, tuple[str, str | None]]:
     """prompt_id → (worker dir name, commit_id) of the commit to keep (complete, latest)."""
     counts: dict[tuple[str, str, str | None], set[int]] = defaultdict(set)
-    for wdir in _worker_dirs(root):
-        for _, row in iter_jsonl(wdir / "generations.jsonl", strict=False):
+    for wdir in layout.worker_dirs(root):
+        for row in iter_rows(wdir / layout.GENERATIONS, malformed="skip"):
             counts[(wdir.name, row.get("prompt_id"), row.get("commit_id"))].add(
                 row.get("sample_id"))
     chosen: dict[str, tuple[str, str | None, str]] = {}
-    for wdir in _worker_dirs(root):
-        for _, row in iter_jsonl(wdir / "prompt_index.jsonl", strict=False):
+    for wdir in layout.worker_dirs(root):
+        for row in iter_rows(wdir / layout.PROMPT_INDEX, malformed="skip"):
             pid, cid = row.get("prompt_id"), row.get("commit_id")
             samples = counts.get((wdir.name, pid, cid), set())
             if samples != set(range(k_samples + 1)):
@@ -112,7 +81,7 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
         raise ArtifactError(f"{root}/run_manifest.json: no run here to consolidate")
     k = int(manifest["k_samples"])
     fmt = manifest.get("storage_format", "npy")
-    out = root / CONSOLIDATED
+    out = layout.consolidated_dir(root)
     out.mkdir(exist_ok=True)
     chosen = _pick_commits(root, k)
     labels = load_labels(root)
@@ -121,30 +90,30 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
     act_dir = out / "activations"
 
     tmp = {name: open(out / f"{name}.partial", "w", encoding="utf-8")
-           for name in ("prompt_index.jsonl", "generations.jsonl", "activation_index.jsonl")}
+           for name in (layout.PROMPT_INDEX, layout.GENERATIONS, layout.ACTIVATION_INDEX)}
     try:
         if fmt == "npy":
             act_dir.mkdir(exist_ok=True)
-        for wdir in _worker_dirs(root):
+        for wdir in layout.worker_dirs(root):
             def keep(row: dict[str, Any]) -> bool:
                 pick = chosen.get(row.get("prompt_id"))
                 return pick is not None and pick == (wdir.name, row.get("commit_id"))
 
             sample_labels: dict[tuple[str, int], Any] = {}
-            for _, row in iter_jsonl(wdir / "prompt_index.jsonl"):
+            for row in iter_rows(wdir / layout.PROMPT_INDEX):
                 if keep(row):
                     row = apply_label(row, labels.get(row["prompt_id"]))
                     sample_labels[(row["prompt_id"], 0)] = row.get("label")
-                    tmp["prompt_index.jsonl"].write(json.dumps(row, ensure_ascii=False) + "\n")
+                    tmp[layout.PROMPT_INDEX].write(json.dumps(row, ensure_ascii=False) + "\n")
             seen: set[tuple[str, int]] = set()
-            for _, row in iter_jsonl(wdir / "generations.jsonl"):
+            for row in iter_rows(wdir / layout.GENERATIONS):
                 key = (row["prompt_id"], row["sample_id"])
                 if keep(row) and key not in seen:
                     seen.add(key)
                     sample_labels.setdefault(key, row.get("label"))
                     kept_generations += 1
-                    tmp["generations.jsonl"].write(json.dumps(row, ensure_ascii=False) + "\n")
-            for _, row in iter_jsonl(wdir / "activation_index.jsonl"):
+                    tmp[layout.GENERATIONS].write(json.dumps(row, ensure_ascii=False) + "\n")
+            for row in iter_rows(wdir / layout.ACTIVATION_INDEX):
                 if not keep(row):
                     continue
                 if fmt == "npy":
@@ -157,7 +126,7 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
                 row = {**row, "label": -1 if label is None else int(label)}
                 total_bytes += int(row.get("size_bytes") or 0)
                 kept_activations += 1
-                tmp["activation_index.jsonl"].write(json.dumps(row, ensure_ascii=False) + "\n")
+                tmp[layout.ACTIVATION_INDEX].write(json.dumps(row, ensure_ascii=False) + "\n")
         for f in tmp.values():
             f.flush()
             os.fsync(f.fileno())
@@ -168,7 +137,7 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
         os.replace(out / f"{name}.partial", out / name)
 
     if fmt != "npy":
-        stores = [storage.store_dir(w) for w in _worker_dirs(root)
+        stores = [storage.store_dir(w) for w in layout.worker_dirs(root)
                   if os.path.exists(storage.store_dir(w))]
         if stores:
             if merge:
@@ -184,7 +153,7 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
         timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), prompts=len(chosen),
         generations=kept_generations, activations=kept_activations, total_bytes=total_bytes,
         activation_modes=dict(modes), seconds=round(time.monotonic() - started, 3),
-        path=CONSOLIDATED)
+        path=layout.CONSOLIDATED)
     update_manifest(root, consolidation=dict(result))
     log.info("consolidated %d prompts, %d generations, %d activations in %.2f s",
              len(chosen), kept_generations, kept_activations, result["seconds"])

@@ -12,7 +12,7 @@ import queue
 from dataclasses import replace
 from typing import Any, Callable, Iterable
 
-from orchestrator.prompts import PromptGroup
+from contracts.prompt_group import PromptGroup
 from workers.worker import WorkerSpec, worker_main
 
 __all__ = ["WorkerPool"]

@@ -1,0 +1,183 @@
+"""Streaming JSONL: the one way hallulog reads and writes its line-oriented files.
+
+The committed-tail rule: a line counts once its terminating newline is on disk. A last line
+without one is a torn tail (a crash mid-append): readers stop before it, and a writer that
+reopens the file cuts it off first (:func:`cut_torn_tail`). A complete line that is not a JSON
+object is an error naming the file and line (``malformed="raise"``), or is reported and skipped
+(``"skip"``: validators and repair tools). Readers hold one line at a time; rollback truncates to
+a byte offset (:func:`truncate_to`) instead of rewriting the file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Literal
+
+from contracts.errors import MalformedLineError
+
+__all__ = ["Line", "iter_lines", "iter_rows", "committed_size", "cut_torn_tail", "truncate_to",
+           "dumps", "JsonlAppender", "MalformedLineError"]
+
+log = logging.getLogger(__name__)
+
+_BLOCK = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One committed line: its 1-based number, byte span ``[start, end)`` and parsed row."""
+
+    lineno: int
+    start: int
+    end: int
+    row: dict[str, Any]
+
+
+def iter_lines(path: str | Path, *, malformed: Literal["raise", "skip"] = "raise",
+               on_malformed: Callable[[int, str], None] | None = None) -> Iterator[Line]:
+    """Committed lines of ``path`` (none when it does not exist), streamed.
+
+    ``malformed="raise"`` raises :class:`MalformedLineError` at the first complete line that is
+    not a JSON object; ``"skip"`` logs it (and calls ``on_malformed(lineno, message)``) and goes
+    on. Blank lines are skipped. The torn tail is never yielded.
+    """
+    path = Path(path)
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with f:
+        offset = 0
+        for lineno, raw in enumerate(f, start=1):
+            start, offset = offset, offset + len(raw)
+            if not raw.endswith(b"\n"):
+                return  # torn tail
+            if raw.isspace():
+                continue
+            try:
+                row = json.loads(raw)
+                problem = None if isinstance(row, dict) else "not a JSON object"
+            except (ValueError, UnicodeDecodeError) as exc:
+                problem = f"malformed JSON ({getattr(exc, 'msg', exc)})"
+            if problem is None:
+                yield Line(lineno, start, offset, row)
+                continue
+            if malformed == "raise":
+                raise MalformedLineError(str(path), lineno, problem)
+            log.warning("%s:%d: %s; line skipped", path, lineno, problem)
+            if on_malformed is not None:
+                on_malformed(lineno, problem)
+
+
+def iter_rows(path: str | Path, *, malformed: Literal["raise", "skip"] = "raise"
+              ) -> Iterator[dict[str, Any]]:
+    """The rows of :func:`iter_lines`, without positions."""
+    for line in iter_lines(path, malformed=malformed):
+        yield line.row
+
+
+def committed_size(path: str | Path) -> int:
+    """Byte length of the committed lines: the offset just past the last newline.
+
+    Reads backwards from the end in blocks, so its cost is the torn tail's size, not the file's.
+    """
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return 0
+    with f:
+        end = f.seek(0, os.SEEK_END)
+        pos = end
+        while pos > 0:
+            step = min(_BLOCK, pos)
+            pos -= step
+            f.seek(pos)
+            block = f.read(step)
+            nl = block.rfind(b"\n")
+            if nl >= 0:
+                return pos + nl + 1
+        return 0
+
+
+def truncate_to(path: str | Path, offset: int) -> int:
+    """Cut ``path`` to ``offset`` bytes (durably); returns the number of bytes removed."""
+    with open(path, "r+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        if offset > size:
+            raise ValueError(f"{path}: cannot truncate to {offset} bytes, it has {size}")
+        if offset < size:
+            f.truncate(offset)
+            f.flush()
+            os.fsync(f.fileno())
+        return size - offset
+
+
+def cut_torn_tail(path: str | Path) -> int:
+    """Remove a torn last line (no newline) so that the next append starts a fresh line."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    cut = truncate_to(path, committed_size(path))
+    if cut:
+        log.warning("%s: cut a torn last line (%d bytes)", path, cut)
+    return cut
+
+
+def dumps(row: dict[str, Any]) -> str:
+    """One compact JSON line, newline included."""
+    return json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+class JsonlAppender:
+    """Appends rows to one JSONL file; :meth:`sync` makes them durable (one fsync).
+
+    Opening cuts a torn tail first (the committed-tail rule), so appends always start a line.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        cut_torn_tail(self.path)
+        self._f = open(self.path, "ab")
+        self._dirty = False
+
+    def tell(self) -> int:
+        """The byte offset the next row will start at (a rollback point)."""
+        self._f.flush()
+        return self._f.tell()
+
+    def append(self, rows: Iterable[dict[str, Any]]) -> int:
+        """Write rows (buffered, not yet durable); returns how many."""
+        data = "".join(dumps(r) for r in rows).encode("utf-8")
+        if data:
+            self._f.write(data)
+            self._dirty = True
+        return data.count(b"\n")
+
+    def sync(self) -> None:
+        """Flush and fsync what was appended since the last sync."""
+        if self._dirty:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._dirty = False
+
+    def rollback(self, offset: int) -> None:
+        """Drop everything from ``offset`` on (the rows of a group that failed to commit)."""
+        self._f.flush()
+        truncate_to(self.path, offset)
+        self._f.seek(0, os.SEEK_END)
+        self._dirty = False
+
+    def close(self) -> None:
+        self.sync()
+        self._f.close()
+
+    def __enter__(self) -> "JsonlAppender":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,5 @@
+"""After the queue drains: label (LLM judge) → consolidate → exports → validate, plus repair.
+
+Each step reads the artifact root as streams and can run alone (``--consolidate-only``,
+``--validate-only``, ``--retry-failed``).
+"""

@@ -1,0 +1,160 @@
+"""Grading the HalluLens tasks with an LLM judge: abstention → correctness (precisewikiqa),
+abstention → claims (longwiki), entity existence (mixedentities). Rules: docs/labels.md."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from contracts.answer_match import CORRECT, HALLUCINATED
+from orchestrator.tasks import judge_prompts as jp
+from orchestrator.tasks.judge_client import JudgeClient, JudgeError, clip
+from orchestrator.tasks.judge_parsing import parse_choice, parse_longwiki
+from orchestrator.tasks.verdict import (JUDGE_GRADER, JUDGE_TASKS, Verdict, question_of,
+                                        reference_of)
+
+__all__ = ["JudgeGrader", "JudgeError"]
+
+
+class JudgeGrader:
+    """The HalluLens tasks' rules (precisewikiqa, longwiki, mixedentities) over a
+    :class:`JudgeClient` (temperature 0, short outputs); prompts in ``data/judge_prompts/``."""
+
+    name = JUDGE_GRADER
+
+    def __init__(self, task: str, *, judge_url: str, judge_model: str | None = None,
+                 timeout: float = 120.0, attempts: int = 3, backoff: float = 1.0,
+                 short_max_tokens: int = 16, claims_max_tokens: int = 512,
+                 max_reference_chars: int = 8000, max_answer_chars: int = 6000,
+                 seed: int = 0) -> None:
+        if task not in JUDGE_TASKS:
+            raise ValueError(f"JudgeGrader has no rules for task {task!r}; "
+                             f"choose one of {', '.join(JUDGE_TASKS)}")
+        self.task = task
+        self.short_max_tokens = short_max_tokens
+        self.claims_max_tokens = claims_max_tokens
+        self.max_reference_chars = max_reference_chars
+        self.max_answer_chars = max_answer_chars
+        self.client = JudgeClient(judge_url, judge_model=judge_model, timeout=timeout,
+                                  attempts=attempts, backoff=backoff, seed=seed)
+
+    @property
+    def judge_model(self) -> str | None:
+        """The judge's model name (known once asked, or given)."""
+        return self.client.judge_model
+
+    @property
+    def judge_url(self) -> str:
+        return self.client.judge_url
+
+    @property
+    def requests_sent(self) -> int:
+        return self.client.requests_sent
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def ask(self, prompt: str, max_tokens: int) -> str:
+        return await self.client.ask(prompt, max_tokens)
+
+    async def grade(self, prompt_row: dict, answer: str) -> Verdict:
+        """Grade ``answer`` by this task's rules; raises :class:`JudgeError` when the judge
+        cannot be asked (transport); an unusable judge reply is a Verdict ``unparseable``."""
+        if self.task == "precisewikiqa":
+            return await self._grade_precisewikiqa(prompt_row, answer)
+        if self.task == "longwiki":
+            return await self._grade_longwiki(prompt_row, answer)
+        return await self._grade_mixedentities(prompt_row, answer)
+
+    async def _abstention_step(self, row: dict, answer: str, raws: list[str]) -> str | None:
+        text = await self.ask(jp.render(jp.ABSTENTION_PROMPT, question=question_of(row),
+                                        response=clip(answer, self.max_answer_chars)),
+                              self.short_max_tokens)
+        raws.append(f"[abstention] {text}")
+        return parse_choice(text, jp.ABSTENTION_CHOICES)
+
+    def _verdict(self, label: int | None, verdict: str, abstained: bool, raws: list[str],
+                 **details: Any) -> Verdict:
+        return Verdict(label, self.name, verdict, abstained, "\n".join(raws) if raws else None,
+                       {"task": self.task, **details} if details or raws else None)
+
+    async def _grade_precisewikiqa(self, row: dict, answer: str) -> Verdict:
+        raws: list[str] = []
+        ref = reference_of(row)
+        gold = ref.get("value") or (ref.get("aliases") or [None])[0]
+        if not answer or not answer.strip():
+            return self._verdict(None, "abstained", True, raws, reason="empty answer")
+        step1 = await self._abstention_step(row, answer, raws)
+        if step1 is None:
+            return self._verdict(None, "unparseable", False, raws, step="abstention")
+        if step1 == jp.ABSTAINED:
+            return self._verdict(None, "abstained", True, raws)
+        if not gold:
+            return self._verdict(None, "no_reference", False, raws)
+        text = await self.ask(jp.render(jp.CORRECTNESS_PROMPT, question=question_of(row),
+                                        reference=gold,
+                                        response=clip(answer, self.max_answer_chars)),
+                              self.short_max_tokens)
+        raws.append(f"[correctness] {text}")
+        choice = parse_choice(text, jp.CORRECTNESS_CHOICES)
+        if choice is None:
+            return self._verdict(None, "unparseable", False, raws, step="correctness")
+        label = {jp.CORRECT: CORRECT, jp.INCORRECT: HALLUCINATED, jp.UNVERIFIABLE: None}[choice]
+        return self._verdict(label, choice.lower(), False, raws)
+
+    async def _grade_longwiki(self, row: dict, answer: str) -> Verdict:
+        raws: list[str] = []
+        ref = reference_of(row)
+        document = ref.get("document") or ref.get("value")
+        if not answer or not answer.strip():
+            return self._verdict(None, "abstained", True, raws, reason="empty answer")
+        step1 = await self._abstention_step(row, answer, raws)
+        if step1 is None:
+            return self._verdict(None, "unparseable", False, raws, step="abstention")
+        if step1 == jp.ABSTAINED:
+            return self._verdict(None, "abstained", True, raws)
+        if not document:
+            return self._verdict(None, "no_reference", False, raws)
+        text = await self.ask(jp.render(jp.LONGWIKI_CLAIMS_PROMPT, question=question_of(row),
+                                        reference=clip(document, self.max_reference_chars),
+                                        response=clip(answer, self.max_answer_chars)),
+                              self.claims_max_tokens)
+        raws.append(f"[claims] {text}")
+        parsed = parse_longwiki(text)
+        if parsed is None:
+            return self._verdict(None, "unparseable", False, raws, step="claims")
+        decision = parsed.pop("decision")
+        if decision == jp.NO_CLAIMS:
+            return self._verdict(None, "no_claims", False, raws, **parsed)
+        label = HALLUCINATED if decision == jp.HALLUCINATED else CORRECT
+        return self._verdict(label, "incorrect" if label else "correct", False, raws, **parsed)
+
+    async def _grade_mixedentities(self, row: dict, answer: str) -> Verdict:
+        raws: list[str] = []
+        ref, meta = reference_of(row), (row.get("meta") or {})
+        name = ref.get("name") or meta.get("entity_name")
+        etype = ref.get("type") or meta.get("entity_type") or "entity"
+        exists = bool(ref.get("exists", meta.get("entity_exists", False)))
+        if not name:
+            return self._verdict(None, "no_reference", False, raws)
+        if not answer or not answer.strip():
+            return self._verdict(0 if not exists else None, "abstained", True, raws,
+                                 entity_exists=exists, reason="empty answer")
+        text = await self.ask(jp.render(jp.ENTITY_PROMPT, name=name, entity_type=etype,
+                                        question=question_of(row),
+                                        response=clip(answer, self.max_answer_chars)),
+                              self.short_max_tokens)
+        raws.append(f"[entity] {text}")
+        choice = parse_choice(text, jp.ENTITY_CHOICES)
+        if choice is None:
+            return self._verdict(None, "unparseable", False, raws, entity_exists=exists)
+        if exists:
+            # Control item: a real entity. Recognising it is expected, declining is a false
+            # refusal; neither says whether the description is true (no reference text) → None.
+            if choice == jp.EXISTS:
+                return self._verdict(None, "real_entity_treated_as_real", False, raws,
+                                     entity_exists=True)
+            return self._verdict(None, "abstained", True, raws, entity_exists=True)
+        if choice == jp.EXISTS:
+            return self._verdict(HALLUCINATED, "fake_entity_treated_as_real", False, raws,
+                                 entity_exists=False)
+        return self._verdict(CORRECT, "abstained", True, raws, entity_exists=False)
