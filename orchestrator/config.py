@@ -77,6 +77,7 @@ def select_layer_ids(target_layers: str, num_hidden_layers: int) -> list[int]:
 FINGERPRINT_EXCLUDED = frozenset({
     "artifact_root", "num_workers", "groups_in_flight", "gpus", "manage_servers", "server_urls",
     "server_base_port", "server_startup_timeout", "resume", "limit", "checkpoint_every",
+    "checkpoint_interval", "server_max_restarts", "server_restart_backoff",
     "status_host", "status_port", "status_token", "progress", "request_timeout", "task_path",
     "consolidate", "watchdog_stall_seconds", "cache_dir", "extra", "judge_url", "judge_model",
 })
@@ -129,8 +130,10 @@ class RunConfig:
     storage_format: str = "packed"
     """Activation store format written by the workers: packed (default: the fastest reader in
     bench/bench_storage.py), npy (one file per activation, seed 003 §6.4) or zarr (seed 000)."""
-    num_workers: int = 1
-    """Worker processes (spread over the servers round-robin)."""
+    num_workers: int | None = None
+    """Worker processes, spread over the servers round-robin (worker i talks to server
+    i mod servers). Default: one per server. Fewer workers than servers is refused: every server
+    gets its share."""
     groups_in_flight: int = 4
     """Prompt groups each worker has in flight at once."""
     gpus: tuple[int, ...] = ()
@@ -150,8 +153,16 @@ class RunConfig:
     is restarted."""
     resume: bool = True
     """Continue an existing run in artifact_root (refused when the fingerprint differs)."""
-    checkpoint_every: int = 10
-    """Rewrite completed_prompts.json every N completed prompts (and at exit)."""
+    checkpoint_every: int | None = None
+    """Deprecated: completions.log (appended per group) is the checkpoint now. When given, the
+    completed_prompts.json snapshot is also rewritten every N completed prompts."""
+    checkpoint_interval: float = 30.0
+    """Seconds between completed_prompts.json snapshots (also written at every clean stop)."""
+    server_max_restarts: int = 3
+    """A managed server that fails this many restarts in a row (no group completed on it in
+    between) is retired; its groups go to the other servers."""
+    server_restart_backoff: float = 2.0
+    """Seconds before the first restart of a failed server; doubled after each failure."""
     consolidate: bool = True
     """Consolidate when the queue drains."""
     judge_url: str | None = None
@@ -181,12 +192,19 @@ class RunConfig:
         _check(self.k_samples >= 0, "--k-samples must be >= 0")
         _check(self.max_tokens >= 1, "--max-tokens must be >= 1")
         _check(self.limit is None or self.limit >= 1, "--limit must be >= 1")
-        _check(self.num_workers >= 1, "--num-workers must be >= 1")
+        _check(self.num_workers is None or self.num_workers >= self.server_count,
+               f"--num-workers {self.num_workers} leaves servers without a worker: "
+               f"{self.server_count} server(s) need at least {self.server_count} (leave "
+               "--num-workers out for one worker per server)")
         _check(self.groups_in_flight >= 1, "--groups-in-flight must be >= 1")
         _check(self.primary_temperature >= 0, "--primary-temperature must be >= 0")
         _check(self.sample_temperature >= 0, "--sample-temperature must be >= 0")
         _check(0 < self.sample_top_p <= 1, "--sample-top-p must be in (0, 1]")
-        _check(self.checkpoint_every >= 1, "--checkpoint-every must be >= 1")
+        _check(self.checkpoint_every is None or self.checkpoint_every >= 1,
+               "--checkpoint-every must be >= 1")
+        _check(self.checkpoint_interval > 0, "--checkpoint-interval must be > 0")
+        _check(self.server_max_restarts >= 0, "--server-max-restarts must be >= 0")
+        _check(self.server_restart_backoff >= 0, "--server-restart-backoff must be >= 0")
         _check(self.server_startup_timeout > 0, "--server-startup-timeout must be > 0")
         _check(1 <= self.server_base_port <= 65535, "--server-base-port must be a TCP port")
         _check(self.status_port is None or 0 <= self.status_port <= 65535,
@@ -200,6 +218,18 @@ class RunConfig:
                 and not self.status_token:
             raise ConfigError(f"--status-host {self.status_host} is not loopback: "
                               "set --status-token to expose the status API")
+
+    @property
+    def server_count(self) -> int:
+        """Servers of the run: one per GPU (one on CPU), or the given URLs."""
+        if not self.manage_servers:
+            return max(1, len(self.server_urls))
+        return max(1, len(self.gpus))
+
+    @property
+    def worker_count(self) -> int:
+        """Worker processes: ``num_workers``, else one per server."""
+        return self.num_workers if self.num_workers is not None else self.server_count
 
     @property
     def profile(self) -> LoggingProfile:

@@ -1,8 +1,13 @@
-"""The worker process: takes prompt groups from the in-memory queue, generates the primary and
-K samples on its server, captures activations, persists the group, and reports back.
+"""The worker process: receives prompt groups on its own pipe from the driver, generates the
+primary and K samples on its server, captures activations, persists the group, and reports back
+on the same pipe.
 
-Several groups are in flight at once (asyncio); persisting is serialised so that groups commit
-one at a time (see ``workers.persist``).
+The channel is one duplex ``multiprocessing`` connection per worker: the driver sends
+``PromptGroup`` objects (at most ``groups_in_flight`` unresolved at once) and ``None`` to stop;
+the worker sends one event per group (``done`` or ``failed``), plus ``fatal`` when it cannot go
+on. No lock is shared with another process, so a worker killed at any moment leaves the driver
+an EOF, never a held lock. Several groups are in flight at once (asyncio); persisting is
+serialised so that groups commit one at a time (see ``workers.persist``).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import errno
 import logging
 import os
 import signal
+import threading
 import traceback
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -70,26 +76,52 @@ def grade_answer(group: PromptGroup, text: str) -> tuple[int | None, str | None]
     return None, None
 
 
-def worker_main(spec: WorkerSpec, task_queue, result_queue) -> None:
-    """Entry point of a spawned worker process."""
-    die_with_parent(signal.SIGKILL)  # never outlive a crashed orchestrator: it owns the queue
+def worker_main(spec: WorkerSpec, conn) -> None:
+    """Entry point of a spawned worker process; ``conn`` is its end of the driver's pipe."""
+    die_with_parent(signal.SIGKILL)  # never outlive a crashed orchestrator: it owns the work
     logging.basicConfig(level=os.environ.get("HALLULOG_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s worker_{spec.worker_id} %(levelname)s %(message)s")
+    channel = _Channel(conn)
     try:
-        asyncio.run(_Worker(spec, task_queue, result_queue).run())
+        asyncio.run(_Worker(spec, channel).run())
     except BaseException as exc:  # report, then die: the orchestrator decides what happens next
-        result_queue.put({"event": "fatal", "worker_id": spec.worker_id,
-                          "error": _error_record(spec, exc, None, None, "worker_crash")})
+        channel.send({"event": "fatal", "worker_id": spec.worker_id,
+                      "error": _error_record(spec, exc, None, None, "worker_crash")})
         raise
     finally:
-        result_queue.put({"event": "exited", "worker_id": spec.worker_id})
+        conn.close()
+
+
+class _Channel:
+    """The worker's end of its pipe: sends from any thread, one at a time."""
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()  # this process's own lock: dies with it
+
+    def send(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            try:
+                self.conn.send(event)
+            except OSError:  # the driver is gone; PDEATHSIG ends this process
+                log.warning("driver unreachable; event %s dropped", event.get("event"))
+
+    def reader(self, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue) -> None:
+        """Thread body: move received groups into the event loop; None at EOF or stop."""
+        while True:
+            try:
+                item = self.conn.recv()
+            except (EOFError, OSError):
+                item = None
+            loop.call_soon_threadsafe(inbox.put_nowait, item)
+            if item is None:
+                return
 
 
 class _Worker:
-    def __init__(self, spec: WorkerSpec, task_queue, result_queue) -> None:
+    def __init__(self, spec: WorkerSpec, channel: _Channel) -> None:
         self.spec = spec
-        self.tasks = task_queue
-        self.results = result_queue
+        self.channel = channel
         self.client = BackendClient(spec.server_url, spec.model_name,
                                     timeout=spec.request_timeout,
                                     backoff_base=spec.retry_backoff)
@@ -100,43 +132,37 @@ class _Worker:
         self.fatal = False
 
     async def run(self) -> None:
-        local: asyncio.Queue = asyncio.Queue()
-        slots = [asyncio.create_task(self._slot(local)) for _ in range(self.spec.groups_in_flight)]
-        free = asyncio.Semaphore(self.spec.groups_in_flight)
-        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue = asyncio.Queue()
+        threading.Thread(target=self.channel.reader, args=(asyncio.get_running_loop(), inbox),
+                         name="channel-reader", daemon=True).start()
+        tasks: set[asyncio.Task] = set()
         try:
-            while not self.fatal:
-                await free.acquire()
-                group = await loop.run_in_executor(None, self.tasks.get)
+            while True:
+                group = await inbox.get()
                 if group is None:
                     break
-                await local.put((group, free))
-            for _ in slots:
-                await local.put(None)
-            await asyncio.gather(*slots)
+                if self.fatal:  # hand it back: another worker or the next run does it
+                    self.channel.send({"event": "requeue", "worker_id": self.spec.worker_id,
+                                       "prompt_id": group.prompt_id})
+                    continue
+                task = asyncio.create_task(self._guarded(group))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
         finally:
             await self.client.close()
             self.out.close()
 
-    async def _slot(self, local: asyncio.Queue) -> None:
-        while True:
-            item = await local.get()
-            if item is None:
-                return
-            group, free = item
-            try:
-                if not self.fatal:
-                    await self._process(group)
-                else:  # hand it back: another worker or the next run does it
-                    self.results.put({"event": "requeue", "worker_id": self.spec.worker_id,
-                                      "prompt_id": group.prompt_id})
-            finally:
-                free.release()
+    async def _guarded(self, group: PromptGroup) -> None:
+        try:
+            await self._process(group)
+        except Exception as exc:  # a bug in one group must not leave it unresolved
+            log.exception("prompt %s: unexpected error", group.prompt_id)
+            self._report_failure(group.prompt_id, None, exc, "worker_error")
 
     async def _process(self, group: PromptGroup) -> None:
         spec = self.spec
-        self.results.put({"event": "started", "worker_id": spec.worker_id,
-                          "prompt_id": group.prompt_id})
         capture_in_generation = spec.capture_mode == "generation"
         requests = [self._request_params(group.prompt_id, sid) for sid in range(spec.k_samples + 1)]
         outcomes = await asyncio.gather(*[
@@ -172,7 +198,7 @@ class _Worker:
             self._report_failure(group.prompt_id, None, exc, "storage_error")
             return
         tokens = sum(len(c.token_ids) for c in completions)
-        self.results.put({"event": "done", "worker_id": spec.worker_id,
+        self.channel.send({"event": "done", "worker_id": spec.worker_id,
                           "prompt_id": group.prompt_id, "generations": len(completions),
                           "tokens": tokens, "capture_errors": len(errors)})
 
@@ -280,11 +306,11 @@ class _Worker:
             self.out.record_error(err)
         except OSError:
             log.exception("could not record error for %s", prompt_id)
-        self.results.put({"event": "failed", "worker_id": self.spec.worker_id,
+        self.channel.send({"event": "failed", "worker_id": self.spec.worker_id,
                           "prompt_id": prompt_id, "error": err})
         if fatal:
             self.fatal = True
-            self.results.put({"event": "fatal", "worker_id": self.spec.worker_id, "error": err})
+            self.channel.send({"event": "fatal", "worker_id": self.spec.worker_id, "error": err})
 
 
 def _error_record(spec: WorkerSpec, exc: BaseException, prompt_id: str | None,

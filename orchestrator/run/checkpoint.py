@@ -1,7 +1,16 @@
-"""``completed_prompts.json``: the set of completed prompt ids, rewritten atomically.
+"""The checkpoint: an append-only completion log plus a periodic snapshot.
 
-Writes go to ``completed_prompts.json.partial`` then ``os.replace`` under a ``filelock`` lock,
-on a background thread so that a slow disk never stalls the run loop or the status API.
+- ``completions.log`` (``contracts.layout.COMPLETION_LOG``): one line per completed prompt id,
+  appended and fsynced by the driver as groups complete (ids that arrive together share one
+  fsync). Cost per group: O(1). During a run it is the truth; a torn last line (crash
+  mid-append) is ignored and cut before the next append.
+- ``completed_prompts.json``: the whole set, rewritten atomically
+  (``completed_prompts.json.partial`` then ``os.replace`` under a ``filelock`` lock) on a
+  background thread every ``--checkpoint-interval`` seconds and at every clean stop, where it is
+  exact. Once a snapshot covering the whole log is durable (at a clean stop, and on resume
+  after reconciling with the data), the log is emptied.
+
+On resume the orchestrator reads both, and the worker data wins (``loop._reconcile``).
 """
 
 from __future__ import annotations
@@ -15,13 +24,53 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from contracts import layout
+from contracts.jsonl import committed_size, cut_torn_tail, truncate_to
 from orchestrator.errors import ArtifactError
 
-__all__ = ["CHECKPOINT_NAME", "load_completed", "write_completed", "CheckpointWriter"]
+__all__ = ["CHECKPOINT_NAME", "load_completed", "write_completed", "CheckpointWriter",
+           "CompletionLog", "read_completion_log"]
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_NAME = "completed_prompts.json"
+CHECKPOINT_NAME = layout.CHECKPOINT
+
+
+def read_completion_log(artifact_root: Path) -> set[str]:
+    """Prompt ids in ``completions.log`` (committed lines only; empty when there is none)."""
+    path = Path(artifact_root) / layout.COMPLETION_LOG
+    if not path.exists():
+        return set()
+    end = committed_size(path)
+    with open(path, "rb") as f:
+        data = f.read(end)
+    return {line.strip().decode("ascii", "replace") for line in data.splitlines()
+            if line.strip()}
+
+
+class CompletionLog:
+    """The driver's append-only ``completions.log``."""
+
+    def __init__(self, artifact_root: Path) -> None:
+        self.path = Path(artifact_root) / layout.COMPLETION_LOG
+        cut_torn_tail(self.path)
+        self._f = open(self.path, "ab")
+
+    def append(self, prompt_ids: list[str]) -> None:
+        """Append these ids durably: one write, one fsync."""
+        if prompt_ids:
+            self._f.write("".join(pid + "\n" for pid in prompt_ids).encode("ascii"))
+            self._f.flush()
+            os.fsync(self._f.fileno())
+
+    def reset(self) -> None:
+        """Empty the log (a durable snapshot now covers everything in it)."""
+        self._f.flush()
+        truncate_to(self.path, 0)
+        self._f.seek(0, os.SEEK_END)
+
+    def close(self) -> None:
+        self._f.close()
 
 
 def load_completed(artifact_root: Path) -> set[str]:

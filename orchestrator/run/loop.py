@@ -1,7 +1,7 @@
 """The run's lifecycle: prepare → servers → workers → drain the queue → consolidate.
 
 One function, ``run(config)``, drives it; the pieces live in their own modules (config,
-manifest, checkpoint, servers, pool, status).
+manifest, checkpoint, servers, fleet, pool, dispatch, status).
 """
 
 from __future__ import annotations
@@ -14,9 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.run.checkpoint import CheckpointWriter, load_completed, write_completed
+from orchestrator.run.checkpoint import (CheckpointWriter, CompletionLog, load_completed,
+                                         read_completion_log, write_completed)
 from orchestrator.config import RunConfig, select_layer_ids
 from orchestrator.postrun.consolidate import consolidate
+from contracts import layout
+from contracts.jsonl import truncate_to
 from contracts.layout import worker_dir, worker_dirs
 from orchestrator.errors import HallulogError
 from orchestrator.postrun.labels import (label_counts, label_with_judge, needs_judge,
@@ -24,6 +27,8 @@ from orchestrator.postrun.labels import (label_counts, label_with_judge, needs_j
 from orchestrator.postrun.exports import write_exports
 from orchestrator.manifest import (build_manifest, check_resumable, load_manifest,
                                    update_manifest, write_manifest)
+from orchestrator.run.dispatch import Drive
+from orchestrator.run.fleet import HEALTHY, ServerFleet
 from orchestrator.run.pool import WorkerPool
 from orchestrator.run.progress import Progress
 from orchestrator.run.servers import (ModelInfo, ServerProcess, hallulog_cache_dir, remote_model,
@@ -94,7 +99,7 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
                            layer_ids=layer_ids, hidden_size=model.hidden_size,
                            num_hidden_layers=model.num_hidden_layers, dataset=config.task,
                            split=split, prompt_template=task.prompt_template,
-                           worker_count=config.num_workers, total_prompts=len(groups))
+                           worker_count=config.worker_count, total_prompts=len(groups))
     existing = load_manifest(root)
     if existing is not None:
         if not config.resume:
@@ -123,25 +128,48 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
     servers: list[ServerProcess] = []
     urls: list[str] = [None]  # type: ignore[list-item]
     pool: WorkerPool | None = None
+    fleet: ServerFleet | None = None
     checkpoint = CheckpointWriter(root, run_id)
+    completions = CompletionLog(root)
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_stop)
     try:
         judge = needs_judge(config.task) and bool(unlabeled_prompts(root) or pending)
         if pending or judge:
             board.set_phase("starting")
-            servers, urls = start_servers(config, model, layer_ids, root, cache_dir, board)
+            servers, urls = start_servers(config, model, layer_ids, root, cache_dir, board,
+                                          wait=not pending)
         if pending:
-            specs = _worker_specs(config, model, layer_ids, root, urls)
-            pool = WorkerPool(specs)
-            pool.start()
+            pool = WorkerPool(_worker_specs(config, model, layer_ids, root, urls),
+                              committed_in=_committed_in(root, config, layer_ids, model),
+                              hang_seconds=_hang_seconds(config))
             pool.submit(pending)
-            board.set_phase("running")
-            _drain(pool, config, root, layer_ids, model, board, checkpoint, completed, result,
-                   servers)
+            holder: dict[str, ServerFleet] = {}
+            watchdog = _start_watchdog(pool, config, board, servers, holder)
+            if servers:
+                fleet = holder["fleet"] = _fleet(config, servers, pool, board, watchdog)
+                fleet.start()
+            else:
+                pool.start()
+                board.set_phase("running")
+            progress = Progress(total=result.total, initial=result.done_before,
+                                enabled=config.progress)
+            try:
+                Drive(pool=pool, config=config, board=board, progress=progress,
+                      completions=completions, snapshots=checkpoint, completed=completed,
+                      result=result, fleet=fleet, watchdog=watchdog).run()
+            finally:
+                progress.close()
+                if watchdog is not None:
+                    watchdog.stop()
             pool.close()
             pool = None
+            if fleet is not None:
+                fleet.close()
+                urls = fleet.healthy_urls() or urls
+                fleet = None
         checkpoint.close(final=completed)
         checkpoint = None
+        completions.reset()
         update_manifest(root, completed_prompt_ids=sorted(completed),
                         finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         if judge:
@@ -165,12 +193,15 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
         signal.signal(signal.SIGTERM, previous_sigterm)
         if pool is not None:
             pool.kill()
+        if fleet is not None:
+            fleet.close(timeout=30)
         for server in servers:
             server.stop()
         for spool in (root / "spool").glob("server_*"):
             clear_spool(spool)
         if checkpoint is not None:
             checkpoint.close(final=completed)
+        completions.close()
         if api is not None:
             api.stop()
     result.wall_seconds = time.monotonic() - started
@@ -180,92 +211,55 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
 
 def _reconcile(root: Path, config: RunConfig, layer_ids: list[int], hidden_size: int,
                run_id: str) -> set[str]:
-    """Roll worker dirs back to their last commit; the data wins over the checkpoint file."""
+    """Roll worker dirs back to their last commit; the data wins over the checkpoint
+    (``completed_prompts.json`` and ``completions.log``), which is then rewritten from it."""
     from_data: set[str] = set()
     for wdir in worker_dirs(root):
         from_data |= recover_worker_dir(wdir, storage_format=config.storage_format,
                                         layer_ids=layer_ids, hidden_size=hidden_size,
                                         dtype=config.profile.dtype)
-    recorded = load_completed(root)
+    recorded = load_completed(root) | read_completion_log(root)
     if recorded != from_data:
-        log.warning("completed_prompts.json lists %d prompt(s), the worker data %d: "
+        log.warning("the checkpoint lists %d prompt(s), the worker data %d: "
                     "using the data (%d only in the file, %d only in the data)",
                     len(recorded), len(from_data), len(recorded - from_data),
                     len(from_data - recorded))
     if from_data or recorded:
         write_completed(root, from_data, run_id)
+    log_path = root / layout.COMPLETION_LOG
+    if log_path.exists():  # the snapshot just written covers it
+        truncate_to(log_path, 0)
     return from_data
 
 
-def _drain(pool: WorkerPool, config: RunConfig, root: Path, layer_ids: list[int],
-           model: ModelInfo, board: StatusBoard, checkpoint: CheckpointWriter,
-           completed: set[str], result: RunResult, servers: list[ServerProcess]) -> None:
-    """Consume worker events until every submitted group is done or failed."""
-    since_checkpoint = 0
-    progress = Progress(total=result.total, initial=result.done_before, enabled=config.progress)
-    watchdog = _start_watchdog(pool, config, board, servers)
-    last_check = time.monotonic()
-
+def _committed_in(root: Path, config: RunConfig, layer_ids: list[int], model: ModelInfo):
     def committed_in(worker_id: int) -> set[str]:
         return recover_worker_dir(worker_dir(root, worker_id), storage_format=config.storage_format,
                                   layer_ids=layer_ids, hidden_size=model.hidden_size,
                                   dtype=config.profile.dtype)
+    return committed_in
 
-    try:
-        while pool.outstanding:
-            if watchdog is not None:
-                _restart_stuck_servers(pool, servers, watchdog, board)
-            if time.monotonic() - last_check > 1.0:
-                last_check = time.monotonic()
-                for pid in pool.check_workers(committed_in):
-                    completed.add(pid)
-                    result.done += 1
-                    progress.advance(generations=config.k_samples + 1, tokens=0)
-            event = pool.next_event(timeout=0.5)
-            if event is None:
-                continue
-            kind, wid = event["event"], event.get("worker_id")
-            if kind == "started":
-                board.group_started(wid, event["prompt_id"])
-                board.worker_update(wid, state="generating", current_prompt=event["prompt_id"])
-            elif kind == "done":
-                completed.add(event["prompt_id"])
-                result.done += 1
-                board.group_done(wid, event["prompt_id"], generations=event["generations"],
-                                 tokens=event["tokens"])
-                progress.advance(generations=event["generations"], tokens=event["tokens"])
-                since_checkpoint += 1
-                if since_checkpoint >= config.checkpoint_every:
-                    checkpoint.request(completed)
-                    since_checkpoint = 0
-            elif kind == "failed":
-                result.failed.append(event["prompt_id"])
-                board.group_failed(wid, event["prompt_id"], event["error"])
-                progress.fail()
-                log.error("prompt %s failed on worker %s: %s", event["prompt_id"], wid,
-                          event["error"].get("error_message"))
-            if kind in ("done", "failed") and not pool.in_flight[wid]:
-                board.worker_update(wid, state="idle")
-            if kind == "fatal":
-                raise HallulogError(f"worker {wid} stopped: "
-                                    f"{event['error'].get('error_message')} "
-                                    "(committed work is kept; fix the cause and rerun to resume)")
-    finally:
-        progress.close()
-        if watchdog is not None:
-            watchdog.stop()
+
+def _hang_seconds(config: RunConfig) -> float:
+    """How long a worker may say nothing with groups in flight: generation and capture, each
+    up to three attempts of ``--request-timeout``, plus a minute."""
+    return 6 * config.request_timeout + 60.0
 
 
 def _start_watchdog(pool: WorkerPool, config: RunConfig, board: StatusBoard,
-                    servers: list[ServerProcess]) -> Watchdog | None:
+                    servers: list[ServerProcess], fleet: dict[str, ServerFleet]
+                    ) -> Watchdog | None:
+    """``fleet`` holds the fleet once it exists: only its healthy servers' health is shown
+    from the watchdog (a down or retired server keeps the fleet's word)."""
     if not servers:
         return None
 
     def busy(url: str) -> bool:
-        return any(pool.in_flight[wid] for wid, spec in pool.specs.items()
-                   if spec.server_url == url)
+        return pool.server_load.get(url, 0) > 0
 
     def on_update(seen: ServerProgress) -> None:
+        if "fleet" not in fleet or fleet["fleet"].state(seen.url) != HEALTHY:
+            return
         health = "stalled" if seen.stalled else "healthy" if seen.reachable else "unresponsive"
         board.server_update(seen.url, health=health,
                             in_flight=None if seen.running is None else int(seen.running))
@@ -274,22 +268,26 @@ def _start_watchdog(pool: WorkerPool, config: RunConfig, board: StatusBoard,
                     busy=busy, on_update=on_update).start()
 
 
-def _restart_stuck_servers(pool: WorkerPool, servers: list[ServerProcess], watchdog: Watchdog,
-                           board: StatusBoard) -> None:
-    """Restart servers that died or stalled; their workers are killed so that the pool
-    re-queues the groups they had in flight and starts them again."""
-    stalled = set(watchdog.stalled())
-    for server in servers:
-        if server.url not in stalled and server.alive():
-            continue
-        why = "stalled" if server.url in stalled else "exited"
-        log.error("restarting %s (%s); re-queuing its in-flight prompt groups", server.name, why)
-        board.server_update(server.url, health=f"restarting ({why})")
-        pool.kill_workers([wid for wid, spec in pool.specs.items()
-                           if spec.server_url == server.url])
-        server.restart()
-        watchdog.reset(server.url)
-        board.server_update(server.url, health="healthy", restarts=server.restarts)
+def _fleet(config: RunConfig, servers: list[ServerProcess], pool: WorkerPool,
+           board: StatusBoard, watchdog: Watchdog | None) -> ServerFleet:
+    """Workers follow their server: started when it is healthy, stopped while it is down
+    (their groups go to the other servers), retired with it."""
+
+    def on_up(url: str) -> None:
+        if watchdog is not None:
+            watchdog.reset(url)
+        pool.start(pool.workers_of(url))
+        board.set_phase("running")
+
+    def on_down(url: str, why: str) -> None:
+        pool.stop_workers(pool.workers_of(url), f"server {url} down ({why})")
+
+    def on_retired(url: str, why: str) -> None:
+        pool.retire_workers(pool.workers_of(url), f"server {url} retired ({why})")
+
+    return ServerFleet(servers, board=board, max_restarts=config.server_max_restarts,
+                       backoff=config.server_restart_backoff, on_up=on_up, on_down=on_down,
+                       on_retired=on_retired)
 
 
 def _worker_specs(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: Path,
@@ -305,7 +303,7 @@ def _worker_specs(config: RunConfig, model: ModelInfo, layer_ids: list[int], roo
         sample_temperature=config.sample_temperature, sample_top_p=config.sample_top_p,
         max_tokens=config.max_tokens, seed=config.seed, groups_in_flight=config.groups_in_flight,
         request_timeout=config.request_timeout,
-    ) for i in range(config.num_workers)]
+    ) for i in range(config.worker_count)]
 
 
 def _summary(config: RunConfig, model: ModelInfo, layer_ids: list[int]) -> dict[str, Any]:
@@ -314,7 +312,7 @@ def _summary(config: RunConfig, model: ModelInfo, layer_ids: list[int]) -> dict[
             "k_samples": config.k_samples, "logging_profile": profile.name,
             "target_layers": profile.target_layers, "sequence_mode": profile.sequence_mode,
             "dtype": profile.dtype, "num_layer_ids": len(layer_ids),
-            "storage_format": config.storage_format, "num_workers": config.num_workers,
+            "storage_format": config.storage_format, "num_workers": config.worker_count,
             "max_tokens": config.max_tokens}
 
 

@@ -1,15 +1,26 @@
-"""The in-memory queue and the worker processes (spawn context) that consume it.
+"""The worker processes and the driver's end of their channels.
 
-The pool hands out prompt groups, tracks which groups each worker has in flight, and when a
-worker process dies re-queues those groups and starts it again.
+Every worker has its own duplex pipe (``multiprocessing.Pipe``): the driver sends it prompt
+groups, never more than its ``groups_in_flight`` unresolved at once, and receives one event per
+group back. Nothing is shared between processes that one of them could die holding (the shared
+``multiprocessing.Queue`` this replaces kept a lock that a worker SIGKILLed inside ``get`` never
+released). A dead worker shows up as EOF on its pipe or its process sentinel in
+``multiprocessing.connection.wait``; its in-flight groups are re-queued (minus those it
+committed) and it is started again.
+
+Groups wait in one driver-side deque and go to whichever worker frees a slot first, so a slow
+server simply gets fewer groups. Bookkeeping per event is O(1): a deque of free slots, a dict of
+in-flight ids per worker and a load counter per server.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import queue
-from dataclasses import replace
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 from typing import Any, Callable, Iterable
 
 from contracts.prompt_group import PromptGroup
@@ -19,131 +30,294 @@ __all__ = ["WorkerPool"]
 
 log = logging.getLogger(__name__)
 
+RUNNING, PARKED, RETIRED = "running", "parked", "retired"
+
+
+@dataclass
+class _Worker:
+    spec: WorkerSpec
+    state: str = PARKED
+    proc: Any = None
+    conn: Any = None
+    generation: int = 0
+    in_flight: dict[str, None] = field(default_factory=dict)  # insertion-ordered set
+    last_heard: float = 0.0
+    deaths: int = 0  # consecutive deaths without a resolved group in between
+    why: str = ""
+
 
 class WorkerPool:
-    """N worker processes reading one task queue and writing one result queue."""
+    """Worker processes, one pipe each; the driver calls :meth:`next_events` in a loop.
 
-    def __init__(self, specs: list[WorkerSpec], *, max_restarts: int = 3) -> None:
+    ``committed_in(worker_id)`` rolls a dead worker's directory back to its last commit and
+    returns the prompt ids committed there (they count as done, not re-queued). A worker that
+    dies more than ``max_restarts`` times in a row without resolving a group is retired. A
+    worker that says nothing for ``hang_seconds`` while it has groups in flight is killed (and
+    handled like any dead worker).
+    """
+
+    def __init__(self, specs: list[WorkerSpec], *, committed_in: Callable[[int], set[str]],
+                 target: Callable[..., None] = worker_main, max_restarts: int = 5,
+                 hang_seconds: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._ctx = mp.get_context("spawn")
-        self.tasks = self._ctx.Queue()
-        self.results = self._ctx.Queue()
-        self.specs = {s.worker_id: s for s in specs}
-        self.processes: dict[int, Any] = {}
-        self.in_flight: dict[int, set[str]] = {s.worker_id: set() for s in specs}
-        self.restarts: dict[int, int] = {s.worker_id: 0 for s in specs}
+        self._target = target
+        self._committed_in = committed_in
         self.max_restarts = max_restarts
-        self._groups: dict[str, PromptGroup] = {}
+        self.hang_seconds = hang_seconds
+        self._clock = clock
+        self.workers = {s.worker_id: _Worker(s) for s in specs}
+        self.server_load: dict[str, int] = {s.server_url: 0 for s in specs}
         self.outstanding: set[str] = set()
-        self._closed = False
+        self._groups: dict[str, PromptGroup] = {}
+        self._pending: deque[PromptGroup] = deque()
+        self._free: deque[tuple[int, int]] = deque()  # (worker id, generation): one per slot
+        self._events: list[dict[str, Any]] = []  # produced by the pool itself
+        self._waitables: dict[Any, tuple[int, bool]] | None = None
+        self._closing = False
 
-    def start(self) -> None:
-        for worker_id in self.specs:
-            self._spawn(worker_id)
+    # ---- lifecycle ---------------------------------------------------------------------------
 
-    def _spawn(self, worker_id: int) -> None:
-        proc = self._ctx.Process(target=worker_main, name=f"hallulog-worker-{worker_id}",
-                                 args=(self.specs[worker_id], self.tasks, self.results),
-                                 daemon=False)
+    @property
+    def specs(self) -> dict[int, WorkerSpec]:
+        return {wid: w.spec for wid, w in self.workers.items()}
+
+    def workers_of(self, server_url: str) -> list[int]:
+        return [wid for wid, w in self.workers.items() if w.spec.server_url == server_url]
+
+    def start(self, worker_ids: Iterable[int] | None = None) -> None:
+        """Start these workers (default: all that are not running or retired)."""
+        for wid in list(self.workers) if worker_ids is None else worker_ids:
+            if self.workers[wid].state != RETIRED and self.workers[wid].proc is None:
+                self._spawn(wid)
+        self._dispatch()
+
+    def _spawn(self, wid: int) -> None:
+        w = self.workers[wid]
+        here, there = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(target=self._target, name=f"hallulog-worker-{wid}",
+                                 args=(w.spec, there), daemon=False)
         proc.start()
-        self.processes[worker_id] = proc
+        there.close()  # only the worker holds its end: its death is our EOF
+        w.proc, w.conn, w.state = proc, here, RUNNING
+        w.generation += 1
+        w.last_heard = self._clock()
+        self._free.extend([(wid, w.generation)] * w.spec.groups_in_flight)
+        self._waitables = None
+
+    def stop_workers(self, worker_ids: Iterable[int], why: str) -> None:
+        """Kill these workers now and keep them down (their server is down); their groups are
+        re-queued for the others. :meth:`start` brings them back."""
+        for wid in worker_ids:
+            w = self.workers[wid]
+            if w.state == RETIRED:
+                continue
+            w.state, w.why = PARKED, why
+            if w.proc is not None:
+                w.proc.kill()
+                self._on_death(wid)
+        self._dispatch()
+
+    def retire_workers(self, worker_ids: Iterable[int], why: str) -> None:
+        """Stop these workers for good (their server is retired)."""
+        self.stop_workers(worker_ids, why)
+        for wid in worker_ids:
+            self.workers[wid].state = RETIRED
+
+    def running(self) -> int:
+        """How many workers are running."""
+        return sum(1 for w in self.workers.values() if w.state == RUNNING)
+
+    def retired_reasons(self) -> dict[int, str]:
+        return {wid: w.why for wid, w in self.workers.items() if w.state == RETIRED}
+
+    # ---- work --------------------------------------------------------------------------------
 
     def submit(self, groups: Iterable[PromptGroup]) -> None:
-        """Queue groups (each must be resolved by a done/failed event before close)."""
+        """Queue groups (each is resolved by a done/failed/recovered event before close)."""
         for group in groups:
             self._groups[group.prompt_id] = group
             self.outstanding.add(group.prompt_id)
-            self.tasks.put(group)
+            self._pending.append(group)
+        self._dispatch()
 
-    def next_event(self, timeout: float) -> dict[str, Any] | None:
-        """The next worker event (None on timeout); keeps in-flight bookkeeping."""
-        try:
-            event = self.results.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        wid, pid = event.get("worker_id"), event.get("prompt_id")
-        kind = event["event"]
-        if kind == "started":
-            self.in_flight[wid].add(pid)
-        elif kind in ("done", "failed"):
-            self.in_flight[wid].discard(pid)
-            self.outstanding.discard(pid)
-        elif kind == "requeue":
-            self.in_flight[wid].discard(pid)
-            self.tasks.put(self._groups[pid])
-        return event
+    def _dispatch(self) -> None:
+        while self._pending and self._free:
+            wid, generation = self._free.popleft()
+            w = self.workers[wid]
+            if w.state != RUNNING or w.generation != generation:
+                continue  # a slot of a worker that has since died
+            group = self._pending.popleft()
+            if not w.in_flight:
+                w.last_heard = self._clock()
+            w.in_flight[group.prompt_id] = None
+            self.server_load[w.spec.server_url] += 1
+            self._events.append({"event": "dispatched", "worker_id": wid,
+                                 "prompt_id": group.prompt_id})
+            try:
+                w.conn.send(group)
+            except OSError:  # dead already: its sentinel is ready, the group is re-queued then
+                log.warning("worker %d: pipe closed while sending %s", wid, group.prompt_id)
 
-    def check_workers(self, committed_in: Callable[[int], set[str]]) -> list[str]:
-        """Restart workers that died; re-queue their in-flight groups.
+    def next_events(self, timeout: float) -> list[dict[str, Any]]:
+        """Every event ready within ``timeout`` s (empty on timeout), bookkeeping done.
 
-        ``committed_in(worker_id)`` rolls the dead worker's directory back and returns the prompt
-        ids it committed: those count as done, not re-queued. Returns those prompt ids.
+        Worker events: ``done``, ``failed``, ``fatal``. The pool's own: ``dispatched`` (a group
+        sent to a worker), ``recovered`` (a dead worker had committed it: done),
+        ``worker_died`` and ``worker_retired``.
         """
-        recovered: list[str] = []
-        for wid, proc in list(self.processes.items()):
-            if proc.is_alive() or proc.exitcode == 0 or self._closed:
+        if self._events:
+            timeout = 0
+        if self._waitables is None:
+            self._waitables = {}
+            for wid, w in self.workers.items():
+                if w.proc is not None:
+                    self._waitables[w.conn] = (wid, False)
+                    self._waitables[w.proc.sentinel] = (wid, True)
+        ready = wait(list(self._waitables), timeout) if self._waitables else []
+        if not self._waitables and timeout:
+            time.sleep(timeout)
+        dead: list[int] = []
+        for obj in ready:
+            wid, is_sentinel = self._waitables[obj]
+            if wid in dead:
                 continue
-            lost = self.in_flight[wid]
-            log.error("worker %d died (exit code %s) with %d group(s) in flight", wid,
-                      proc.exitcode, len(lost))
-            committed = committed_in(wid)
-            for pid in sorted(lost):
-                if pid in committed:
-                    recovered.append(pid)
-                    self.outstanding.discard(pid)
-                else:
-                    self.tasks.put(self._groups[pid])
-            self.in_flight[wid] = set()
-            if self.restarts[wid] >= self.max_restarts:
-                raise RuntimeError(f"worker {wid} died {self.restarts[wid] + 1} times; giving up "
-                                   "(see its errors.jsonl and the log above)")
-            self.restarts[wid] += 1
-            self._spawn(wid)
-        return recovered
+            if not self._drain(wid) or is_sentinel:
+                dead.append(wid)
+        for wid in dead:
+            self._on_death(wid)
+        self._dispatch()
+        events, self._events = self._events, []
+        return events
 
-    def retarget(self, worker_ids: Iterable[int], server_url: str) -> None:
-        """Point future restarts of these workers at another server URL."""
-        for wid in worker_ids:
-            self.specs[wid] = replace(self.specs[wid], server_url=server_url)
+    def _drain(self, wid: int) -> bool:
+        """Handle what the worker's pipe holds; False at EOF."""
+        w = self.workers[wid]
+        try:
+            while w.conn.poll():
+                self._handle(wid, w.conn.recv())
+        except (EOFError, OSError):
+            return False
+        return True
+
+    def _handle(self, wid: int, event: dict[str, Any]) -> None:
+        w = self.workers[wid]
+        w.last_heard = self._clock()
+        kind, pid = event.get("event"), event.get("prompt_id")
+        if kind in ("done", "failed", "requeue"):
+            if pid not in w.in_flight:
+                log.warning("worker %d reported %s for %s, which it did not hold", wid, kind, pid)
+                return
+            del w.in_flight[pid]
+            self.server_load[w.spec.server_url] -= 1
+            if kind == "requeue":  # a worker that went fatal hands back what it holds
+                self._pending.appendleft(self._groups[pid])
+                return
+            self.outstanding.discard(pid)
+            self._groups.pop(pid, None)
+            w.deaths = 0
+            self._free.append((wid, w.generation))
+        self._events.append(event)
+
+    def _on_death(self, wid: int) -> None:
+        w = self.workers[wid]
+        proc, lost = w.proc, list(w.in_flight)
+        proc.join(timeout=5)
+        if proc.is_alive():  # EOF without an exit: make it one
+            proc.kill()
+            proc.join(timeout=10)
+        w.conn.close()
+        w.proc = w.conn = None
+        w.in_flight = {}
+        self._waitables = None
+        self.server_load[w.spec.server_url] -= len(lost)
+        committed = self._committed_in(wid)  # rolls the directory back before any restart
+        requeued = []
+        for pid in reversed(lost):
+            if pid in committed:
+                self.outstanding.discard(pid)
+                self._groups.pop(pid, None)
+                self._events.append({"event": "recovered", "worker_id": wid, "prompt_id": pid})
+            else:
+                requeued.append(pid)
+                self._pending.appendleft(self._groups[pid])
+        expected = self._closing or w.state != RUNNING
+        if not expected or lost:
+            log.log(logging.INFO if expected else logging.ERROR,
+                    "worker %d %s (exit code %s) with %d group(s) in flight: re-queued %s",
+                    wid, "stopped" if expected else "died", proc.exitcode, len(lost),
+                    ", ".join(reversed(requeued)) or "none")
+        self._events.append({"event": "worker_died", "worker_id": wid,
+                             "exitcode": proc.exitcode, "requeued": len(requeued),
+                             "expected": expected})
+        if expected:
+            return
+        w.deaths += 1
+        if w.deaths > self.max_restarts:
+            w.state = RETIRED
+            w.why = f"died {w.deaths} times in a row (last exit code {proc.exitcode})"
+            log.error("worker %d retired: %s; see its errors.jsonl", wid, w.why)
+            self._events.append({"event": "worker_retired", "worker_id": wid, "why": w.why})
+            return
+        self._spawn(wid)
+
+    # ---- deadlines ---------------------------------------------------------------------------
+
+    def kill_hung(self) -> list[int]:
+        """Kill workers silent for ``hang_seconds`` with groups in flight; returns their ids."""
+        if self.hang_seconds is None:
+            return []
+        now, hung = self._clock(), []
+        for wid, w in self.workers.items():
+            if w.proc is not None and w.in_flight and now - w.last_heard > self.hang_seconds:
+                log.error("worker %d said nothing for %.0f s with %s in flight: killing it", wid,
+                          now - w.last_heard, ", ".join(w.in_flight))
+                w.proc.kill()
+                hung.append(wid)
+        return hung
+
+    def describe_wait(self) -> str:
+        """What the driver is waiting for: groups per worker, and the queue."""
+        parts = [f"worker {wid} ({w.state}, {w.spec.server_url}): {', '.join(w.in_flight)}"
+                 for wid, w in self.workers.items() if w.in_flight]
+        return "; ".join(parts + [f"{len(self._pending)} group(s) queued"])
+
+    # ---- shutdown ----------------------------------------------------------------------------
 
     def close(self, timeout: float = 60.0) -> None:
-        """Tell every worker to finish, wait, and terminate stragglers."""
-        self._closed = True
-        for _ in self.processes:
-            self.tasks.put(None)
-        for wid, proc in self.processes.items():
-            proc.join(timeout=timeout)
-            if proc.is_alive():
-                log.warning("worker %d did not exit: terminating", wid)
-                proc.terminate()
-                proc.join(timeout=10)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join()
-        # drain so the queues' feeder threads can exit
-        for q in (self.tasks, self.results):
-            try:
-                while True:
-                    q.get_nowait()
-            except (queue.Empty, OSError, ValueError):
-                pass
-
-    def kill_workers(self, worker_ids: Iterable[int]) -> None:
-        """SIGKILL these workers; ``check_workers`` then re-queues their groups and restarts
-        them (used when their server is restarted under them)."""
-        for wid in worker_ids:
-            proc = self.processes.get(wid)
-            if proc is not None and proc.is_alive():
-                proc.kill()
-                proc.join(timeout=10)
+        """Tell every worker to finish, wait (bounded), and terminate stragglers."""
+        self._closing = True
+        for w in self.workers.values():
+            if w.conn is not None:
+                try:
+                    w.conn.send(None)
+                except OSError:
+                    pass
+        deadline = self._clock() + timeout
+        for wid, w in self.workers.items():
+            if w.proc is None:
+                continue
+            w.proc.join(timeout=max(0.0, deadline - self._clock()))
+            if w.proc.is_alive():
+                log.warning("worker %d did not exit in %.0f s: terminating", wid, timeout)
+                w.proc.terminate()
+                w.proc.join(timeout=10)
+                if w.proc.is_alive():
+                    w.proc.kill()
+                    w.proc.join()
+            w.conn.close()
+            w.proc = w.conn = None
+        self._waitables = None
 
     def kill(self) -> None:
         """Stop every worker at once (orchestrator shutting down on an error)."""
-        self._closed = True
-        # Nobody will read what is still queued: do not let interpreter exit wait on the pipes.
-        self.tasks.cancel_join_thread()
-        self.results.cancel_join_thread()
-        for proc in self.processes.values():
-            if proc.is_alive():
-                proc.kill()
-        for proc in self.processes.values():
-            proc.join(timeout=10)
+        self._closing = True
+        live = [w for w in self.workers.values() if w.proc is not None]
+        for w in live:
+            if w.proc.is_alive():
+                w.proc.kill()
+        for w in live:
+            w.proc.join(timeout=10)
+            w.conn.close()
+            w.proc = w.conn = None
+        self._waitables = None

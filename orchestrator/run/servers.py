@@ -245,8 +245,10 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def start_servers(config: "RunConfig", model: ModelInfo, layer_ids: list[int], root: Path,
-                  cache_dir: Path, board: "StatusBoard") -> tuple[list[ServerProcess], list[str]]:
-    """Start one managed server per GPU (or one on CPU) and wait until all are healthy;
+                  cache_dir: Path, board: "StatusBoard", *, wait: bool = True
+                  ) -> tuple[list[ServerProcess], list[str]]:
+    """Start one managed server per GPU (or one on CPU) and wait until all are healthy
+    (``wait=False``: only spawn them; ``run.fleet`` then waits for each);
     with ``--manage-servers false`` just report the given URLs. Returns (servers, urls)."""
     if not config.manage_servers:
         for url in config.server_urls:
@@ -283,7 +285,7 @@ def start_servers(config: "RunConfig", model: ModelInfo, layer_ids: list[int], r
         for server in servers:
             server.start()
             board.server_update(server.url, health="starting", restarts=0, in_flight=0)
-        for server in servers:
+        for server in servers if wait else ():
             seconds = server.wait_ready()
             board.server_update(server.url, health="healthy")
             log.info("%s ready in %.1f s", server.name, seconds)
