@@ -1,0 +1,143 @@
+"""Several servers, killed workers, a server that dies at start-up: the real run, end to end.
+
+Two managed embedded servers on CPU (``--gpus 0,1``: one per "GPU"), the real worker and the
+real SmolLM2 model. Prompts are few and answers short: these runs are about the run loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import REPO, orchestrator_cmd, read_jsonl, worker_rows
+
+pytestmark = pytest.mark.e2e
+
+ARGS = ["--gpus", "0,1", "--k-samples", "1", "--max-tokens", "4", "--groups-in-flight", "1",
+        "--log-level", "INFO", "--request-timeout", "300"]
+
+
+def _committed(root: Path) -> int:
+    return sum(len(p.read_text().splitlines()) for p in root.glob("worker_*/prompt_index.jsonl"))
+
+
+def _worker_pids(orchestrator_pid: int) -> list[int]:
+    """The orchestrator's spawned worker processes (multiprocessing spawn children)."""
+    try:
+        children = Path(f"/proc/{orchestrator_pid}/task/{orchestrator_pid}/children").read_text()
+    except OSError:
+        return []
+    pids = []
+    for pid in map(int, children.split()):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline:
+            pids.append(pid)
+    return pids
+
+
+def _generations_per_prompt(root: Path) -> collections.Counter:
+    return collections.Counter(g["prompt_id"] for g in
+                               read_jsonl(root / "consolidated" / "generations.jsonl"))
+
+
+def _assert_complete(root: Path, prompts: int, k: int = 1) -> None:
+    per_prompt = _generations_per_prompt(root)
+    assert len(per_prompt) == prompts, per_prompt
+    assert set(per_prompt.values()) == {k + 1}, per_prompt
+    ids = [p["prompt_id"] for p in read_jsonl(root / "consolidated" / "prompt_index.jsonl")]
+    assert len(ids) == len(set(ids)) == prompts
+    completed = json.loads((root / "completed_prompts.json").read_text())["completed"]
+    assert sorted(completed) == sorted(ids)
+
+
+def test_two_servers_share_the_work_and_sigkilled_workers_lose_nothing(tmp_path: Path):
+    """Default: one worker per server, both busy; SIGKILL workers at random moments."""
+    prompts = 8
+    proc = subprocess.Popen(orchestrator_cmd(tmp_path, "--limit", str(prompts), *ARGS),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rng = random.Random(3)
+    killed = []
+
+    def killer():
+        for threshold in (1, 4):
+            while _committed(tmp_path) < threshold and proc.poll() is None:
+                time.sleep(0.2)
+            time.sleep(rng.uniform(0, 3))
+            pids = _worker_pids(proc.pid)
+            if pids and proc.poll() is None:
+                victim = rng.choice(pids)
+                os.kill(victim, signal.SIGKILL)
+                killed.append(victim)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        out, err = proc.communicate(timeout=1500)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    thread.join(timeout=5)
+    assert proc.returncode == 0, err[-4000:]
+    assert len(killed) == 2, err[-4000:]
+    assert err.count("died (exit code -9)") == 2, err[-4000:]
+    _assert_complete(tmp_path, prompts)
+    per_server = collections.Counter(r["worker_id"] for r in
+                                     worker_rows(tmp_path, "prompt_index.jsonl"))
+    # worker i talks to server i: each served a fair share of the 8 prompts
+    assert set(per_server) == {0, 1} and min(per_server.values()) >= 2, per_server
+    manifest = json.loads((tmp_path / "run_manifest.json").read_text())
+    assert manifest["worker_count"] == 2
+
+
+def test_server_dying_at_startup_is_retried_then_retired_and_the_run_finishes(tmp_path: Path):
+    """server_1 is SIGKILLed during every start-up: retried with backoff, then retired; the
+    run finishes on server_0, every prompt with K+1 generations."""
+    prompts = 4
+    pidfile = tmp_path / "servers" / "server_1.pid"
+    proc = subprocess.Popen(orchestrator_cmd(tmp_path, "--limit", str(prompts), *ARGS,
+                                             "--server-max-restarts", "1",
+                                             "--server-restart-backoff", "1"),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    kills = []
+
+    def killer():
+        while proc.poll() is None:
+            try:
+                pid = int(pidfile.read_text())
+            except (OSError, ValueError):
+                pid = None
+            if pid is not None and pid not in kills:
+                time.sleep(1.0)  # it is loading the model now
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                    kills.append(pid)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        out, err = proc.communicate(timeout=1500)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    thread.join(timeout=5)
+    assert proc.returncode == 0, err[-4000:]
+    assert len(kills) == 2, (kills, err[-4000:])
+    assert "retiring server_1" in err, err[-4000:]
+    assert "restarting server_1 (start failed" in err, err[-4000:]
+    _assert_complete(tmp_path, prompts)
+    assert {r["worker_id"] for r in worker_rows(tmp_path, "prompt_index.jsonl")} == {0}
