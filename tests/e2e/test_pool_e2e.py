@@ -141,3 +141,59 @@ def test_server_dying_at_startup_is_retried_then_retired_and_the_run_finishes(tm
     assert "restarting server_1 (start failed" in err, err[-4000:]
     _assert_complete(tmp_path, prompts)
     assert {r["worker_id"] for r in worker_rows(tmp_path, "prompt_index.jsonl")} == {0}
+
+
+def _worker_pid(orchestrator_pid: int, worker_id: int) -> int | None:
+    """The pid of the worker process that has ``worker_{id}/`` files open."""
+    for pid in _worker_pids(orchestrator_pid):
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if f"/worker_{worker_id}/" in target:
+                return pid
+    return None
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_worker_killed_while_idle_in_receive_is_replaced_and_takes_work(tmp_path: Path):
+    """Two workers on one server, two prompts: worker 0 takes both, worker 1 waits in its
+    channel's receive. SIGKILL worker 1 there (the old shared queue hung its replacement),
+    then SIGKILL worker 0 with both groups in flight: the replacement of worker 1 runs them."""
+    proc = subprocess.Popen(orchestrator_cmd(tmp_path, "--limit", "2", "--k-samples", "1",
+                                             "--max-tokens", "4", "--num-workers", "2",
+                                             "--groups-in-flight", "2", "--log-level", "INFO"),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        idle = _wait_for(lambda: proc.poll() is None and _worker_pid(proc.pid, 1), 900,
+                         "worker 1")
+        busy = _wait_for(lambda: _worker_pid(proc.pid, 0), 60, "worker 0")
+        time.sleep(1.0)
+        os.kill(idle, signal.SIGKILL)
+        _wait_for(lambda: _worker_pid(proc.pid, 1) not in (None, idle), 120,
+                  "worker 1's replacement")
+        assert _committed(tmp_path) == 0, "too late: worker 0 already committed"
+        os.kill(busy, signal.SIGKILL)
+        out, err = proc.communicate(timeout=1200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-4000:]
+    assert "worker 1 died (exit code -9) with 0 group(s) in flight" in err, err[-4000:]
+    assert "worker 0 died (exit code -9) with 2 group(s) in flight" in err, err[-4000:]
+    _assert_complete(tmp_path, 2)
+    assert len(read_jsonl(tmp_path / "worker_1" / "prompt_index.jsonl")) >= 1

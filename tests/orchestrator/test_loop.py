@@ -112,3 +112,32 @@ def test_workers_default_to_one_per_server_and_fewer_are_refused():
         RunConfig(gpus=(0, 1, 2, 3), num_workers=1)
     with pytest.raises(ConfigError, match=r"--num-workers"):
         RunConfig(manage_servers=False, server_urls=("http://a", "http://b"), num_workers=1)
+
+
+class _RetiredFleet:
+    def poll(self, stalled=()):
+        pass
+
+    def progressed(self, url):
+        pass
+
+    def all_retired(self):
+        return True
+
+    def recovering(self):
+        return False
+
+    def retired_reasons(self):
+        return "server_0 (http://x): exited with code -9; failed 4 time(s) in a row"
+
+
+def test_run_fails_naming_the_reasons_when_every_server_is_retired(tmp_path):
+    drive = _drive(tmp_path, ["fake://fast"], _groups(2))
+    drive.pool.retire_workers([0], "server retired")
+    drive.fleet = _RetiredFleet()
+    try:
+        with pytest.raises(HallulogError, match=r"every server is retired.*2 remaining.*"
+                                                r"server_0 \(http://x\): exited with code -9"):
+            drive.run()
+    finally:
+        _finish(drive)
