@@ -109,3 +109,43 @@ def test_every_seed_has_a_top_level_heading():
     for key in headings:
         if "§" in key:
             assert key.split(" §")[0] in headings, f"{key} has no top-level seed heading"
+
+
+# ---- what these pages name exists ---------------------------------------------------------------
+
+OWN_DOCS = [SPEC, REPO / "docs" / "formats" / "worker-jsonl.md",
+            REPO / "docs" / "formats" / "consolidated-jsonl.md"]
+_PACKAGES = "api|bench|contracts|docs|orchestrator|serving|storage|tests|workers|scripts|hallulog_vllm"
+REPO_PATH = re.compile(rf"(?<![\w./{{}}-])((?:{_PACKAGES})/[\w./-]*\w)")
+PY_NAME = re.compile(r"`((?:contracts|orchestrator|storage|workers|serving|api)(?:\.\w+)+)")
+
+
+def _resolves(dotted: str) -> bool:
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_named_paths_and_python_names_exist():
+    """Every repository path (``storage/saev.py``) and dotted Python name
+    (``workers.persist.recover_worker_dir``) these pages mention exists."""
+    missing = []
+    for doc in OWN_DOCS:
+        text = doc.read_text(encoding="utf-8")
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            where = f"{doc.relative_to(REPO)}:{lineno}"
+            missing += [f"{where}: {p}" for p in REPO_PATH.findall(line)
+                        if not (REPO / p).exists()]
+            missing += [f"{where}: {n}" for n in PY_NAME.findall(line) if not _resolves(n)]
+    assert not missing, "named but not in the repository:\n" + "\n".join(missing)
