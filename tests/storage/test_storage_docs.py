@@ -1,5 +1,6 @@
 """Each docs/formats/*.md field table matches the code's constants and what the code writes."""
 
+import base64
 import json
 import os
 import re
@@ -85,6 +86,12 @@ def test_written_metadata_has_exactly_the_documented_keys(tmp_path):
     g = r._zarr()
     for name, dt in zarr_store.ARRAYS.items():
         assert g[f"arrays/{name}"].dtype.str.startswith(dt)
+    for name, cells in tables("zarr.md")["arrays"].items():  # fill values valid under the v2 spec
+        fv = json.load(open(tmp_path / "z" / "activations" / "activations.zarr" / "arrays" / name / ".zarray"))["fill_value"]
+        if cells[3] == "base64 of itemsize zero bytes":
+            assert base64.b64decode(fv) == bytes(g[f"arrays/{name}"].dtype.itemsize), name
+        else:
+            assert fv == int(cells[3]), name
     zd = tmp_path / "z" / "activations"
     assert set(json.loads(open(zd / "commit.log").readline())) == set(zarr_store.RECORD_FIELDS)
     assert set(json.loads(open(zd / "activations.zarr" / "text" / "samples.jsonl").readline())) == set(
