@@ -25,6 +25,7 @@ from ._export_dir import staged_dir
 from ._io import atomic_write_bytes
 from .base import ActivationReader
 from .errors import ManifestError, StorageError
+from .registry import open_store
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +145,6 @@ def export_saelens(src, dst, layer: int, context_size: int = 128, hook_name: str
     end. ``hook_name`` defaults to ``hook_name_for(layer)``; use the same one (and the same
     ``context_size``, ``d_in``) in SAELens' config. Returns the sidecar dict.
     """
-    from .registry import open_store
-
     if dtype not in DTYPES:
         raise ValueError(f"dtype: {dtype!r} is not one of {DTYPES}")
     if int(context_size) < 1:

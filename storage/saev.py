@@ -28,6 +28,7 @@ from ._export_dir import staged_dir
 from ._io import atomic_write_bytes, write_all
 from .base import ActivationReader
 from .errors import CorruptShardError, ManifestError, StorageError
+from .registry import open_store
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +150,6 @@ def export_saev(src, dst, layers=None, max_tokens_per_shard: int = DEFAULT_MAX_T
     ids (default every stored layer). ``family`` must be one of ``SAEV_FAMILIES`` (saev type-checks
     it). Files are built in a temporary sibling of ``dst`` and renamed at the end.
     """
-    from .registry import open_store
-
     if family not in SAEV_FAMILIES:
         raise ValueError(f"family: {family!r} is not one saev accepts {SAEV_FAMILIES}")
     reader = src if isinstance(src, ActivationReader) else open_store(src)
