@@ -27,7 +27,7 @@ from storage import ManifestError, StorageError, open_store
 from storage import saev
 
 LAYERS = [0, 3, 7, 12]
-LENGTHS = [(2, 3), (0, 4), (5, 6), (1, 1), (3, 0), (4, 4), (2, 2)]  # 37 real token rows
+LENGTHS = [(2, 3), (0, 4), (5, 6), (0, 0), (1, 1), (3, 0), (4, 4), (2, 2)]  # 37 real token rows
 
 #: saev head, src/saev/data/shards.py, ``Metadata`` field types and ``Literal`` values
 HEAD_METADATA = {
@@ -118,6 +118,7 @@ def test_store_side_round_trip(exported):
 
 def test_one_layer_exact_single_shard(tmp_path):
     make_store(tmp_path / "run", n=3, lengths=[(1, 2), (2, 2), (0, 3)])
+    (tmp_path / "d").mkdir()  # an existing empty directory is a valid target
     out = pathlib.Path(saev.export_saev(tmp_path / "run", tmp_path / "d", layers=[12]))
     md = head_load(out)
     assert md["layers"] == [12] and md["max_tokens_per_shard"] == 10  # budget shrunk to the data: exact
