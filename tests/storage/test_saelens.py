@@ -15,12 +15,11 @@ from importlib.metadata import version
 import numpy as np
 import pytest
 from test_storage_docs import DOCS, tables
-from test_wds import H, L, make_store
+from test_wds import H, make_store
 
 from storage import StorageError
 from storage import saelens
 
-LAYERS = [0, 3, 7, 12]
 LENGTHS = [(2, 3), (0, 4), (5, 6), (1, 1), (3, 0), (4, 4), (2, 2)]  # 37 token rows
 C = 4  # context_size: 9 rows, 1 token dropped
 
