@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from .errors import StorageError
+    from .errors import StorageError, UnknownFormatError
 
     try:
         if args.kind == "wds":
@@ -75,6 +75,9 @@ def main(argv=None) -> int:
 
             out = export_sft(args.src, args.dst, pack_size=args.pack_size, select=args.select,
                              bins_per_shard=args.bins_per_shard)
+    except UnknownFormatError as e:
+        print(f"error: src: {e}", file=sys.stderr)
+        return 2
     except (StorageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
