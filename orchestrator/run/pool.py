@@ -86,13 +86,19 @@ class WorkerPool:
         return [wid for wid, w in self.workers.items() if w.spec.server_url == server_url]
 
     def start(self, worker_ids: Iterable[int] | None = None) -> None:
-        """Start these workers (default: all that are not running or retired)."""
-        for wid in list(self.workers) if worker_ids is None else worker_ids:
-            if self.workers[wid].state != RETIRED and self.workers[wid].proc is None:
-                self._spawn(wid)
+        """Start these workers (default: all that are not running or retired). Their free
+        slots are interleaved, so that a few groups spread over the workers (and servers)."""
+        started = [wid for wid in (list(self.workers) if worker_ids is None else worker_ids)
+                   if self.workers[wid].state != RETIRED and self.workers[wid].proc is None]
+        for wid in started:
+            self._spawn(wid, slots=False)
+        for slot in range(max((self.workers[w].spec.groups_in_flight for w in started),
+                              default=0)):
+            self._free.extend((wid, self.workers[wid].generation) for wid in started
+                              if slot < self.workers[wid].spec.groups_in_flight)
         self._dispatch()
 
-    def _spawn(self, wid: int) -> None:
+    def _spawn(self, wid: int, slots: bool = True) -> None:
         w = self.workers[wid]
         here, there = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(target=self._target, name=f"hallulog-worker-{wid}",
@@ -102,7 +108,8 @@ class WorkerPool:
         w.proc, w.conn, w.state = proc, here, RUNNING
         w.generation += 1
         w.last_heard = self._clock()
-        self._free.extend([(wid, w.generation)] * w.spec.groups_in_flight)
+        if slots:
+            self._free.extend([(wid, w.generation)] * w.spec.groups_in_flight)
         self._waitables = None
 
     def stop_workers(self, worker_ids: Iterable[int], why: str) -> None:

@@ -194,3 +194,16 @@ def test_close_is_bounded_even_with_a_stuck_worker(tmp_path, n):
     started = time.monotonic()
     pool.close(timeout=1.0)
     assert time.monotonic() - started < 15
+
+
+def test_few_groups_spread_over_the_workers(tmp_path):
+    pool = _pool(tmp_path, ["fake://a", "fake://b", "fake://c"], slots=4)
+    groups = _groups(3, sleep=0.5)
+    pool.submit(groups)
+    pool.start()
+    try:
+        assert [len(w.in_flight) for w in pool.workers.values()] == [1, 1, 1]
+        assert pool.server_load == {"fake://a": 1, "fake://b": 1, "fake://c": 1}
+        _drain(pool, timeout=30)
+    finally:
+        pool.close()
