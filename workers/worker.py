@@ -4,8 +4,8 @@ on the same pipe.
 
 The channel is one duplex ``multiprocessing`` connection per worker: the driver sends
 ``PromptGroup`` objects (at most ``groups_in_flight`` unresolved at once) and ``None`` to stop;
-the worker sends one event per group (``done`` or ``failed``), plus ``fatal`` when it cannot go
-on. No lock is shared with another process, so a worker killed at any moment leaves the driver
+the worker sends ``ready`` once it is up, then one event per group (``done`` or ``failed``),
+plus ``fatal`` when it cannot go on. No lock is shared with another process, so a worker killed at any moment leaves the driver
 an EOF, never a held lock. Several groups are in flight at once (asyncio); persisting is
 serialised so that groups commit one at a time (see ``workers.persist``).
 """
@@ -136,6 +136,8 @@ class _Worker:
         threading.Thread(target=self.channel.reader, args=(asyncio.get_running_loop(), inbox),
                          name="channel-reader", daemon=True).start()
         tasks: set[asyncio.Task] = set()
+        # once per process: the driver counts its groups as work on the server from now on
+        self.channel.send({"event": "ready", "worker_id": self.spec.worker_id})
         try:
             while True:
                 group = await inbox.get()

@@ -254,7 +254,7 @@ def _start_watchdog(pool: WorkerPool, config: RunConfig, board: StatusBoard,
         return None
 
     def busy(url: str) -> bool:
-        return pool.server_load.get(url, 0) > 0
+        return pool.busy(url)
 
     def on_update(seen: ServerProgress) -> None:
         if "fleet" not in fleet or fleet["fleet"].state(seen.url) != HEALTHY:

@@ -43,6 +43,7 @@ class _Worker:
     in_flight: dict[str, None] = field(default_factory=dict)  # insertion-ordered set
     last_heard: float = 0.0
     deaths: int = 0  # consecutive deaths without a resolved group in between
+    ready: bool = False  # said "ready": its groups are work on its server now
     why: str = ""
 
 
@@ -85,6 +86,12 @@ class WorkerPool:
     def workers_of(self, server_url: str) -> list[int]:
         return [wid for wid, w in self.workers.items() if w.spec.server_url == server_url]
 
+    def busy(self, server_url: str) -> bool:
+        """Whether a worker that is up has groups in flight on this server (the watchdog's
+        view: a worker still starting has sent no request yet)."""
+        return any(w.ready and w.in_flight for w in self.workers.values()
+                   if w.spec.server_url == server_url)
+
     def start(self, worker_ids: Iterable[int] | None = None) -> None:
         """Start these workers (default: all that are not running or retired). Their free
         slots are interleaved, so that a few groups spread over the workers (and servers)."""
@@ -105,7 +112,7 @@ class WorkerPool:
                                  args=(w.spec, there), daemon=False)
         proc.start()
         there.close()  # only the worker holds its end: its death is our EOF
-        w.proc, w.conn, w.state = proc, here, RUNNING
+        w.proc, w.conn, w.state, w.ready = proc, here, RUNNING, False
         w.generation += 1
         w.last_heard = self._clock()
         if slots:
@@ -211,6 +218,9 @@ class WorkerPool:
         w = self.workers[wid]
         w.last_heard = self._clock()
         kind, pid = event.get("event"), event.get("prompt_id")
+        if kind == "ready":
+            w.ready = True
+            return
         if kind in ("done", "failed", "requeue"):
             if pid not in w.in_flight:
                 log.warning("worker %d reported %s for %s, which it did not hold", wid, kind, pid)

@@ -68,6 +68,7 @@ def fake_worker(spec: FakeSpec, conn) -> None:
         send({"event": "done", "prompt_id": group.prompt_id, "generations": 3, "tokens": 7})
 
     threads = []
+    send({"event": "ready"})
     while True:
         try:
             group = conn.recv()

@@ -204,6 +204,12 @@ def test_few_groups_spread_over_the_workers(tmp_path):
     try:
         assert [len(w.in_flight) for w in pool.workers.values()] == [1, 1, 1]
         assert pool.server_load == {"fake://a": 1, "fake://b": 1, "fake://c": 1}
+        assert not pool.busy("fake://a"), "busy before the worker is up"
+        deadline = time.monotonic() + 30
+        while not pool.workers[0].ready and time.monotonic() < deadline:
+            pool.next_events(0.1)
+        assert pool.busy("fake://a") or not pool.workers[0].in_flight
         _drain(pool, timeout=30)
+        assert not pool.busy("fake://a")
     finally:
         pool.close()
