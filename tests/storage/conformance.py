@@ -375,6 +375,23 @@ class StoreConformance:
                 seen += 1
         assert seen == 10
 
+    def test_getitems_matches_items(self, tmp_path):
+        """The batched read (``__getitems__``) gives exactly ``collate_pairs`` of the items."""
+        import torch
+        from storage import ActivationPairsDataset, collate_pairs
+
+        self.fill(tmp_path, 6)
+        ds = ActivationPairsDataset(tmp_path, seed=3)
+        idx = [4, 0, 4, 5, -1]
+        got = collate_pairs(ds.__getitems__(idx))
+        want = collate_pairs([ds[i % 6] for i in idx])
+        assert got.keys() == want.keys()
+        for key in want:
+            assert got[key].dtype == want[key].dtype, key
+            assert torch.equal(got[key], want[key]), key
+        items = ds.__getitems__(idx)
+        assert torch.equal(items[1]["acts"], ds[0]["acts"]) and len(items) == len(idx)
+
     def test_multi_store(self, tmp_path):
         a, _ = self.fill(tmp_path / "w0", 3)
         b, _ = self.fill(tmp_path / "w1", 2, start=3)
