@@ -4,8 +4,11 @@ The DataLoader path reads whole batches: ``DataLoader`` calls ``__getitems__(ind
 sampler's index batch, which issues ONE ``read_pairs_into`` for every (sample, layer) extent of
 the batch straight into the padded ``(B, k, T_max, H)`` output (no per-item tensors, no second
 copy in ``collate_pairs``). Inside a DataLoader worker that output is allocated in shared memory,
-so handing it to the main process copies nothing. File handles are opened lazily in each process
-(after fork); ``pin_memory=True`` allocates the output pinned (main process, CUDA builds only).
+so handing it to the main process copies nothing. In the main process (``num_workers=0``) the
+outputs come from a small pool of buffers that are reused once the caller has dropped every view
+of them: a fresh 50 MB buffer would cost a page fault and a kernel zeroing per page, which is more
+than the read itself. File handles are opened lazily in each process (after fork);
+``pin_memory=True`` allocates the output pinned (main process, CUDA builds only).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class ActivationPairsDataset(Dataset):
         self.layer_ids = np.asarray(r.layer_ids)
         self._len = len(r)
         self._meta_cols = None
+        self._pool: list[tuple[torch.Tensor, int]] = []  # (flat buffer, its idle use count)
 
     @property
     def reader(self) -> ActivationReader:
@@ -87,6 +91,7 @@ class ActivationPairsDataset(Dataset):
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_meta_cols"] = None
+        state["_pool"] = []
         return state
 
     def __getitem__(self, index: int) -> dict:
@@ -120,7 +125,7 @@ class ActivationPairsDataset(Dataset):
             np.empty((0, self.layers_per_sample), np.int64)
         b, k = pos.shape
         t_max = int(seq.max()) if b else 0
-        acts = _empty((b, k, t_max, r.hidden_size), r.dtype, self.pin_memory)
+        acts = self._output((b, k, t_max, r.hidden_size), r.dtype)
         a = acts.numpy()
         outs = []
         for j in range(b):
@@ -137,6 +142,31 @@ class ActivationPairsDataset(Dataset):
         for key in _SCALARS:
             collated[key] = torch.from_numpy(index.copy() if key == "index" else cols[key][index])
         return PairsBatch(collated)
+
+
+    _POOL_SIZE = 3  # a batch being built, the one the caller holds, one in flight
+
+    def _output(self, shape, dtype) -> torch.Tensor:
+        """The padded output: shared memory in a worker, else a reused buffer of the pool."""
+        if torch.utils.data.get_worker_info() is not None:
+            return _empty(shape, dtype, False)
+        need = int(np.prod(shape))
+        for flat, idle in self._pool:
+            if flat.numel() >= need and _use_count(flat) <= idle:
+                return flat[:need].view(shape)  # a view: the caller's reference shows in the count
+        cap = need
+        if shape and len(self) and shape[0]:
+            t_store = int(self._meta_columns()["seq_len"].max())
+            cap = max(need, shape[0] * shape[1] * t_store * shape[3])
+        flat = _empty((cap,), dtype, self.pin_memory)
+        if len(self._pool) >= self._POOL_SIZE:
+            self._pool.pop(0)
+        self._pool.append((flat, _use_count(flat)))
+        return flat[:need].view(shape)
+
+
+def _use_count(t: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
 class PairsBatch(Sequence):

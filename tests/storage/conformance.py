@@ -391,6 +391,12 @@ class StoreConformance:
             assert torch.equal(got[key], want[key]), key
         items = ds.__getitems__(idx)
         assert torch.equal(items[1]["acts"], ds[0]["acts"]) and len(items) == len(idx)
+        # pooled output buffers: a batch (or a view of it) the caller holds is never overwritten
+        view = collate_pairs(ds.__getitems__([1, 2]))["acts"][1]
+        held = [collate_pairs(ds.__getitems__([j % 6, (j + 1) % 6])) for j in range(5)]
+        assert torch.equal(view, ds[2]["acts"])
+        for j, h in enumerate(held):
+            assert torch.equal(h["acts"][0, :, :int(h["seq_len"][0])], ds[j % 6]["acts"])
 
     def test_multi_store(self, tmp_path):
         a, _ = self.fill(tmp_path / "w0", 3)
