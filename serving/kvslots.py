@@ -65,8 +65,9 @@ class SlotKVCache(Cache):
     def _reallocate(self, rows: int, left: int, right: int, like: torch.Tensor) -> None:
         """New buffers for ``rows`` rows: ``left`` free columns, the live ones, ``right`` free."""
         width = self.hi - self.lo
-        row_cap = min(self.max_rows, max(rows, 2 * self.row_capacity, 1))
-        row_cap = max(row_cap, rows)
+        row_cap = self.row_capacity
+        if rows > row_cap:  # grow by doubling, up to the batch limit
+            row_cap = max(rows, min(self.max_rows, 2 * row_cap))
         cap = left + width + right
         _, heads, _, dim = like.shape
         for layer in self.layers:
