@@ -118,6 +118,7 @@ def audit_alignment(artifact_root: Path | str, *, model_dir: Path | str | None =
     mismatches: list[dict] = []
     checked = rows_checked = 0
     missing_in_store = []
+    worst = 0.0
     if 0 in layer_ids:
         mode = "embedding"
         emb = load_embedding_matrix(mdir)
@@ -158,6 +159,7 @@ def audit_alignment(artifact_root: Path | str, *, model_dir: Path | str | None =
             err = np.linalg.norm(rows - ref, axis=1) / norms[expected]
             bad = np.flatnonzero(err > EXACT_RTOL)
             rows_checked += len(rows)
+            worst = max(worst, float(err.max()) if len(err) else 0.0)
             if len(bad):
                 decoded = _decode(rows[bad], emb_s, norms)
                 mismatches.append({
@@ -169,6 +171,7 @@ def audit_alignment(artifact_root: Path | str, *, model_dir: Path | str | None =
         else:
             err, layer = model.compare(reader, i, seq, a["row0"], a["num_rows"])
             rows_checked += a["num_rows"]
+            worst = max(worst, err)
             if err > RECOMPUTE_RTOL:
                 mismatches.append({"activation_key": key, "problem": "stored rows differ from "
                                    "the recomputed hidden states", "max_rel_error": err,
@@ -180,7 +183,7 @@ def audit_alignment(artifact_root: Path | str, *, model_dir: Path | str | None =
     return {"ok": not mismatches, "mode": mode, "model_dir": str(mdir), "layer_ids": layer_ids,
             "checked": checked, "rows_checked": rows_checked,
             "tolerance": EXACT_RTOL if mode == "embedding" else RECOMPUTE_RTOL,
-            "num_mismatches": len(mismatches), "mismatches": mismatches[:_MAX_LISTED],
+            "max_rel_error": worst, "num_mismatches": len(mismatches), "mismatches": mismatches[:_MAX_LISTED],
             "seconds": round(time.monotonic() - t0, 3)}
 
 
@@ -227,7 +230,8 @@ class _Recompute:
 
 def format_audit(result: dict) -> str:
     head = (f"alignment audit ({result['mode']}): {result['checked']} activations, "
-            f"{result['rows_checked']} rows checked in {result['seconds']:.1f} s: "
+            f"{result['rows_checked']} rows checked in {result['seconds']:.1f} s (max relative "
+            f"error {result['max_rel_error']:.2g}, tolerance {result['tolerance']:g}): "
             + ("OK" if result["ok"] else f"{result['num_mismatches']} MISALIGNED"))
     lines = [head]
     for m in result["mismatches"][:10]:
