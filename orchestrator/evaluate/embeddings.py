@@ -62,6 +62,9 @@ class Embedder:
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         try:
             from sentence_transformers import SentenceTransformer
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
         except ImportError:
             raise EmbeddingUnavailable(
                 "the embedding-based methods need sentence-transformers "
