@@ -1,8 +1,10 @@
 """Method exports (seed 003 §6.5) from ``consolidated/``, documented in docs/exports.md.
 
 Every row carries prompt_id, the sample ids and the label, so a method joins nothing by
-position. Generations are streamed prompt group by prompt group (consolidation writes each
-group's rows together); only the prompt and activation indexes are held in memory.
+position. All three consolidated files are streamed: consolidation writes them in one order of
+prompts (each group's rows together), so a cursor over the prompt index and one over the
+activation index follow the generations; memory is one prompt group plus the ids of the prompts
+passed (to skip rows of a prompt that has no generations).
 """
 
 from __future__ import annotations
@@ -26,6 +28,27 @@ def _groups(path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     rows = (row for row in iter_rows(path))
     for pid, group in itertools.groupby(rows, key=lambda r: r["prompt_id"]):
         yield pid, sorted(group, key=lambda r: r["sample_id"])
+
+
+class _Cursor:
+    """Rows of one prompt at a time from a file in the generations' prompt order."""
+
+    def __init__(self, rows: Iterator[dict[str, Any]], passed: set[str]) -> None:
+        self._rows = rows
+        self._passed = passed
+        self._next = next(rows, None)
+
+    def take(self, pid: str) -> list[dict[str, Any]]:
+        """The rows of ``pid`` at the cursor; rows of prompts already passed are skipped."""
+        out = []
+        while self._next is not None:
+            row_pid = self._next.get("prompt_id")
+            if row_pid == pid:
+                out.append(self._next)
+            elif row_pid not in self._passed:
+                break  # a later prompt's rows: left for it
+            self._next = next(self._rows, None)
+        return out
 
 
 def _token_logprobs(gen: dict[str, Any]) -> list[float]:
@@ -54,9 +77,9 @@ def write_exports(root: Path) -> dict[str, int]:
     out = layout.consolidated_dir(root)
     exports = out / "exports"
     exports.mkdir(exist_ok=True)
-    prompts = {row["prompt_id"]: row for row in iter_rows(out / layout.PROMPT_INDEX)}
-    acts = {row["activation_key"]: row
-            for row in iter_rows(out / layout.ACTIVATION_INDEX)}
+    passed: set[str] = set()
+    prompts = _Cursor(iter_rows(out / layout.PROMPT_INDEX), passed)
+    acts = _Cursor(iter_rows(out / layout.ACTIVATION_INDEX), passed)
     files = {name: open(exports / f"{name}.partial", "w", encoding="utf-8")
              for name in EXPORT_FILES}
     written = dict.fromkeys(EXPORT_FILES, 0)
@@ -67,9 +90,13 @@ def write_exports(root: Path) -> dict[str, int]:
 
     try:
         for pid, gens in _groups(out / layout.GENERATIONS):
-            prompt = prompts.get(pid)
+            prompt_rows = prompts.take(pid)
+            act_rows = acts.take(pid)
+            passed.add(pid)
+            prompt = prompt_rows[-1] if prompt_rows else None
             if prompt is None or not gens or gens[0]["sample_id"] != 0:
                 continue
+            act = next((a for a in reversed(act_rows) if a.get("sample_id") == 0), None)
             primary, samples = gens[0], gens[1:]
             base = {"prompt_id": pid, "label": prompt.get("label"),
                     "label_grader": prompt.get("label_grader"),
@@ -88,7 +115,7 @@ def write_exports(root: Path) -> dict[str, int]:
                                                              for e in energy)
                                          else "logprobs_only"),
                 "samples": energy})
-            emit("geometry_inputs.jsonl", {**base, **_geometry(prompt, primary, acts)})
+            emit("geometry_inputs.jsonl", {**base, **_geometry(prompt, primary, act)})
             emit("logprob_inputs.jsonl", {
                 **base, "sample_id": 0, "text": primary["text"],
                 "tokens": [t["token"] for t in primary.get("logprobs") or []],
@@ -106,11 +133,10 @@ def write_exports(root: Path) -> dict[str, int]:
     return written
 
 
-def _geometry(prompt: dict[str, Any], primary: dict[str, Any], acts: dict[str, dict[str, Any]]
+def _geometry(prompt: dict[str, Any], primary: dict[str, Any], act: dict[str, Any] | None
               ) -> dict[str, Any]:
     """Primary + reference + where the prompt end and answer tokens sit in the stored rows."""
     key = f"{prompt['prompt_id']}_0"
-    act = acts.get(key)
     p = len(prompt.get("prompt_token_ids") or [])
     r = len(primary.get("token_ids") or [])
     row = {"sample_id": 0, "primary": primary["text"],
