@@ -28,7 +28,7 @@ import numpy as np
 from contracts import layout
 from contracts.jsonl import iter_rows
 
-__all__ = ["commit_key", "runs", "WorkerCommits", "scan_worker", "pick_commits", "KeptCommits",
+__all__ = ["commit_key", "runs", "MaskLookup", "WorkerCommits", "scan_worker", "pick_commits", "KeptCommits",
            "RunCursor"]
 
 
@@ -58,6 +58,37 @@ def _sample_mask(rows: list[dict[str, Any]], k: int) -> int:
     return mask
 
 
+class MaskLookup:
+    """Sample-id masks of the commit runs of one file, looked up in commit order.
+
+    ``get(key)`` reads runs forward until the run of ``key``; runs passed on the way are held as
+    one int each (rows of groups that never committed, or of a commit looked up later).
+    """
+
+    def __init__(self, rows: Iterable[dict[str, Any]], k: int) -> None:
+        self._runs = runs(rows)
+        self._k = k
+        self._ahead: dict[int, int] = {}
+        self._last: tuple[int, int] | None = None
+
+    def get(self, key: int) -> int:
+        """The mask of ``key``'s run (0 when the file has none; -1: a sample id out of range)."""
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        mask = self._ahead.pop(key, None)
+        if mask is None:
+            mask = 0
+            for run_key, rows in self._runs:
+                run_mask = _sample_mask(rows, self._k)
+                if run_key == key:
+                    mask = run_mask
+                    break
+                prev = self._ahead.get(run_key, 0)
+                self._ahead[run_key] = -1 if -1 in (run_mask, prev) else prev | run_mask
+        self._last = (key, mask)
+        return mask
+
+
 @dataclass
 class WorkerCommits:
     """Per committed prompt row of one worker, in file order (compact arrays)."""
@@ -75,29 +106,14 @@ def scan_worker(wdir: Path, k: int) -> WorkerCommits:
     committed) are held as one int each until their prompt row comes, if ever.
     """
     full = (1 << (k + 1)) - 1
-    gen_runs = runs(iter_rows(wdir / layout.GENERATIONS, malformed="skip"))
-    ahead: dict[int, int] = {}
+    gens = MaskLookup(iter_rows(wdir / layout.GENERATIONS, malformed="skip"), k)
     pids: list[bytes] = []
     stamps: list[bytes] = []
     keys: list[int] = []
     complete: list[bool] = []
-    last_key, last_mask = None, 0
     for row in iter_rows(wdir / layout.PROMPT_INDEX, malformed="skip"):
         key = commit_key(row)
-        if key == last_key:
-            mask = last_mask
-        elif key in ahead:
-            mask = ahead.pop(key)
-        else:
-            mask = 0
-            for run_key, rows in gen_runs:
-                run_mask = _sample_mask(rows, k)
-                if run_key == key:
-                    mask = run_mask
-                    break
-                ahead[run_key] = -1 if -1 in (run_mask, ahead.get(run_key, 0)) \
-                    else ahead.get(run_key, 0) | run_mask
-        last_key, last_mask = key, mask
+        mask = gens.get(key)
         pids.append(_text(row.get("prompt_id")).encode())
         stamp = row.get("completed_at") or ""
         stamps.append(stamp.encode() if isinstance(stamp, str) else repr(stamp).encode())
