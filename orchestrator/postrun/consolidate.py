@@ -9,6 +9,8 @@
   across filesystems); shard formats get a manifest over the worker stores (no copy), or a
   physical merge with ``merge=True``.
 - Labels from ``labels.jsonl`` (the judge, after the run) are joined into the prompt rows.
+- The same rows go, in row groups, into ``prompts/generations/activation_index/labels.parquet``
+  (orchestrator/postrun/parquet.py, docs/formats/parquet.md).
 - ``run_manifest.json`` gets a ``consolidation`` block.
 """
 
@@ -30,6 +32,7 @@ from contracts.jsonl import iter_rows
 from orchestrator.errors import ArtifactError
 from orchestrator.postrun.commits import KeptCommits, RunCursor, pick_commits, scan_worker
 from orchestrator.postrun.labels import LabelIndex, apply_label, load_labels
+from orchestrator.postrun.parquet import ParquetTables
 from orchestrator.manifest import load_manifest, update_manifest
 
 __all__ = ["consolidate", "ConsolidationResult"]
@@ -57,7 +60,7 @@ def _link_or_copy(src: Path, dst: Path) -> str:
 
 def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
                  labels: LabelIndex, act_dir: Path, out: dict[str, IO[str]],
-                 counts: dict[str, int], modes: dict[str, int]) -> None:
+                 counts: dict[str, int], modes: dict[str, int], tables: ParquetTables) -> None:
     """Stream one worker's kept commits into the consolidated files (all three in lockstep)."""
     gens = RunCursor(iter_rows(wdir / layout.GENERATIONS), kept)
     acts = RunCursor(iter_rows(wdir / layout.ACTIVATION_INDEX), kept)
@@ -69,6 +72,7 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
             continue
         row = apply_label(row, labels.get(row["prompt_id"]))
         write_prompt(json.dumps(row, ensure_ascii=False) + "\n")
+        tables.add_prompt(row)
         # readers of the store take each sample's label from the activation rows
         sample_labels: dict[int, Any] = {0: row.get("label")}
         seen: set[int] = set()
@@ -79,6 +83,7 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
             seen.add(sid)
             sample_labels.setdefault(sid, gen.get("label"))
             write_gen(json.dumps(gen, ensure_ascii=False) + "\n")
+            tables.add_generation(gen)
         if len(seen) != k + 1:
             raise ArtifactError(
                 f"{wdir / layout.GENERATIONS}: the generations of prompt {row['prompt_id']} "
@@ -97,6 +102,7 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
             counts["total_bytes"] += int(act.get("size_bytes") or 0)
             counts["activations"] += 1
             write_act(json.dumps(act, ensure_ascii=False) + "\n")
+            tables.add_activation(act)
 
 
 def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
@@ -121,21 +127,29 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
 
     tmp = {name: open(out / f"{name}.partial", "w", encoding="utf-8")
            for name in (layout.PROMPT_INDEX, layout.GENERATIONS, layout.ACTIVATION_INDEX)}
+    tables = ParquetTables(out)
+    published = False
     try:
         if fmt == "npy":
             act_dir.mkdir(exist_ok=True)
         for wdir, scan, keep in zip(wdirs, scans, chosen):
             _copy_worker(wdir, KeptCommits(scan, keep), keep, k=k, fmt=fmt, labels=labels,
-                         act_dir=act_dir, out=tmp, counts=counts, modes=modes)
+                         act_dir=act_dir, out=tmp, counts=counts, modes=modes, tables=tables)
         for f in tmp.values():
             f.flush()
             os.fsync(f.fileno())
+        for f in tmp.values():
+            f.close()
+        for name in tmp:
+            os.replace(out / f"{name}.partial", out / name)
+        parquet_rows = tables.close(commit=True)
+        published = True
     finally:
         for f in tmp.values():
             f.close()
         labels.close()
-    for name in tmp:
-        os.replace(out / f"{name}.partial", out / name)
+        if not published:
+            tables.close(commit=False)
 
     if fmt != "npy":
         stores = [storage.store_dir(w) for w in layout.worker_dirs(root)
@@ -153,7 +167,7 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
     result = ConsolidationResult(
         timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), prompts=kept_prompts,
         generations=counts["generations"], activations=counts["activations"],
-        total_bytes=counts["total_bytes"],
+        total_bytes=counts["total_bytes"], parquet=parquet_rows,
         activation_modes=dict(modes), seconds=round(time.monotonic() - started, 3),
         path=layout.CONSOLIDATED)
     update_manifest(root, consolidation=dict(result))

@@ -1,0 +1,224 @@
+"""Consolidated Parquet tables, written in row groups while consolidation streams.
+
+Next to ``consolidated/*.jsonl``: ``prompts.parquet``, ``generations.parquet``,
+``activation_index.parquet`` and ``labels.parquet`` (schemas in docs/formats/parquet.md, which a
+test compares with :data:`SCHEMAS`). Fields of a row that no column holds go, as one JSON
+object, into the table's ``extra_json`` column, so nothing is lost when workers add fields.
+Each file is written to ``*.parquet.partial`` and renamed into place when complete.
+
+```python
+import pandas as pd
+gens = pd.read_parquet("run/consolidated/generations.parquet")
+```
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = ["SCHEMAS", "PARQUET_FILES", "ParquetTables"]
+
+_S, _I8, _I32, _I64 = pa.string(), pa.int8(), pa.int32(), pa.int64()
+_F32, _F64, _B = pa.float32(), pa.float64(), pa.bool_()
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "prompts.parquet": pa.schema([
+        ("prompt_id", _S), ("dataset", _S), ("split", _S), ("dataset_id", _S), ("prompt", _S),
+        ("messages", pa.list_(pa.struct([("role", _S), ("content", _S)]))),
+        ("question", _S), ("reference_answer", _S), ("reference_aliases", pa.list_(_S)),
+        ("label", _I8), ("label_grader", _S), ("judge_verdict", _S),
+        ("prompt_token_ids", pa.list_(_I32)), ("num_generations", _I32), ("worker_id", _I32),
+        ("completed_at", _S), ("commit_id", _S), ("meta_json", _S), ("extra_json", _S),
+    ]),
+    "generations.parquet": pa.schema([
+        ("prompt_id", _S), ("sample_id", _I32), ("role", _S), ("text", _S),
+        ("finish_reason", _S), ("prompt_tokens", _I32), ("completion_tokens", _I32),
+        ("token_ids", pa.list_(_I32)), ("tokens", pa.list_(_S)),
+        ("token_logprobs", pa.list_(_F32)), ("token_logits", pa.list_(_F32)),
+        ("top_logprob_tokens", pa.list_(pa.list_(_S))),
+        ("top_logprobs", pa.list_(pa.list_(_F32))),
+        ("temperature", _F32), ("top_p", _F32), ("seed", _I64), ("max_tokens", _I32),
+        ("generation_time_ms", _I64), ("label", _I8), ("label_grader", _S),
+        ("activation_key", _S), ("worker_id", _I32), ("commit_id", _S), ("extra_json", _S),
+    ]),
+    "activation_index.parquet": pa.schema([
+        ("prompt_id", _S), ("sample_id", _I32), ("activation_key", _S),
+        ("layers", pa.list_(_I32)), ("sequence_mode", _S), ("capture_mode", _S),
+        ("prompt_token_count", _I32), ("response_token_count", _I32),
+        ("row0_position", _I32), ("num_rows", _I32), ("prompt_rows", _I32),
+        ("response_rows", _I32), ("file_path", _S), ("byte_offset", _I64),
+        ("shape", pa.list_(_I64)), ("dtype", _S), ("size_bytes", _I64), ("label", _I8),
+        ("source_path", _S), ("worker_id", _I32), ("commit_id", _S), ("extra_json", _S),
+    ]),
+    "labels.parquet": pa.schema([
+        ("prompt_id", _S), ("label", _I8), ("label_grader", _S), ("label_source", _S),
+        ("verdict", _S), ("abstained", _B), ("judge_model", _S), ("judge_verdict", _S),
+    ]),
+}
+PARQUET_FILES = tuple(SCHEMAS)
+
+ROW_GROUP_ROWS = 16384
+"""Rows buffered per row group (a few MB of generations at most)."""
+
+
+def _json_or_none(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def _str(value: Any) -> str | None:
+    return value if value is None or isinstance(value, str) else json.dumps(value)
+
+
+def _extra(row: dict[str, Any], known: frozenset[str]) -> str | None:
+    rest = {k: v for k, v in row.items() if k not in known}
+    return json.dumps(rest, ensure_ascii=False) if rest else None
+
+
+def _prompt_columns(row: dict[str, Any]) -> tuple:
+    meta = row.get("meta")
+    ref = row.get("reference")
+    aliases = ref.get("aliases") if isinstance(ref, dict) else None
+    messages = [{"role": _str(m.get("role")), "content": _str(m.get("content"))}
+                for m in row.get("messages") or [] if isinstance(m, dict)]
+    return (row.get("prompt_id"), _str(row.get("dataset")), _str(row.get("split")),
+            _str(row.get("dataset_id")), _str(row.get("prompt")), messages,
+            _str(meta.get("question")) if isinstance(meta, dict) else None,
+            _str(row.get("reference_answer")), aliases, row.get("label"),
+            _str(row.get("label_grader")), _str(row.get("judge_verdict")),
+            row.get("prompt_token_ids"), row.get("num_generations"), row.get("worker_id"),
+            _str(row.get("completed_at")), _str(row.get("commit_id")), _json_or_none(meta),
+            _extra(row, _PROMPT_KNOWN))
+
+
+_PROMPT_KNOWN = frozenset({
+    "prompt_id", "dataset", "split", "dataset_id", "prompt", "messages", "meta",
+    "reference_answer", "label", "label_grader", "judge_verdict", "prompt_token_ids",
+    "num_generations", "worker_id", "completed_at", "commit_id"})
+
+
+def _generation_columns(row: dict[str, Any]) -> tuple:
+    lps = row.get("logprobs") or []
+    usage = row.get("usage") if isinstance(row.get("usage"), dict) else {}
+    params = row.get("request_params") if isinstance(row.get("request_params"), dict) else {}
+    tops = [t.get("top_logprobs") or [] for t in lps]
+    logits = [t.get("logit") for t in lps]
+    return (row.get("prompt_id"), row.get("sample_id"), _str(row.get("role")),
+            _str(row.get("text")), _str(row.get("finish_reason")),
+            usage.get("prompt_tokens"), usage.get("completion_tokens"), row.get("token_ids"),
+            [t.get("token") for t in lps], [t.get("logprob") for t in lps],
+            logits if any(v is not None for v in logits) else None,
+            [[a.get("token") for a in top] for top in tops],
+            [[a.get("logprob") for a in top] for top in tops],
+            params.get("temperature"), params.get("top_p"), params.get("seed"),
+            params.get("max_tokens"), row.get("generation_time_ms"), row.get("label"),
+            _str(row.get("label_grader")), _str(row.get("activation_key")),
+            row.get("worker_id"), _str(row.get("commit_id")), _generation_extra(row))
+
+
+_GENERATION_KNOWN = frozenset({
+    "prompt_id", "sample_id", "role", "text", "finish_reason", "usage", "logprobs",
+    "token_ids", "request_params", "generation_time_ms", "label", "label_grader",
+    "activation_key", "worker_id", "commit_id"})
+_PARAMS_KNOWN = frozenset({"temperature", "top_p", "seed", "max_tokens"})
+
+
+def _generation_extra(row: dict[str, Any]) -> str | None:
+    rest = {k: v for k, v in row.items() if k not in _GENERATION_KNOWN}
+    params = row.get("request_params")
+    if isinstance(params, dict):
+        more = {k: v for k, v in params.items() if k not in _PARAMS_KNOWN}
+        if more:
+            rest["request_params"] = more
+    return json.dumps(rest, ensure_ascii=False) if rest else None
+
+
+_ACTIVATION_FIELDS = ("prompt_id", "sample_id", "activation_key", "layers", "sequence_mode",
+                      "capture_mode", "prompt_token_count", "response_token_count",
+                      "row0_position", "num_rows", "prompt_rows", "response_rows", "file_path",
+                      "byte_offset", "shape", "dtype", "size_bytes", "label", "source_path",
+                      "worker_id", "commit_id")
+_ACTIVATION_KNOWN = frozenset(_ACTIVATION_FIELDS)
+
+
+def _activation_columns(row: dict[str, Any]) -> tuple:
+    layers = row.get("layers")
+    return tuple((layers if isinstance(layers, list) else None) if name == "layers"
+                 else row.get(name) for name in _ACTIVATION_FIELDS) \
+        + (_extra(row, _ACTIVATION_KNOWN),)
+
+
+def _label_columns(row: dict[str, Any]) -> tuple:
+    source = "judge" if "verdict" in row else "worker"
+    return (row.get("prompt_id"), row.get("label"), _str(row.get("label_grader")), source,
+            _str(row.get("verdict")), row.get("abstained"), _str(row.get("judge_model")),
+            _str(row.get("judge_verdict")))
+
+
+_COLUMNS: dict[str, Callable[[dict[str, Any]], tuple]] = {
+    "prompts.parquet": _prompt_columns,
+    "generations.parquet": _generation_columns,
+    "activation_index.parquet": _activation_columns,
+    "labels.parquet": _label_columns,
+}
+
+
+class _Table:
+    def __init__(self, path: Path, schema: pa.Schema, columns: Callable, rows: int) -> None:
+        self.path, self.schema, self.columns, self.rows = path, schema, columns, rows
+        self.tmp = path.with_name(path.name + ".partial")
+        self.writer = pq.ParquetWriter(self.tmp, schema, compression="zstd")
+        self.buffer: list[tuple] = []
+        self.written = 0
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.buffer.append(self.columns(row))
+        if len(self.buffer) >= self.rows:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.buffer:
+            return
+        cols = list(zip(*self.buffer))
+        arrays = [pa.array(col, type=field.type) for col, field in zip(cols, self.schema)]
+        self.writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
+        self.written += len(self.buffer)
+        self.buffer = []
+
+    def close(self, commit: bool) -> None:
+        if commit:
+            self.flush()
+        self.writer.close()
+        if commit:
+            with open(self.tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(self.tmp, self.path)
+        else:
+            self.tmp.unlink(missing_ok=True)
+
+
+class ParquetTables:
+    """The four consolidated tables of one consolidation; ``close(commit=True)`` publishes them."""
+
+    def __init__(self, out_dir: Path, *, row_group_rows: int = ROW_GROUP_ROWS) -> None:
+        self.tables = {name: _Table(Path(out_dir) / name, schema, _COLUMNS[name], row_group_rows)
+                       for name, schema in SCHEMAS.items()}
+        self.add_generation = self.tables["generations.parquet"].add
+        self.add_activation = self.tables["activation_index.parquet"].add
+        self._add_prompt = self.tables["prompts.parquet"].add
+        self._add_label = self.tables["labels.parquet"].add
+
+    def add_prompt(self, row: dict[str, Any]) -> None:
+        """A consolidated prompt row (labels applied): one row in prompts and in labels."""
+        self._add_prompt(row)
+        self._add_label(row)
+
+    def close(self, *, commit: bool = True) -> dict[str, int]:
+        for table in self.tables.values():
+            table.close(commit)
+        return {name: t.written for name, t in self.tables.items()}
