@@ -19,6 +19,9 @@ worker's files again, whether it is kept and where it sits in the worker's commi
 from __future__ import annotations
 
 import itertools
+import json
+import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -26,10 +29,12 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from contracts import layout
-from contracts.jsonl import iter_rows
+from contracts.jsonl import Line, iter_rows
 
-__all__ = ["commit_key", "runs", "MaskLookup", "WorkerCommits", "scan_worker", "pick_commits", "KeptCommits",
-           "RunCursor"]
+__all__ = ["id_rows", "commit_key", "runs", "MaskLookup", "WorkerCommits", "scan_worker",
+           "pick_commits", "KeptCommits", "RunCursor"]
+
+log = logging.getLogger(__name__)
 
 
 def commit_key(row: dict[str, Any]) -> int:
@@ -39,6 +44,44 @@ def commit_key(row: dict[str, Any]) -> int:
 
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else repr(value)
+
+
+_HEAD = re.compile(rb'\{"prompt_id":"([0-9a-f]{16})","sample_id":(0|[1-9][0-9]{0,8}),')
+_TAIL = re.compile(rb',"commit_id":"([0-9a-f]{32})"\}\n\Z')
+
+
+def id_rows(path: Path) -> Iterator[dict[str, Any]]:
+    """``{prompt_id, sample_id, commit_id}`` of each committed row, without parsing the rest.
+
+    Rows written by the worker (contracts.jsonl.dumps: compact, keys in the worker's order)
+    start with ``{"prompt_id":"…","sample_id":N,`` and end with ``,"commit_id":"…"}``; those
+    are read from the bytes (no unescaped quote can sit inside a JSON string, so the pieces
+    are the top-level members). Any other line is parsed; malformed ones are skipped (with a
+    warning), as ``iter_rows(..., malformed="skip")`` does.
+    """
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.endswith(b"\n"):
+                return  # torn tail
+            head, tail = _HEAD.match(raw), _TAIL.search(raw)
+            if head is not None and tail is not None:
+                yield {"prompt_id": head.group(1).decode(), "sample_id": int(head.group(2)),
+                       "commit_id": tail.group(1).decode()}
+                continue
+            if raw.isspace():
+                continue
+            try:
+                row = json.loads(raw)
+            except (ValueError, UnicodeDecodeError):
+                row = None
+            if isinstance(row, dict):
+                yield row
+            else:
+                log.warning("%s:%d: not a JSON object; line skipped", path, lineno)
 
 
 def runs(rows: Iterable[dict[str, Any]]) -> Iterator[tuple[int, list[dict[str, Any]]]]:
@@ -106,7 +149,7 @@ def scan_worker(wdir: Path, k: int) -> WorkerCommits:
     committed) are held as one int each until their prompt row comes, if ever.
     """
     full = (1 << (k + 1)) - 1
-    gens = MaskLookup(iter_rows(wdir / layout.GENERATIONS, malformed="skip"), k)
+    gens = MaskLookup(id_rows(wdir / layout.GENERATIONS), k)
     pids: list[bytes] = []
     stamps: list[bytes] = []
     keys: list[int] = []
@@ -169,17 +212,18 @@ class KeptCommits:
 class RunCursor:
     """Hands out the rows of kept commits of one file, in the worker's commit order.
 
-    ``take(line)`` returns the rows of the kept commit whose prompt row is ``line`` (an empty
+    ``take(line)`` returns the lines of the kept commit whose prompt row is ``line`` (an empty
     list when this file has none, e.g. no activations), dropping the runs of commits that are not
     kept on the way.
     """
 
-    def __init__(self, rows: Iterable[dict[str, Any]], kept: KeptCommits) -> None:
-        self._runs = runs(rows)
+    def __init__(self, lines: Iterable[Line], kept: KeptCommits) -> None:
+        self._runs = ((key, list(group)) for key, group in
+                      itertools.groupby(lines, key=lambda line: commit_key(line.row)))
         self._kept = kept
-        self._peeked: tuple[int, list[dict[str, Any]]] | None = None
+        self._peeked: tuple[int, list[Line]] | None = None
 
-    def take(self, line: int) -> list[dict[str, Any]]:
+    def take(self, line: int) -> list[Line]:
         while True:
             if self._peeked is None:
                 nxt = next(self._runs, None)

@@ -28,7 +28,7 @@ from typing import IO, Any
 
 import storage
 from contracts import layout
-from contracts.jsonl import iter_rows
+from contracts.jsonl import iter_lines, iter_rows, spaced
 from orchestrator.errors import ArtifactError
 from orchestrator.postrun.commits import KeptCommits, RunCursor, pick_commits, scan_worker
 from orchestrator.postrun.labels import LabelIndex, apply_label, load_labels
@@ -58,12 +58,16 @@ def _link_or_copy(src: Path, dst: Path) -> str:
         return "copy"
 
 
+def _line(row: dict[str, Any]) -> bytes:
+    return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+
+
 def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
-                 labels: LabelIndex, act_dir: Path, out: dict[str, IO[str]],
+                 labels: LabelIndex, act_dir: Path, out: dict[str, IO[bytes]],
                  counts: dict[str, int], modes: dict[str, int], tables: ParquetTables) -> None:
     """Stream one worker's kept commits into the consolidated files (all three in lockstep)."""
-    gens = RunCursor(iter_rows(wdir / layout.GENERATIONS), kept)
-    acts = RunCursor(iter_rows(wdir / layout.ACTIVATION_INDEX), kept)
+    gens = RunCursor(iter_lines(wdir / layout.GENERATIONS), kept)
+    acts = RunCursor(iter_lines(wdir / layout.ACTIVATION_INDEX), kept)
     write_prompt = out[layout.PROMPT_INDEX].write
     write_gen = out[layout.GENERATIONS].write
     write_act = out[layout.ACTIVATION_INDEX].write
@@ -71,18 +75,20 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
         if line >= len(keep) or not keep[line]:
             continue
         row = apply_label(row, labels.get(row["prompt_id"]))
-        write_prompt(json.dumps(row, ensure_ascii=False) + "\n")
+        write_prompt(_line(row))
         tables.add_prompt(row)
         # readers of the store take each sample's label from the activation rows
         sample_labels: dict[int, Any] = {0: row.get("label")}
         seen: set[int] = set()
-        for gen in gens.take(line):
+        for gen_line in gens.take(line):
+            gen = gen_line.row
             sid = gen["sample_id"]
             if sid in seen:
                 continue
             seen.add(sid)
             sample_labels.setdefault(sid, gen.get("label"))
-            write_gen(json.dumps(gen, ensure_ascii=False) + "\n")
+            # the row as it was: re-spaced from the worker's bytes, or dumped when that is unsure
+            write_gen(spaced(gen_line.raw) or _line(gen))
             tables.add_generation(gen)
         if len(seen) != k + 1:
             raise ArtifactError(
@@ -91,7 +97,8 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
                 "expects each group's rows together and groups in prompt_index.jsonl order "
                 "(workers/persist.py)")
         counts["generations"] += len(seen)
-        for act in acts.take(line):
+        for act_line in acts.take(line):
+            act = act_line.row
             if fmt == "npy":
                 src = wdir / act["file_path"]
                 modes[_link_or_copy(src, act_dir / src.name)] += 1
@@ -101,7 +108,7 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
             act = {**act, "label": -1 if label is None else int(label)}
             counts["total_bytes"] += int(act.get("size_bytes") or 0)
             counts["activations"] += 1
-            write_act(json.dumps(act, ensure_ascii=False) + "\n")
+            write_act(_line(act))
             tables.add_activation(act)
 
 
@@ -125,7 +132,7 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
     modes: dict[str, int] = defaultdict(int)
     act_dir = out / "activations"
 
-    tmp = {name: open(out / f"{name}.partial", "w", encoding="utf-8")
+    tmp = {name: open(out / f"{name}.partial", "wb")
            for name in (layout.PROMPT_INDEX, layout.GENERATIONS, layout.ACTIVATION_INDEX)}
     tables = ParquetTables(out)
     published = False

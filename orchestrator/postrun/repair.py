@@ -16,7 +16,7 @@ from pathlib import Path
 from contracts import layout
 from contracts.jsonl import iter_rows
 from orchestrator.manifest import load_manifest
-from orchestrator.postrun.commits import MaskLookup, commit_key
+from orchestrator.postrun.commits import MaskLookup, commit_key, id_rows
 
 __all__ = ["prompts_to_retry", "quarantine_malformed_lines"]
 
@@ -88,7 +88,7 @@ def prompts_to_retry(root: Path, expected: set[str]) -> set[str]:
     errored: set[str] = set()
     for wdir in layout.worker_dirs(root):
         quarantine_malformed_lines(wdir)
-        gens = MaskLookup(iter_rows(wdir / layout.GENERATIONS), k)
+        gens = MaskLookup(id_rows(wdir / layout.GENERATIONS), k)
         act_rows = iter_rows(wdir / layout.ACTIVATION_INDEX)
         if per_file:
             act_rows = (row for row in act_rows
