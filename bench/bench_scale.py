@@ -39,7 +39,9 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+# --phase runs import the post-run code from BENCH_CODE (a baseline checkout) when it is set
+CODE = Path(os.environ.get("BENCH_CODE") or REPO)
+sys.path.insert(0, str(CODE))
 
 NUM_LAYERS, HIDDEN = 4, 64  # light profile: second_half → layer ids 3, 4; sequence mode "last"
 
@@ -84,9 +86,10 @@ def _phase(name: str, root: Path) -> None:
                       "base_rss_mb": round(base_rss / 2**20, 1), "result": out}))
 
 
-def run_phase(name: str, root: Path, env: dict[str, str]) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--phase", name, str(root)], env=env,
-                          capture_output=True, text=True, cwd=REPO)
+def run_phase(name: str, root: Path, env: dict[str, str], code: Path = REPO) -> dict:
+    env = {**env, "PYTHONPATH": str(code), "BENCH_CODE": str(code)}
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--phase", name,
+                           str(root)], env=env, capture_output=True, text=True, cwd=code)
     if proc.returncode != 0:
         raise RuntimeError(f"phase {name} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -223,6 +226,46 @@ def bench_size(generations: int, *, k: int, servers: int, workers: int, groups_i
             print(f"kept {tmp}", file=sys.stderr)
 
 
+def bench_synthetic(generations: int, *, k: int, workers: int, storage_format: str,
+                    baseline: Path | None, keep: bool) -> dict:
+    """Post-run phases only, on a run directory written by the real writer (no orchestrator)."""
+    sys.path.insert(0, str(REPO))
+    from tests.orchestrator.postrun_fixtures import build_run
+
+    prompts = -(-generations // (k + 1))
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench_scale_synth_{generations}_"))
+    root = tmp / "run"
+    try:
+        t0 = time.monotonic()
+        build_run(root, prompts=prompts, k=k, workers=workers, fmt=storage_format,
+                  durable=False)
+        built = time.monotonic() - t0
+        env = dict(os.environ)
+        result: dict = {"generations": prompts * (k + 1), "prompts": prompts, "k_samples": k,
+                        "workers": workers, "storage_format": storage_format,
+                        "build_s": round(built, 1)}
+        runs = [("current", REPO, root)]
+        if baseline is not None:
+            subprocess.run(["cp", "-a", str(root), str(tmp / "run_baseline")], check=True)
+            runs.insert(0, ("baseline", baseline, tmp / "run_baseline"))
+        for label, code, where in runs:
+            phases = {name: run_phase(name, where, env, code) for name in PHASES}
+            cpu = sum(p["cpu_s"] for p in phases.values())
+            result[label] = {
+                "postrun_cpu_ms_per_generation": round(1000 * cpu / result["generations"], 3),
+                "postrun_peak_rss_mb": max(p["peak_rss_mb"] for p in phases.values()),
+                "phases": {n: {k2: p[k2] for k2 in ("wall_s", "cpu_s", "peak_rss_mb",
+                                                     "base_rss_mb")}
+                           for n, p in phases.items()},
+                "validation": phases["validate"]["result"]}
+        return result
+    finally:
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"kept {tmp}", file=sys.stderr)
+
+
 def _wait_health(url: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -248,12 +291,43 @@ def main() -> None:
     p.add_argument("--storage-format", default="packed", choices=["packed", "npy", "zarr"])
     p.add_argument("--base-port", type=int, default=9200)
     p.add_argument("--keep", action="store_true", help="keep the run directories")
+    p.add_argument("--synthetic", action="store_true",
+                   help="post-run phases only, on run directories written by the real writer "
+                        "(no orchestrator, no backend)")
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="with --synthetic: also run the phases with the code of this checkout "
+                        "(same directory, copied) and print ratios")
     args = p.parse_args()
     if args.phase:
         _phase(args.phase[0], Path(args.phase[1]))
         return
     sizes = args.sizes + ([1_000_000] if args.million else [])
     results = []
+    if args.synthetic:
+        for n in sizes:
+            r = bench_synthetic(n, k=args.k_samples, workers=args.workers,
+                                storage_format=args.storage_format, baseline=args.baseline,
+                                keep=args.keep)
+            results.append(r)
+            print(f"{r['generations']:>8} generations (synthetic, built in {r['build_s']} s)")
+            for name in PHASES:
+                cur = r["current"]["phases"][name]
+                line = (f"    {name:<13} {cur['wall_s']:>8.2f} s  cpu {cur['cpu_s']:>7.2f} s  "
+                        f"peak rss {cur['peak_rss_mb']:>7.1f} MB")
+                if "baseline" in r:
+                    base = r["baseline"]["phases"][name]
+                    line += (f"   | baseline cpu {base['cpu_s']:>7.2f} s "
+                             f"(x{base['cpu_s'] / max(cur['cpu_s'], 1e-3):.2f})  "
+                             f"rss {base['peak_rss_mb']:>7.1f} MB")
+                print(line)
+            for label in ("baseline", "current"):
+                if label in r:
+                    print(f"    {label}: post-run CPU "
+                          f"{r[label]['postrun_cpu_ms_per_generation']:.3f} ms/generation, "
+                          f"peak RSS {r[label]['postrun_peak_rss_mb']:.0f} MB")
+            sys.stdout.flush()
+        print(json.dumps({"bench": "scale", "synthetic": True, "results": results}))
+        return
     for n in sizes:
         r = bench_size(n, k=args.k_samples, servers=args.servers, workers=args.workers,
                        groups_in_flight=args.groups_in_flight, base_port=args.base_port,

@@ -149,11 +149,11 @@ def spaced(raw: bytes) -> bytes | None:
     parts = raw.split(b'"')
     if len(parts) % 2 == 0:
         return None
-    outside = parts[0::2]
-    joined = b"".join(outside)[:-1]
-    if any(ws in joined for ws in _SPACE_OUTSIDE):
+    # the text between strings, joined by NUL (never raw in JSON text), edited in one go
+    outside = b"\0".join(parts[0::2])
+    if any(ws in outside[:-1] for ws in _SPACE_OUTSIDE) or b"\0" in raw:
         return None  # not compact: leave it to the parser
-    parts[0::2] = [p.replace(b",", b", ").replace(b":", b": ") for p in outside]
+    parts[0::2] = outside.replace(b",", b", ").replace(b":", b": ").split(b"\0")
     return b'"'.join(parts)
 
 

@@ -24,7 +24,7 @@ import shutil
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import storage
 from contracts import layout
@@ -32,8 +32,10 @@ from contracts.jsonl import iter_lines, iter_rows, spaced
 from orchestrator.errors import ArtifactError
 from orchestrator.postrun.commits import KeptCommits, RunCursor, pick_commits, scan_worker
 from orchestrator.postrun.labels import LabelIndex, apply_label, load_labels
-from orchestrator.postrun.parquet import ParquetTables
 from orchestrator.manifest import load_manifest, update_manifest
+
+if TYPE_CHECKING:
+    from orchestrator.postrun.parquet import ParquetTables
 
 __all__ = ["consolidate", "ConsolidationResult"]
 
@@ -134,6 +136,8 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
 
     tmp = {name: open(out / f"{name}.partial", "wb")
            for name in (layout.PROMPT_INDEX, layout.GENERATIONS, layout.ACTIVATION_INDEX)}
+    from orchestrator.postrun.parquet import ParquetTables  # pyarrow: only when consolidating
+
     tables = ParquetTables(out)
     published = False
     try:

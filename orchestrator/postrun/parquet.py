@@ -64,7 +64,7 @@ SCHEMAS: dict[str, pa.Schema] = {
 PARQUET_FILES = tuple(SCHEMAS)
 
 ROW_GROUP_ROWS = 16384
-"""Rows buffered per row group (a few MB of generations at most)."""
+"""Rows buffered per row group; generations use a quarter of it (they are the big rows)."""
 
 
 def _json_or_none(value: Any) -> str | None:
@@ -100,25 +100,6 @@ _PROMPT_KNOWN = frozenset({
     "prompt_id", "dataset", "split", "dataset_id", "prompt", "messages", "meta",
     "reference_answer", "label", "label_grader", "judge_verdict", "prompt_token_ids",
     "num_generations", "worker_id", "completed_at", "commit_id"})
-
-
-def _generation_columns(row: dict[str, Any]) -> tuple:
-    lps = row.get("logprobs") or []
-    usage = row.get("usage") if isinstance(row.get("usage"), dict) else {}
-    params = row.get("request_params") if isinstance(row.get("request_params"), dict) else {}
-    tops = [t.get("top_logprobs") or [] for t in lps]
-    logits = [t.get("logit") for t in lps]
-    return (row.get("prompt_id"), row.get("sample_id"), _str(row.get("role")),
-            _str(row.get("text")), _str(row.get("finish_reason")),
-            usage.get("prompt_tokens"), usage.get("completion_tokens"), row.get("token_ids"),
-            [t.get("token") for t in lps], [t.get("logprob") for t in lps],
-            logits if any(v is not None for v in logits) else None,
-            [[a.get("token") for a in top] for top in tops],
-            [[a.get("logprob") for a in top] for top in tops],
-            params.get("temperature"), params.get("top_p"), params.get("seed"),
-            params.get("max_tokens"), row.get("generation_time_ms"), row.get("label"),
-            _str(row.get("label_grader")), _str(row.get("activation_key")),
-            row.get("worker_id"), _str(row.get("commit_id")), _generation_extra(row))
 
 
 _GENERATION_KNOWN = frozenset({
@@ -162,10 +143,115 @@ def _label_columns(row: dict[str, Any]) -> tuple:
 
 _COLUMNS: dict[str, Callable[[dict[str, Any]], tuple]] = {
     "prompts.parquet": _prompt_columns,
-    "generations.parquet": _generation_columns,
     "activation_index.parquet": _activation_columns,
     "labels.parquet": _label_columns,
 }
+
+
+class _GenerationTable:
+    """generations.parquet, built column by column: list columns as flat values + offsets
+    (no per-token Python lists, no per-row tuples)."""
+
+    SCALARS = ("prompt_id", "sample_id", "role", "text", "finish_reason", "prompt_tokens",
+               "completion_tokens", "temperature", "top_p", "seed", "max_tokens",
+               "generation_time_ms", "label", "label_grader", "activation_key", "worker_id",
+               "commit_id", "extra_json")
+
+    def __init__(self, path: Path, schema: pa.Schema, rows: int) -> None:
+        self.path, self.schema, self.rows = path, schema, rows
+        self.tmp = path.with_name(path.name + ".partial")
+        self.writer = pq.ParquetWriter(self.tmp, schema, compression="zstd")
+        self.written = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.n = 0
+        self.scalars: dict[str, list] = {name: [] for name in self.SCALARS}
+        self.token_ids: list = []
+        self.token_ids_off: list[int] = [0]
+        self.token_ids_valid: list[bool] = []
+        self.tokens: list = []
+        self.lps: list = []
+        self.logits: list = []
+        self.tok_off: list[int] = [0]  # tokens, token_logprobs, top_* outer offsets
+        self.logits_valid: list[bool] = []
+        self.top_tok: list = []
+        self.top_lp: list = []
+        self.top_off: list[int] = [0]
+
+    def add(self, row: dict[str, Any]) -> None:
+        sc = self.scalars
+        get = row.get
+        usage = get("usage")
+        usage = usage if isinstance(usage, dict) else {}
+        params = get("request_params")
+        params = params if isinstance(params, dict) else {}
+        for name, value in (
+                ("prompt_id", get("prompt_id")), ("sample_id", get("sample_id")),
+                ("role", _str(get("role"))), ("text", _str(get("text"))),
+                ("finish_reason", _str(get("finish_reason"))),
+                ("prompt_tokens", usage.get("prompt_tokens")),
+                ("completion_tokens", usage.get("completion_tokens")),
+                ("temperature", params.get("temperature")), ("top_p", params.get("top_p")),
+                ("seed", params.get("seed")), ("max_tokens", params.get("max_tokens")),
+                ("generation_time_ms", get("generation_time_ms")), ("label", get("label")),
+                ("label_grader", _str(get("label_grader"))),
+                ("activation_key", _str(get("activation_key"))),
+                ("worker_id", get("worker_id")), ("commit_id", _str(get("commit_id"))),
+                ("extra_json", _generation_extra(row))):
+            sc[name].append(value)
+        ids = get("token_ids")
+        if isinstance(ids, list):
+            self.token_ids.extend(ids)
+            self.token_ids_valid.append(True)
+        else:
+            self.token_ids_valid.append(False)
+        self.token_ids_off.append(len(self.token_ids))
+        lps = get("logprobs") or []
+        has_logit = False
+        top_tok, top_lp, top_off = self.top_tok, self.top_lp, self.top_off
+        for t in lps:
+            self.tokens.append(t.get("token"))
+            self.lps.append(t.get("logprob"))
+            logit = t.get("logit")
+            self.logits.append(logit)
+            has_logit = has_logit or logit is not None
+            for a in t.get("top_logprobs") or ():
+                top_tok.append(a.get("token"))
+                top_lp.append(a.get("logprob"))
+            top_off.append(len(top_tok))
+        self.tok_off.append(len(self.tokens))
+        self.logits_valid.append(has_logit)
+        self.n += 1
+        if self.n >= self.rows:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.n:
+            return
+        types = {f.name: f.type for f in self.schema}
+        i32 = pa.int32()
+        tok_off = pa.array(self.tok_off, type=i32)
+        cols = {name: pa.array(values, type=types[name]) for name, values in self.scalars.items()}
+        cols["token_ids"] = pa.ListArray.from_arrays(
+            pa.array(self.token_ids_off, type=i32), pa.array(self.token_ids, type=_I32),
+            mask=pa.array([not v for v in self.token_ids_valid], type=_B))
+        cols["tokens"] = pa.ListArray.from_arrays(tok_off, pa.array(self.tokens, type=_S))
+        cols["token_logprobs"] = pa.ListArray.from_arrays(tok_off, pa.array(self.lps, type=_F32))
+        cols["token_logits"] = pa.ListArray.from_arrays(
+            tok_off, pa.array(self.logits, type=_F32),
+            mask=pa.array([not v for v in self.logits_valid], type=_B))
+        top_off = pa.array(self.top_off, type=i32)
+        cols["top_logprob_tokens"] = pa.ListArray.from_arrays(
+            tok_off, pa.ListArray.from_arrays(top_off, pa.array(self.top_tok, type=_S)))
+        cols["top_logprobs"] = pa.ListArray.from_arrays(
+            tok_off, pa.ListArray.from_arrays(top_off, pa.array(self.top_lp, type=_F32)))
+        table = pa.Table.from_arrays([cols[f.name] for f in self.schema], schema=self.schema)
+        self.writer.write_table(table)
+        self.written += self.n
+        self._reset()
+
+    close = None  # set below (shared with _Table)
 
 
 class _Table:
@@ -202,12 +288,18 @@ class _Table:
             self.tmp.unlink(missing_ok=True)
 
 
+_GenerationTable.close = _Table.close  # type: ignore[assignment]
+
+
 class ParquetTables:
     """The four consolidated tables of one consolidation; ``close(commit=True)`` publishes them."""
 
     def __init__(self, out_dir: Path, *, row_group_rows: int = ROW_GROUP_ROWS) -> None:
-        self.tables = {name: _Table(Path(out_dir) / name, schema, _COLUMNS[name], row_group_rows)
-                       for name, schema in SCHEMAS.items()}
+        self.tables: dict[str, Any] = {
+            name: (_GenerationTable(Path(out_dir) / name, schema, max(1, row_group_rows // 4))
+                   if name == "generations.parquet"
+                   else _Table(Path(out_dir) / name, schema, _COLUMNS[name], row_group_rows))
+            for name, schema in SCHEMAS.items()}
         self.add_generation = self.tables["generations.parquet"].add
         self.add_activation = self.tables["activation_index.parquet"].add
         self._add_prompt = self.tables["prompts.parquet"].add

@@ -27,12 +27,12 @@ VOCAB = ["The", " answer", " is", " Paris", ",", " of", " course", ".", " It", "
 @contextlib.contextmanager
 def no_fsync() -> Iterator[None]:
     """Builds big fixtures fast: fsync is what a crash test needs, not a fixture."""
-    real = os.fsync
-    os.fsync = lambda fd: None  # type: ignore[assignment]
+    real = os.fsync, os.fdatasync
+    os.fsync = os.fdatasync = lambda fd: None  # type: ignore[assignment]
     try:
         yield
     finally:
-        os.fsync = real
+        os.fsync, os.fdatasync = real
 
 
 def prompt_ids(n: int) -> list[str]:
