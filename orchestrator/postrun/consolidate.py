@@ -9,6 +9,7 @@
   across filesystems); shard formats get a manifest over the worker stores (no copy), or a
   physical merge with ``merge=True``.
 - Labels from ``labels.jsonl`` (the judge, after the run) are joined into the prompt rows.
+- The method exports (orchestrator/postrun/exports.py) are written in the same pass.
 - The same rows go, in row groups, into ``prompts/generations/activation_index/labels.parquet``
   (orchestrator/postrun/parquet.py, docs/formats/parquet.md).
 - ``run_manifest.json`` gets a ``consolidation`` block.
@@ -31,6 +32,7 @@ from contracts import layout
 from contracts.jsonl import iter_lines, iter_rows, spaced
 from orchestrator.errors import ArtifactError
 from orchestrator.postrun.commits import KeptCommits, RunCursor, pick_commits, scan_worker
+from orchestrator.postrun.exports import ExportWriter, stamp_exports
 from orchestrator.postrun.labels import LabelIndex, apply_label, load_labels
 from orchestrator.manifest import load_manifest, update_manifest
 
@@ -66,7 +68,8 @@ def _line(row: dict[str, Any]) -> bytes:
 
 def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
                  labels: LabelIndex, act_dir: Path, out: dict[str, IO[bytes]],
-                 counts: dict[str, int], modes: dict[str, int], tables: ParquetTables) -> None:
+                 counts: dict[str, int], modes: dict[str, int], tables: ParquetTables,
+                 exports: ExportWriter) -> None:
     """Stream one worker's kept commits into the consolidated files (all three in lockstep)."""
     gens = RunCursor(iter_lines(wdir / layout.GENERATIONS), kept)
     acts = RunCursor(iter_lines(wdir / layout.ACTIVATION_INDEX), kept)
@@ -82,12 +85,14 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
         # readers of the store take each sample's label from the activation rows
         sample_labels: dict[int, Any] = {0: row.get("label")}
         seen: set[int] = set()
+        kept_gens = []
         for gen_line in gens.take(line):
             gen = gen_line.row
             sid = gen["sample_id"]
             if sid in seen:
                 continue
             seen.add(sid)
+            kept_gens.append(gen)
             sample_labels.setdefault(sid, gen.get("label"))
             # the row as it was: re-spaced from the worker's bytes, or dumped when that is unsure
             write_gen(spaced(gen_line.raw) or _line(gen))
@@ -99,6 +104,7 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
                 "expects each group's rows together and groups in prompt_index.jsonl order "
                 "(workers/persist.py)")
         counts["generations"] += len(seen)
+        primary_act = None
         for act_line in acts.take(line):
             act = act_line.row
             if fmt == "npy":
@@ -112,6 +118,10 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
             counts["activations"] += 1
             write_act(_line(act))
             tables.add_activation(act)
+            if act["sample_id"] == 0:
+                primary_act = act
+        kept_gens.sort(key=lambda g: g["sample_id"])
+        exports.add(row, kept_gens, primary_act)
 
 
 def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
@@ -139,13 +149,15 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
     from orchestrator.postrun.parquet import ParquetTables  # pyarrow: only when consolidating
 
     tables = ParquetTables(out)
+    exports = ExportWriter(root)
     published = False
     try:
         if fmt == "npy":
             act_dir.mkdir(exist_ok=True)
         for wdir, scan, keep in zip(wdirs, scans, chosen):
             _copy_worker(wdir, KeptCommits(scan, keep), keep, k=k, fmt=fmt, labels=labels,
-                         act_dir=act_dir, out=tmp, counts=counts, modes=modes, tables=tables)
+                         act_dir=act_dir, out=tmp, counts=counts, modes=modes, tables=tables,
+                         exports=exports)
         for f in tmp.values():
             f.flush()
             os.fsync(f.fileno())
@@ -154,6 +166,7 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
         for name in tmp:
             os.replace(out / f"{name}.partial", out / name)
         parquet_rows = tables.close(commit=True)
+        stamp_exports(root, exports.close(commit=True))
         published = True
     finally:
         for f in tmp.values():
@@ -161,6 +174,7 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
         labels.close()
         if not published:
             tables.close(commit=False)
+            exports.close(commit=False)
 
     if fmt != "npy":
         stores = [storage.store_dir(w) for w in layout.worker_dirs(root)

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 from contracts import layout
 from contracts.jsonl import iter_rows
 
-__all__ = ["write_exports", "EXPORT_FILES"]
+__all__ = ["write_exports", "ExportWriter", "stamp_exports", "EXPORT_FILES"]
 
 EXPORT_FILES = ("selfcheck_samples.jsonl", "semantic_entropy_inputs.jsonl",
                 "semantic_energy_inputs.jsonl", "geometry_inputs.jsonl", "logprob_inputs.jsonl")
@@ -72,64 +72,134 @@ def _energy_sample(gen: dict[str, Any]) -> dict[str, Any]:
             "logit_source": "raw_logits" if have_logits else "logprobs_only"}
 
 
-def write_exports(root: Path) -> dict[str, int]:
-    """Write every export into ``consolidated/exports/``; returns rows written per file."""
+class ExportWriter:
+    """Writes the export files one prompt group at a time; :meth:`close` publishes them.
+
+    Consolidation feeds it while it streams (the rows are parsed then anyway) and leaves a
+    stamp of the consolidated files it came from, so that :func:`write_exports` right after
+    has nothing to redo.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.dir = layout.exports_dir(root)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._files = {name: open(self.dir / f"{name}.partial", "wb") for name in EXPORT_FILES}
+        self.written = dict.fromkeys(EXPORT_FILES, 0)
+
+    def _emit(self, name: str, row: dict[str, Any]) -> None:
+        self._files[name].write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
+        self.written[name] += 1
+
+    def add(self, prompt: dict[str, Any] | None, gens: list[dict[str, Any]],
+            act: dict[str, Any] | None) -> None:
+        """One prompt group: its consolidated prompt row, its generations sorted by sample id,
+        and the activation row of its primary (None when capture failed)."""
+        if prompt is None or not gens or gens[0]["sample_id"] != 0:
+            return
+        pid = prompt["prompt_id"]
+        primary, samples = gens[0], gens[1:]
+        base = {"prompt_id": pid, "label": prompt.get("label"),
+                "label_grader": prompt.get("label_grader"),
+                "question": (prompt.get("meta") or {}).get("question") or prompt.get("prompt"),
+                "prompt": prompt.get("prompt"),
+                "sample_ids": [g["sample_id"] for g in gens]}
+        emit = self._emit
+        emit("selfcheck_samples.jsonl", {
+            **base, "primary": {"sample_id": 0, "text": primary["text"]},
+            "samples": [{"sample_id": g["sample_id"], "text": g["text"]} for g in samples]})
+        emit("semantic_entropy_inputs.jsonl", {
+            **base, "primary": _logprob_summary(primary),
+            "samples": [_logprob_summary(g) for g in samples]})
+        energy = [_energy_sample(g) for g in gens]
+        emit("semantic_energy_inputs.jsonl", {
+            **base, "logit_source": ("raw_logits" if all(e["logit_source"] == "raw_logits"
+                                                         for e in energy)
+                                     else "logprobs_only"),
+            "samples": energy})
+        emit("geometry_inputs.jsonl", {**base, **_geometry(prompt, primary, act)})
+        emit("logprob_inputs.jsonl", {
+            **base, "sample_id": 0, "text": primary["text"],
+            "tokens": [t["token"] for t in primary.get("logprobs") or []],
+            "token_ids": primary.get("token_ids"),
+            "token_logprobs": _token_logprobs(primary),
+            "top_logprobs": [t["top_logprobs"] for t in primary.get("logprobs") or []]})
+
+    def close(self, *, commit: bool = True) -> dict[str, int]:
+        try:
+            if commit:
+                for f in self._files.values():
+                    f.flush()
+                    os.fsync(f.fileno())
+        finally:
+            for f in self._files.values():
+                f.close()
+        for name in EXPORT_FILES:
+            partial = self.dir / f"{name}.partial"
+            if commit:
+                os.replace(partial, self.dir / name)
+            else:
+                partial.unlink(missing_ok=True)
+        return dict(self.written)
+
+
+_STAMP = ".source.json"
+
+
+def _source_stamp(root: Path) -> dict[str, list[int]]:
     out = layout.consolidated_dir(root)
-    exports = out / "exports"
-    exports.mkdir(exist_ok=True)
+    stamp = {}
+    for name in layout.CONSOLIDATED_JSONL_FILES:
+        st = os.stat(out / name)
+        stamp[name] = [st.st_size, st.st_mtime_ns, st.st_ino]
+    return stamp
+
+
+def stamp_exports(root: Path, written: dict[str, int]) -> None:
+    """Record that the exports were made from the consolidated files as they are now."""
+    path = layout.exports_dir(root) / _STAMP
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps({"source": _source_stamp(root), "written": written}))
+    os.replace(tmp, path)
+
+
+def _fresh(root: Path) -> dict[str, int] | None:
+    try:
+        doc = json.loads((layout.exports_dir(root) / _STAMP).read_text())
+        if doc["source"] != _source_stamp(root):
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not all((layout.exports_dir(root) / name).exists() for name in EXPORT_FILES):
+        return None
+    return {name: int(doc["written"][name]) for name in EXPORT_FILES}
+
+
+def write_exports(root: Path) -> dict[str, int]:
+    """Write every export into ``consolidated/exports/``; returns rows written per file.
+
+    Nothing is rewritten when consolidation already wrote them from the consolidated files as
+    they are now (same size, mtime and inode; see :class:`ExportWriter`).
+    """
+    fresh = _fresh(root)
+    if fresh is not None:
+        return fresh
+    out = layout.consolidated_dir(root)
     passed: set[str] = set()
     prompts = _Cursor(iter_rows(out / layout.PROMPT_INDEX), passed)
     acts = _Cursor(iter_rows(out / layout.ACTIVATION_INDEX), passed)
-    files = {name: open(exports / f"{name}.partial", "w", encoding="utf-8")
-             for name in EXPORT_FILES}
-    written = dict.fromkeys(EXPORT_FILES, 0)
-
-    def emit(name: str, row: dict[str, Any]) -> None:
-        files[name].write(json.dumps(row, ensure_ascii=False) + "\n")
-        written[name] += 1
-
+    writer = ExportWriter(root)
     try:
         for pid, gens in _groups(out / layout.GENERATIONS):
             prompt_rows = prompts.take(pid)
             act_rows = acts.take(pid)
             passed.add(pid)
-            prompt = prompt_rows[-1] if prompt_rows else None
-            if prompt is None or not gens or gens[0]["sample_id"] != 0:
-                continue
             act = next((a for a in reversed(act_rows) if a.get("sample_id") == 0), None)
-            primary, samples = gens[0], gens[1:]
-            base = {"prompt_id": pid, "label": prompt.get("label"),
-                    "label_grader": prompt.get("label_grader"),
-                    "question": (prompt.get("meta") or {}).get("question") or prompt.get("prompt"),
-                    "prompt": prompt.get("prompt"),
-                    "sample_ids": [g["sample_id"] for g in gens]}
-            emit("selfcheck_samples.jsonl", {
-                **base, "primary": {"sample_id": 0, "text": primary["text"]},
-                "samples": [{"sample_id": g["sample_id"], "text": g["text"]} for g in samples]})
-            emit("semantic_entropy_inputs.jsonl", {
-                **base, "primary": _logprob_summary(primary),
-                "samples": [_logprob_summary(g) for g in samples]})
-            energy = [_energy_sample(g) for g in gens]
-            emit("semantic_energy_inputs.jsonl", {
-                **base, "logit_source": ("raw_logits" if all(e["logit_source"] == "raw_logits"
-                                                             for e in energy)
-                                         else "logprobs_only"),
-                "samples": energy})
-            emit("geometry_inputs.jsonl", {**base, **_geometry(prompt, primary, act)})
-            emit("logprob_inputs.jsonl", {
-                **base, "sample_id": 0, "text": primary["text"],
-                "tokens": [t["token"] for t in primary.get("logprobs") or []],
-                "token_ids": primary.get("token_ids"),
-                "token_logprobs": _token_logprobs(primary),
-                "top_logprobs": [t["top_logprobs"] for t in primary.get("logprobs") or []]})
-        for f in files.values():
-            f.flush()
-            os.fsync(f.fileno())
-    finally:
-        for f in files.values():
-            f.close()
-    for name in EXPORT_FILES:
-        os.replace(exports / f"{name}.partial", exports / name)
+            writer.add(prompt_rows[-1] if prompt_rows else None, gens, act)
+    except BaseException:
+        writer.close(commit=False)
+        raise
+    written = writer.close()
+    stamp_exports(root, written)
     return written
 
 

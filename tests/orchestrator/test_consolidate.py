@@ -87,3 +87,19 @@ def test_rows_out_of_commit_order_stop_with_the_file_named(tmp_path: Path):
     with pytest.raises(ArtifactError, match="generations.jsonl.*commit order"):
         consolidate(tmp_path)
     assert not (layout.consolidated_dir(tmp_path) / "generations.parquet").exists()
+
+
+def test_exports_written_by_consolidation_equal_a_fresh_export(tmp_path: Path):
+    from orchestrator.postrun.exports import EXPORT_FILES, write_exports
+
+    build_run(tmp_path, prompts=5, k=2, workers=2)
+    consolidate(tmp_path)
+    exports = layout.exports_dir(tmp_path)
+    first = {name: (exports / name).read_bytes() for name in EXPORT_FILES}
+    assert write_exports(tmp_path)["geometry_inputs.jsonl"] == 5  # fresh: nothing redone
+    assert {name: (exports / name).read_bytes() for name in EXPORT_FILES} == first
+    (layout.consolidated_dir(tmp_path) / layout.GENERATIONS).touch()  # stale stamp
+    for name in EXPORT_FILES:
+        (exports / name).unlink()
+    assert write_exports(tmp_path)["selfcheck_samples.jsonl"] == 5
+    assert {name: (exports / name).read_bytes() for name in EXPORT_FILES} == first
