@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -63,7 +65,7 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 PARQUET_FILES = tuple(SCHEMAS)
 
-ROW_GROUP_ROWS = 16384
+ROW_GROUP_ROWS = 8192
 """Rows buffered per row group; generations use a quarter of it (they are the big rows)."""
 
 
@@ -148,6 +150,9 @@ _COLUMNS: dict[str, Callable[[dict[str, Any]], tuple]] = {
 }
 
 
+_TOKEN, _LOGPROB, _TOP = itemgetter("token"), itemgetter("logprob"), itemgetter("top_logprobs")
+
+
 class _GenerationTable:
     """generations.parquet, built column by column: list columns as flat values + offsets
     (no per-token Python lists, no per-row tuples)."""
@@ -208,8 +213,38 @@ class _GenerationTable:
             self.token_ids_valid.append(False)
         self.token_ids_off.append(len(self.token_ids))
         lps = get("logprobs") or []
+        try:
+            self._add_logprobs_fast(lps)
+        except (KeyError, TypeError, AttributeError):
+            self._add_logprobs(lps)
+        self.tok_off.append(len(self.tokens))
+        self.n += 1
+        if self.n >= self.rows:
+            self.flush()
+
+    def _add_logprobs_fast(self, lps: list[dict[str, Any]]) -> None:
+        """Worker rows: every entry has token, logprob, logit and top_logprobs (C-level maps)."""
+        n_top, n_off = len(self.top_tok), len(self.top_off)
+        try:
+            tokens = list(map(_TOKEN, lps))
+            lp = list(map(_LOGPROB, lps))
+            logits = list(map(dict.get, lps, repeat("logit")))  # vLLM gives no logit
+            tops = list(map(_TOP, lps))
+            top_off, top_tok, top_lp = self.top_off, self.top_tok, self.top_lp
+            for top in tops:
+                top_tok.extend(map(_TOKEN, top))
+                top_lp.extend(map(_LOGPROB, top))
+                top_off.append(len(top_tok))
+        except BaseException:
+            del self.top_tok[n_top:], self.top_lp[n_top:], self.top_off[n_off:]
+            raise
+        self.tokens.extend(tokens)
+        self.lps.extend(lp)
+        self.logits.extend(logits)
+        self.logits_valid.append(any(v is not None for v in logits))
+
+    def _add_logprobs(self, lps: list[dict[str, Any]]) -> None:
         has_logit = False
-        top_tok, top_lp, top_off = self.top_tok, self.top_lp, self.top_off
         for t in lps:
             self.tokens.append(t.get("token"))
             self.lps.append(t.get("logprob"))
@@ -217,14 +252,10 @@ class _GenerationTable:
             self.logits.append(logit)
             has_logit = has_logit or logit is not None
             for a in t.get("top_logprobs") or ():
-                top_tok.append(a.get("token"))
-                top_lp.append(a.get("logprob"))
-            top_off.append(len(top_tok))
-        self.tok_off.append(len(self.tokens))
+                self.top_tok.append(a.get("token"))
+                self.top_lp.append(a.get("logprob"))
+            self.top_off.append(len(self.top_tok))
         self.logits_valid.append(has_logit)
-        self.n += 1
-        if self.n >= self.rows:
-            self.flush()
 
     def flush(self) -> None:
         if not self.n:
