@@ -80,10 +80,19 @@ def _phase(name: str, root: Path) -> None:
         raise SystemExit(f"unknown phase {name}")
     wall = time.monotonic() - start
     ru = resource.getrusage(resource.RUSAGE_SELF)
+    # VmHWM, not ru_maxrss: after fork + exec, ru_maxrss keeps the parent's high-water mark
     print(json.dumps({"phase": name, "wall_s": round(wall, 3),
                       "cpu_s": round(ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime, 3),
-                      "peak_rss_mb": round(ru.ru_maxrss / 1024, 1),
+                      "peak_rss_mb": round(_vm_hwm_kb() / 1024, 1),
                       "base_rss_mb": round(base_rss / 2**20, 1), "result": out}))
+
+
+def _vm_hwm_kb() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def run_phase(name: str, root: Path, env: dict[str, str], code: Path = REPO) -> dict:
