@@ -66,6 +66,17 @@ def _line(row: dict[str, Any]) -> bytes:
     return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
 
 
+def _with_label(raw: bytes, label: int) -> bytes | None:
+    """``_line({**row, "label": label})`` from the row's compact bytes, when certain: the row
+    has no ``label`` key yet, so the key goes last."""
+    if b'"label":' in raw:
+        return None
+    out = spaced(raw)
+    if out is None or not out.endswith(b"}\n"):
+        return None
+    return out[:-2] + b', "label": ' + str(label).encode() + b"}\n"
+
+
 def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
                  labels: LabelIndex, act_dir: Path, out: dict[str, IO[bytes]],
                  counts: dict[str, int], modes: dict[str, int], tables: ParquetTables,
@@ -113,10 +124,12 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
                 act = {**act, "file_path": f"activations/{src.name}",
                        "source_path": f"{wdir.name}/{act['file_path']}"}
             label = sample_labels.get(act["sample_id"])
-            act = {**act, "label": -1 if label is None else int(label)}
+            label = -1 if label is None else int(label)
+            line_out = (_with_label(act_line.raw, label) if act is act_line.row else None)
+            act = {**act, "label": label}
             counts["total_bytes"] += int(act.get("size_bytes") or 0)
             counts["activations"] += 1
-            write_act(_line(act))
+            write_act(line_out or _line(act))
             tables.add_activation(act)
             if act["sample_id"] == 0:
                 primary_act = act
