@@ -16,6 +16,9 @@ phase. The last line is one JSON object.
     python bench/bench_scale.py                 # 10^4 and 10^5 generations
     python bench/bench_scale.py --sizes 12000   # one size
     python bench/bench_scale.py --million       # adds 10^6
+    python bench/bench_scale.py --synthetic --sizes 100000 --baseline ../older-checkout
+        # post-run phases only, on a directory written by the real writer (workers.persist),
+        # with this checkout and with the baseline's code on a copy: ratios per phase
 
 On a small shared machine the figures are noisy: the backends share the cores with what is
 measured, so compare sizes within one invocation.
