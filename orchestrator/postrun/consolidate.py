@@ -80,7 +80,7 @@ def _with_label(raw: bytes, label: int) -> bytes | None:
 def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
                  labels: LabelIndex, act_dir: Path, out: dict[str, IO[bytes]],
                  counts: dict[str, int], modes: dict[str, int], tables: ParquetTables,
-                 exports: ExportWriter) -> None:
+                 exports: ExportWriter, exports_failed: list[BaseException]) -> None:
     """Stream one worker's kept commits into the consolidated files (all three in lockstep)."""
     gens = RunCursor(iter_lines(wdir / layout.GENERATIONS), kept)
     acts = RunCursor(iter_lines(wdir / layout.ACTIVATION_INDEX), kept)
@@ -134,7 +134,13 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
             if act["sample_id"] == 0:
                 primary_act = act
         kept_gens.sort(key=lambda g: g["sample_id"])
-        exports.add(row, kept_gens, primary_act)
+        if not exports_failed:
+            try:
+                exports.add(row, kept_gens, primary_act)
+            except Exception as exc:  # noqa: BLE001 - the exports step reports it on its own
+                log.warning("exports not written with the consolidation (%s: %s); "
+                            "write_exports will redo them", type(exc).__name__, exc)
+                exports_failed.append(exc)
 
 
 def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
@@ -163,6 +169,7 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
 
     tables = ParquetTables(out)
     exports = ExportWriter(root)
+    exports_failed: list[BaseException] = []
     published = False
     try:
         if fmt == "npy":
@@ -170,7 +177,7 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
         for wdir, scan, keep in zip(wdirs, scans, chosen):
             _copy_worker(wdir, KeptCommits(scan, keep), keep, k=k, fmt=fmt, labels=labels,
                          act_dir=act_dir, out=tmp, counts=counts, modes=modes, tables=tables,
-                         exports=exports)
+                         exports=exports, exports_failed=exports_failed)
         for f in tmp.values():
             f.flush()
             os.fsync(f.fileno())
@@ -179,7 +186,10 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
         for name in tmp:
             os.replace(out / f"{name}.partial", out / name)
         parquet_rows = tables.close(commit=True)
-        stamp_exports(root, exports.close(commit=True))
+        if exports_failed:
+            exports.close(commit=False)
+        else:
+            stamp_exports(root, exports.close(commit=True))
         published = True
     finally:
         for f in tmp.values():

@@ -15,6 +15,7 @@ gens = pd.read_parquet("run/consolidated/generations.parquet")
 from __future__ import annotations
 
 import json
+import logging
 import os
 from itertools import repeat
 from operator import itemgetter
@@ -23,6 +24,8 @@ from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+log = logging.getLogger(__name__)
 
 __all__ = ["SCHEMAS", "PARQUET_FILES", "ParquetTables"]
 
@@ -67,6 +70,25 @@ PARQUET_FILES = tuple(SCHEMAS)
 
 ROW_GROUP_ROWS = 8192
 """Rows buffered per row group; generations use a quarter of it (they are the big rows)."""
+
+
+def _array(values: list, type_: pa.DataType, where: str) -> pa.Array:
+    """``pa.array(values, type_)``; a value of another type becomes null (with a warning)
+    instead of failing the consolidation: the JSONL files stay the reference."""
+    try:
+        return pa.array(values, type=type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+        pass
+    kept, dropped = [], 0
+    for value in values:
+        try:
+            pa.array([value], type=type_)
+            kept.append(value)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+            kept.append(None)
+            dropped += 1
+    log.warning("%s: %d value(s) not of type %s stored as null", where, dropped, type_)
+    return pa.array(kept, type=type_)
 
 
 def _json_or_none(value: Any) -> str | None:
@@ -263,20 +285,26 @@ class _GenerationTable:
         types = {f.name: f.type for f in self.schema}
         i32 = pa.int32()
         tok_off = pa.array(self.tok_off, type=i32)
-        cols = {name: pa.array(values, type=types[name]) for name, values in self.scalars.items()}
+        where = self.path.name
+
+        def arr(values: list, type_: pa.DataType, column: str) -> pa.Array:
+            return _array(values, type_, f"{where} {column}")
+
+        cols = {name: arr(values, types[name], name) for name, values in self.scalars.items()}
         cols["token_ids"] = pa.ListArray.from_arrays(
-            pa.array(self.token_ids_off, type=i32), pa.array(self.token_ids, type=_I32),
+            pa.array(self.token_ids_off, type=i32), arr(self.token_ids, _I32, "token_ids"),
             mask=pa.array([not v for v in self.token_ids_valid], type=_B))
-        cols["tokens"] = pa.ListArray.from_arrays(tok_off, pa.array(self.tokens, type=_S))
-        cols["token_logprobs"] = pa.ListArray.from_arrays(tok_off, pa.array(self.lps, type=_F32))
+        cols["tokens"] = pa.ListArray.from_arrays(tok_off, arr(self.tokens, _S, "tokens"))
+        cols["token_logprobs"] = pa.ListArray.from_arrays(
+            tok_off, arr(self.lps, _F32, "token_logprobs"))
         cols["token_logits"] = pa.ListArray.from_arrays(
-            tok_off, pa.array(self.logits, type=_F32),
+            tok_off, arr(self.logits, _F32, "token_logits"),
             mask=pa.array([not v for v in self.logits_valid], type=_B))
         top_off = pa.array(self.top_off, type=i32)
         cols["top_logprob_tokens"] = pa.ListArray.from_arrays(
-            tok_off, pa.ListArray.from_arrays(top_off, pa.array(self.top_tok, type=_S)))
+            tok_off, pa.ListArray.from_arrays(top_off, arr(self.top_tok, _S, "top_logprobs")))
         cols["top_logprobs"] = pa.ListArray.from_arrays(
-            tok_off, pa.ListArray.from_arrays(top_off, pa.array(self.top_lp, type=_F32)))
+            tok_off, pa.ListArray.from_arrays(top_off, arr(self.top_lp, _F32, "top_logprobs")))
         table = pa.Table.from_arrays([cols[f.name] for f in self.schema], schema=self.schema)
         self.writer.write_table(table)
         self.written += self.n
@@ -302,7 +330,8 @@ class _Table:
         if not self.buffer:
             return
         cols = list(zip(*self.buffer))
-        arrays = [pa.array(col, type=field.type) for col, field in zip(cols, self.schema)]
+        arrays = [_array(list(col), field.type, f"{self.path.name} {field.name}")
+                  for col, field in zip(cols, self.schema)]
         self.writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
         self.written += len(self.buffer)
         self.buffer = []

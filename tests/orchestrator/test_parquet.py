@@ -90,3 +90,22 @@ def test_loads_in_duckdb_polars_and_datasets(run: Path):
     ds = datasets.load_dataset("parquet", data_files=str(out / "labels.parquet"),
                                cache_dir=str(run.parent / "hf-cache"))["train"]
     assert len(ds) == 5 and set(ds.column_names) == {f.name for f in SCHEMAS["labels.parquet"]}
+
+
+def test_a_value_of_another_type_is_null_not_a_failed_consolidation(tmp_path: Path):
+    build_run(tmp_path, prompts=2, k=1, workers=1)
+    path = tmp_path / "worker_0" / layout.GENERATIONS
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    rows[1]["request_params"]["seed"] = "not a number"
+    rows[1]["logprobs"][0]["token"] = 7
+    rows[1]["logprobs"][1]["logprob"] = {"odd": True}  # the exports cannot sum this one
+    path.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+    consolidate(tmp_path)
+    gens = pq.read_table(layout.consolidated_dir(tmp_path) / "generations.parquet").to_pylist()
+    assert gens[1]["seed"] is None and gens[0]["seed"] is not None
+    assert gens[1]["tokens"][0] is None and gens[1]["tokens"][1] is not None
+    assert gens[1]["token_logprobs"][1] is None and gens[1]["token_logprobs"][0] is not None
+    # the exports step fails as it did before, on its own, after the consolidation
+    from orchestrator.postrun.exports import write_exports
+    with pytest.raises(TypeError):
+        write_exports(tmp_path)
