@@ -25,6 +25,8 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from contracts import layout
+
 log = logging.getLogger(__name__)
 
 __all__ = ["SCHEMAS", "PARQUET_FILES", "ParquetTables"]
@@ -33,7 +35,7 @@ _S, _I8, _I32, _I64 = pa.string(), pa.int8(), pa.int32(), pa.int64()
 _F32, _F64, _B = pa.float32(), pa.float64(), pa.bool_()
 
 SCHEMAS: dict[str, pa.Schema] = {
-    "prompts.parquet": pa.schema([
+    layout.PARQUET_TABLES[0]: pa.schema([
         ("prompt_id", _S), ("dataset", _S), ("split", _S), ("dataset_id", _S), ("prompt", _S),
         ("messages", pa.list_(pa.struct([("role", _S), ("content", _S)]))),
         ("question", _S), ("reference_answer", _S), ("reference_aliases", pa.list_(_S)),
@@ -41,7 +43,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("prompt_token_ids", pa.list_(_I32)), ("num_generations", _I32), ("worker_id", _I32),
         ("completed_at", _S), ("commit_id", _S), ("meta_json", _S), ("extra_json", _S),
     ]),
-    "generations.parquet": pa.schema([
+    layout.PARQUET_TABLES[1]: pa.schema([
         ("prompt_id", _S), ("sample_id", _I32), ("role", _S), ("text", _S),
         ("finish_reason", _S), ("prompt_tokens", _I32), ("completion_tokens", _I32),
         ("token_ids", pa.list_(_I32)), ("tokens", pa.list_(_S)),
@@ -52,7 +54,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("generation_time_ms", _I64), ("label", _I8), ("label_grader", _S),
         ("activation_key", _S), ("worker_id", _I32), ("commit_id", _S), ("extra_json", _S),
     ]),
-    "activation_index.parquet": pa.schema([
+    layout.PARQUET_TABLES[2]: pa.schema([
         ("prompt_id", _S), ("sample_id", _I32), ("activation_key", _S),
         ("layers", pa.list_(_I32)), ("sequence_mode", _S), ("capture_mode", _S),
         ("prompt_token_count", _I32), ("response_token_count", _I32),
@@ -61,12 +63,13 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("shape", pa.list_(_I64)), ("dtype", _S), ("size_bytes", _I64), ("label", _I8),
         ("source_path", _S), ("worker_id", _I32), ("commit_id", _S), ("extra_json", _S),
     ]),
-    "labels.parquet": pa.schema([
+    layout.PARQUET_TABLES[3]: pa.schema([
         ("prompt_id", _S), ("label", _I8), ("label_grader", _S), ("label_source", _S),
         ("verdict", _S), ("abstained", _B), ("judge_model", _S), ("judge_verdict", _S),
     ]),
 }
-PARQUET_FILES = tuple(SCHEMAS)
+PARQUET_FILES = layout.PARQUET_TABLES
+assert tuple(SCHEMAS) == PARQUET_FILES
 
 ROW_GROUP_ROWS = 8192
 """Rows buffered per row group; generations use a quarter of it (they are the big rows)."""
