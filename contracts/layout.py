@@ -22,8 +22,8 @@ __all__ = [
     "MANIFEST", "CHECKPOINT", "COMPLETION_LOG", "LABELS", "CONSOLIDATED", "EXPORTS",
     "EVALUATION", "VALIDATION_REPORT", "PROMPT_INDEX", "GENERATIONS", "ACTIVATION_INDEX",
     "ERRORS", "WORKER_JSONL_FILES", "CONSOLIDATED_JSONL_FILES", "PARQUET_TABLES", "worker_dir",
-    "worker_dirs", "worker_id_of", "consolidated_dir", "exports_dir", "evaluation_dir", "servers_dir",
-    "spool_dir",
+    "worker_dirs", "worker_id_of", "consolidated_dir", "exports_dir", "evaluation_dir",
+    "servers_dir", "spool_dir",
 ]
 
 MANIFEST = "run_manifest.json"
