@@ -346,13 +346,14 @@ def main() -> None:
                        storage_format=args.storage_format, keep=args.keep)
         results.append(r)
         print(f"{r['generations']:>8} generations: {r['generations_per_s']:.0f} gen/s, "
-              f"CPU {r['cpu_ms_per_generation']:.2f} ms/gen (run {r['run_cpu_ms_per_generation']:.2f}"
-              f" + post-run {r['postrun_cpu_ms_per_generation']:.2f}), peak RSS run "
+              f"CPU {r['cpu_ms_per_generation']:.2f} ms/gen "
+              f"(run {r['run_cpu_ms_per_generation']:.2f} + post-run {r['postrun_cpu_ms_per_generation']:.2f}), peak RSS run "
               f"{r['run_peak_rss_mb']:.0f} MB / post-run {r['postrun_peak_rss_mb']:.0f} MB, "
               f"server shares {r['server_request_share']}")
         for name, ph in r["phases"].items():
             print(f"    {name:<13} {ph['wall_s']:>8.2f} s  cpu {ph['cpu_s']:>7.2f} s  "
-                  f"peak rss {ph['peak_rss_mb']:>7.1f} MB (after imports {ph['base_rss_mb']:.0f} MB)")
+                  f"peak rss {ph['peak_rss_mb']:>7.1f} MB "
+                  f"(after imports {ph['base_rss_mb']:.0f} MB)")
         sys.stdout.flush()
     print(json.dumps({"bench": "scale", "results": results}))
 
