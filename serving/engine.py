@@ -4,12 +4,19 @@ Every request is split into sequences (one per ``n``) that go into one queue. Th
 takes every waiting sequence up to ``max_batch_size``, waits up to ``batch_wait_ms`` for more,
 then runs one left-padded prefill and a KV-cached decode loop over the batch. Each row has its own
 sampling parameters, ``torch.Generator``, stop conditions and token budget; finished rows leave
-the batch (their KV cache rows are dropped) so the remaining rows decode faster. Sequences that
-arrive meanwhile are prefilled between two decode steps and join the running batch (continuous
-batching; the caches are left-padded to one width, position ids being explicit per row).
+the batch so the remaining rows decode faster. Sequences that arrive meanwhile are prefilled
+between two decode steps and join the running batch (continuous batching). The KV cache is a
+preallocated ``serving.kvslots.SlotKVCache``: a decode step writes in place, a joining sequence
+is written into a free row and a finished one replaced by the last row, so no step rebuilds the
+cache (position ids are explicit per row). Models whose cache is not a plain full-attention one
+run batch-at-a-time on a ``DynamicCache``.
 
 Logprobs are vLLM's default ``raw_logprobs``: ``log_softmax`` of the raw logits, before
-temperature and top-p. The raw logit of each chosen token is kept as well.
+temperature and top-p. The raw logit of each chosen token is kept as well. Per step the batch's
+chosen and top-k logprobs are computed as tensors and moved to Python in one call each.
+
+Captured hidden states go from the hooks' outputs straight into one growing buffer per sequence
+(``[tokens, layers, hidden]``), which is what the spool file is written from.
 """
 
 from __future__ import annotations
@@ -20,74 +27,22 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 
 from serving.capture import HiddenStateRecorder, SpoolWriter
+from serving.kvslots import SlotKVCache
+from serving.running_batch import RunningBatch, supports_joining
+from serving.sequences import SamplingParams, SequenceOutput, SequenceState, TokenLogprob
 from serving.metrics import ServingMetrics
 from serving.model_loader import LoadedModel
+
+__all__ = ["Engine", "SamplingParams", "SequenceOutput", "TokenLogprob"]
 
 logger = logging.getLogger(__name__)
 
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy, as in vLLM
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf; vLLM clamps the same way
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per-sequence generation parameters."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    top_logprobs: int | None = None
-    """None: no logprobs; k >= 0: the chosen token's logprob and the k most likely tokens."""
-    capture: bool = False
-    """Save the hidden states of every token fed to the model (prompt + all generated but last)."""
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-
-
-@dataclass
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    logit: float
-    top: list[tuple[int, float]]
-
-
-@dataclass
-class SequenceOutput:
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str
-    finish_reason: str  # "stop" | "length"
-    stop_reason: int | str | None
-    logprobs: list[TokenLogprob] | None
-    hidden_states_path: str | None = None
-
-
-@dataclass
-class _Sequence:
-    prompt_ids: list[int]
-    params: SamplingParams
-    future: concurrent.futures.Future
-    generator: torch.Generator | None
-    out_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    states: list[torch.Tensor] = field(default_factory=list)
 
 
 class Engine:
@@ -120,8 +75,9 @@ class Engine:
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else min(loaded.eos_token_ids, default=0)
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
-        self._queue: queue.Queue[_Sequence] = queue.Queue()
-        self._joinable = _supports_joining(self.model)
+        self._queue: queue.Queue[SequenceState] = queue.Queue()
+        self._joinable = supports_joining(self.model)
+        self._num_cache_layers = self.model.config.num_hidden_layers
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="serving-engine", daemon=True)
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="capture-writer")
@@ -157,7 +113,7 @@ class Engine:
                 generator.seed()
             else:
                 generator.manual_seed(params.seed)
-        seq = _Sequence(list(prompt_ids), params, concurrent.futures.Future(), generator)
+        seq = SequenceState(list(prompt_ids), params, concurrent.futures.Future(), generator)
         self._queue.put(seq)
         if self.metrics:
             self.metrics.waiting.set(self._queue.qsize())
@@ -185,7 +141,7 @@ class Engine:
                 if self.metrics:
                     self.metrics.running.set(0)
 
-    def _next_batch(self) -> list[_Sequence]:
+    def _next_batch(self) -> list[SequenceState]:
         try:
             batch = [self._queue.get(timeout=0.1)]
         except queue.Empty:
@@ -206,20 +162,20 @@ class Engine:
                 break
         return batch
 
-    def _generate(self, batch: list[_Sequence]) -> None:
+    def _generate(self, batch: list[SequenceState]) -> None:
         """Run ``batch`` to completion; waiting sequences join it between decode steps.
 
         ``batch`` is kept equal to the unfinished sequences taken so far (joiners included), so the
         caller can fail every one of them on error.
         """
-        run = self._prefill(batch)
+        run = RunningBatch(self._new_cache())
+        self._admit(run, batch)
         while True:
             finished = self._sample_step(run.active, run.logits)
             for seq in finished:
                 self._finish(seq)
-            keep = [i for i, seq in enumerate(run.active) if seq.finish_reason is None]
-            if len(keep) < len(run.active):
-                run.select(keep)
+            if finished:
+                run.drop_finished()
             newcomers = self._take_waiting(self.max_batch_size - len(run.active))
             batch[:] = run.active + newcomers  # what is still owed an answer
             if not run.active and not newcomers:
@@ -227,20 +183,26 @@ class Engine:
             if run.active:
                 next_ids = torch.tensor([[seq.out_ids[-1]] for seq in run.active],
                                         device=self.device)
-                run.mask = torch.cat([run.mask, run.mask.new_ones((len(run.active), 1))], dim=1)
                 run.positions = run.positions + 1
-                run.logits = self._forward(next_ids, run.mask, run.positions, run.cache,
+                run.logits = self._forward(next_ids, run.step_mask(), run.positions, run.cache,
                                            run.active, None)
+                run.advance()
             if newcomers:
-                joined = self._prefill(newcomers)
-                run = joined if not run.active else run.merge(joined)
+                self._admit(run, newcomers)
             if self.metrics:
                 self.metrics.running.set(len(run.active))
                 self.metrics.waiting.set(self._queue.qsize())
 
-    def _take_waiting(self, room: int) -> list[_Sequence]:
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        if self._joinable:
+            return SlotKVCache(self._num_cache_layers, self.max_batch_size)
+        return DynamicCache(config=self.model.config)
+
+    def _take_waiting(self, room: int) -> list[SequenceState]:
         """Sequences that can join the running batch now (never waits)."""
-        taken: list[_Sequence] = []
+        taken: list[SequenceState] = []
         while len(taken) < room and self._joinable:
             try:
                 taken.append(self._queue.get_nowait())
@@ -248,7 +210,8 @@ class Engine:
                 break
         return taken
 
-    def _prefill(self, batch: list[_Sequence]) -> _RunningBatch:
+    def _admit(self, run: RunningBatch, batch: list[SequenceState]) -> None:
+        """Prefill ``batch`` (left-padded, on its own cache) and add its rows to ``run``."""
         from transformers import DynamicCache
 
         lengths = [len(seq.prompt_ids) for seq in batch]
@@ -262,9 +225,10 @@ class Engine:
         input_ids, mask, positions = (t.to(self.device) for t in (input_ids, mask, positions))
         if self.metrics:
             self.metrics.prompt_tokens.inc(sum(lengths))
-        cache = DynamicCache(config=self.model.config)
+        slots = isinstance(run.cache, SlotKVCache)
+        cache = DynamicCache(config=self.model.config) if slots else run.cache
         logits = self._forward(input_ids, mask, positions, cache, batch, lengths)
-        return _RunningBatch(list(batch), cache, mask, positions[:, -1:], logits)
+        run.add(batch, cache, mask, positions[:, -1:], logits)
 
     def _forward(self, input_ids, mask, positions, cache, active, prompt_lengths):
         """One forward pass; records capture states of the rows that asked; returns last logits."""
@@ -282,46 +246,44 @@ class Engine:
             logits_to_keep=1,
         )
         if capturing:
-            states = self.recorder.collect()  # [rows, seq, layers, hidden]
+            outputs = self.recorder.collect_layers()  # per layer [rows, seq, hidden], no copy
             for row, seq in enumerate(active):
                 if seq.params.capture:
                     tokens = prompt_lengths[row] if prompt_lengths else 1
-                    seq.states.append(states[row, states.shape[1] - tokens:].to("cpu"))
+                    seq.capture(outputs, row, tokens, self.loaded.max_model_len)
         return out.logits[:, -1, :].float()
 
-    def _sample_step(self, active: list[_Sequence], logits: torch.Tensor) -> list[_Sequence]:
+    def _sample_step(self, active: list[SequenceState], logits: torch.Tensor) -> list[SequenceState]:
         """Choose one token per row, record logprobs, apply stop rules; return rows that finished."""
-        logprobs = torch.log_softmax(logits, dim=-1)
-        want_top = max((seq.params.top_logprobs or 0 for seq in active), default=0)
-        top_values = top_ids = None
-        if want_top:
-            top_values, top_ids = torch.topk(logprobs, want_top, dim=-1)
-            top_values, top_ids = top_values.cpu(), top_ids.cpu()
-        finished = []
         chosen = self._choose_rows(logits, active)
-        chosen_t = torch.tensor(chosen, device=logits.device).unsqueeze(1)
-        chosen_lp = logprobs.gather(1, chosen_t).squeeze(1).cpu().tolist()
-        chosen_logit = logits.gather(1, chosen_t).squeeze(1).cpu().tolist()
+        want_lp = any(seq.params.top_logprobs is not None for seq in active)
+        if want_lp:
+            logprobs = torch.log_softmax(logits, dim=-1)
+            chosen_t = torch.tensor(chosen, device=logits.device).unsqueeze(1)
+            chosen_lp = logprobs.gather(1, chosen_t).squeeze(1).clamp_(min=LOGPROB_FLOOR).tolist()
+            chosen_logit = logits.gather(1, chosen_t).squeeze(1).tolist()
+            want_top = max((seq.params.top_logprobs or 0 for seq in active), default=0)
+            top_ids = top_values = None
+            if want_top:
+                values, ids = torch.topk(logprobs, want_top, dim=-1)
+                top_values = values.clamp_(min=LOGPROB_FLOOR).tolist()
+                top_ids = ids.tolist()
         if self.metrics:
             self.metrics.generation_tokens.inc(len(active))
+        finished = []
         for row, seq in enumerate(active):
             token = chosen[row]
             seq.out_ids.append(token)
             k = seq.params.top_logprobs
             if k is not None:
-                top = []
-                if k:
-                    top = list(zip(top_ids[row, :k].tolist(),
-                                   (max(v, LOGPROB_FLOOR) for v in top_values[row, :k].tolist())))
-                seq.logprobs.append(
-                    TokenLogprob(token, max(chosen_lp[row], LOGPROB_FLOOR), chosen_logit[row], top)
-                )
+                top = list(zip(top_ids[row][:k], top_values[row][:k])) if k else []
+                seq.logprobs.append(TokenLogprob(token, chosen_lp[row], chosen_logit[row], top))
             if self._check_stop(seq):
                 finished.append(seq)
         return finished
 
     @classmethod
-    def _choose_rows(cls, logits: torch.Tensor, active: list[_Sequence]) -> list[int]:
+    def _choose_rows(cls, logits: torch.Tensor, active: list[SequenceState]) -> list[int]:
         """One token per row: greedy rows by argmax; sampled rows share one batched softmax and
         sort, then draw with their own generator (so a row's draw never depends on the batch)."""
         chosen = torch.argmax(logits, dim=-1).tolist()
@@ -359,7 +321,7 @@ class Engine:
             return int(order[pick])
         return int(torch.multinomial(probs, 1, generator=generator))
 
-    def _check_stop(self, seq: _Sequence) -> bool:
+    def _check_stop(self, seq: SequenceState) -> bool:
         token = seq.out_ids[-1]
         params = seq.params
         if token in self.loaded.eos_token_ids:
@@ -383,7 +345,7 @@ class Engine:
             seq.finish_reason = "length"
         return seq.finish_reason is not None
 
-    def _finish(self, seq: _Sequence) -> None:
+    def _finish(self, seq: SequenceState) -> None:
         if not seq.params.stop or seq.stop_reason is None:
             seq.text = self.tokenizer.decode(seq.out_ids, skip_special_tokens=True)
         output = SequenceOutput(
@@ -397,8 +359,8 @@ class Engine:
         if not (seq.params.capture and self.recorder is not None):
             seq.future.set_result(output)
             return
-        states = torch.cat(seq.states, dim=0)
-        seq.states = []
+        states = seq.states[: seq.n_states]  # a view of the capture buffer
+        seq.states, seq.n_states = None, 0
         tokens = (seq.prompt_ids + seq.out_ids)[: states.shape[0]]
         self._writer.submit(self._write_capture, seq.future, output, states, tokens)
 
@@ -411,62 +373,3 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - reported to the request
             logger.exception("writing a capture file failed")
             future.set_exception(exc)
-
-
-@dataclass
-class _RunningBatch:
-    """The rows being decoded, their KV cache, attention mask and next-token logits."""
-
-    active: list[_Sequence]
-    cache: object  # transformers DynamicCache
-    mask: torch.Tensor  # [rows, columns], 0 for left padding
-    positions: torch.Tensor  # [rows, 1], position id of each row's last token
-    logits: torch.Tensor  # [rows, vocab]
-
-    def select(self, keep: list[int]) -> None:
-        """Keep only rows ``keep``, then drop the columns that are padding in every row."""
-        self.active = [self.active[i] for i in keep]
-        if not keep:
-            return
-        index = torch.tensor(keep, device=self.mask.device)
-        self.cache.batch_select_indices(index)
-        self.mask, self.positions, self.logits = (
-            self.mask[index], self.positions[index], self.logits[index]
-        )
-        first = int(self.mask.any(dim=0).int().argmax())
-        if first > 0:
-            self.mask = self.mask[:, first:]
-            for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
-
-    def merge(self, other: _RunningBatch) -> _RunningBatch:
-        """Append ``other``'s rows, left-padding the shorter cache (position ids are explicit)."""
-        width = max(self.mask.shape[1], other.mask.shape[1])
-
-        def pad(t: torch.Tensor, dim_from_end: int) -> torch.Tensor:
-            missing = width - t.shape[-dim_from_end]
-            if not missing:
-                return t
-            spec = [0, 0] * (dim_from_end - 1) + [missing, 0]
-            return torch.nn.functional.pad(t, spec)
-
-        for mine, theirs in zip(self.cache.layers, other.cache.layers):
-            mine.keys = torch.cat([pad(mine.keys, 2), pad(theirs.keys, 2)], dim=0)
-            mine.values = torch.cat([pad(mine.values, 2), pad(theirs.values, 2)], dim=0)
-        self.mask = torch.cat([pad(self.mask, 1), pad(other.mask, 1)], dim=0)
-        self.positions = torch.cat([self.positions, other.positions], dim=0)
-        self.logits = torch.cat([self.logits, other.logits], dim=0)
-        self.active = self.active + other.active
-        return self
-
-
-def _supports_joining(model: torch.nn.Module) -> bool:
-    """Rows can join a running batch only when every cache layer is a plain growing KV cache."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
-    try:
-        cache = DynamicCache(config=model.config)
-    except Exception:  # noqa: BLE001 - unknown config: stay with batch-at-a-time
-        return False
-    return all(type(layer) is DynamicLayer for layer in cache.layers)
