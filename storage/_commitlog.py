@@ -12,10 +12,22 @@ __all__ = ["append_record", "tail_to_drop"]
 
 
 def append_record(fd: int, record: dict) -> int:
-    """Append one record durably (fdatasync); return the byte offset where its line starts."""
+    """Append one record durably (fdatasync); return the byte offset where its line starts.
+
+    On failure the log is cut back to where the line started (best effort) and the error
+    propagates: the sample is not committed.
+    """
     start = os.lseek(fd, 0, os.SEEK_END)
-    write_all(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
-    os.fdatasync(fd)
+    try:
+        write_all(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
+        os.fdatasync(fd)
+    except BaseException:
+        # A torn or not-durable line must not stay: the next record would be glued to it.
+        try:
+            os.ftruncate(fd, start)
+        except OSError:
+            pass  # reopening the store drops a torn last line; a whole one is rolled back
+        raise
     return start
 
 

@@ -214,15 +214,22 @@ class PackedWriter(ActivationWriter):
             self._shard_size = 0
         fd = self._open_shard()
         offset = self._shard_size
-        os.lseek(fd, offset, os.SEEK_SET)
-        write_all(fd, acts)
-        os.fdatasync(fd)
         record = {
             "key": key, "shard": self._shard, "offset": offset, "seq_len": int(acts.shape[1]),
             "prompt_len": meta.prompt_len, "response_len": meta.response_len, "label": meta.label,
             "crc32": zlib.crc32(acts.reshape(-1).view(np.uint8)),
         }
-        self._commit(key, record)
+        try:
+            os.lseek(fd, offset, os.SEEK_SET)
+            write_all(fd, acts)
+            os.fdatasync(fd)
+            self._commit(key, record)
+        except Exception:
+            try:  # uncommitted bytes past the shard's end would break the finalized sizes
+                os.ftruncate(fd, offset)
+            except OSError:
+                pass  # reopening the store truncates them (_truncate_shards)
+            raise
         self._shard_size = offset + nbytes
         return {
             "file_path": f"activations/{shard_name(self._shard)}",

@@ -23,11 +23,14 @@ from contracts.ids import activation_key, sample_seed
 from contracts.prompt_group import PromptGroup
 from workers.capture import CaptureError, discard_capture, load_capture, select_rows
 from workers.client import BackendClient, Completion
-from workers.persist import GenerationRecord, WorkerDir
+from workers.persist import GenerationRecord, PersistBroken, WorkerDir
 
 __all__ = ["WorkerSpec", "worker_main", "grade_answer"]
 
 log = logging.getLogger(__name__)
+
+#: errnos after which writing on is pointless until a person frees space: the worker stops
+_FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,10 @@ def worker_main(spec: WorkerSpec, task_queue, result_queue) -> None:
     die_with_parent(signal.SIGKILL)  # never outlive a crashed orchestrator: it owns the queue
     logging.basicConfig(level=os.environ.get("HALLULOG_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s worker_{spec.worker_id} %(levelname)s %(message)s")
+    if os.environ.get("HALLULOG_FAULTS"):  # fault tests only (workers/_faults.py)
+        from workers._faults import install_from_env
+
+        install_from_env()
     try:
         asyncio.run(_Worker(spec, task_queue, result_queue).run())
     except BaseException as exc:  # report, then die: the orchestrator decides what happens next
@@ -161,16 +168,21 @@ class _Worker:
         try:
             async with self.persist_lock:
                 await asyncio.to_thread(self.out.persist_group, prompt_row, records)
-                for err in errors:
-                    await asyncio.to_thread(self.out.record_error, err)
-        except OSError as exc:
-            kind = "storage_full" if exc.errno == errno.ENOSPC else "storage_error"
-            self._report_failure(group.prompt_id, None, exc, kind,
-                                 fatal=exc.errno in (errno.ENOSPC, errno.EROFS))
+        except OSError as exc:  # persist_group rolled the group back (or says it could not)
+            full = exc.errno in _FULL_DISK
+            self._report_failure(group.prompt_id, None, exc,
+                                 "storage_full" if full else "storage_error",
+                                 fatal=full or isinstance(exc, PersistBroken))
             return
         except Exception as exc:  # e.g. a shard store refusing a key it already holds
-            self._report_failure(group.prompt_id, None, exc, "storage_error")
+            self._report_failure(group.prompt_id, None, exc, "storage_error",
+                                 fatal=isinstance(exc, PersistBroken))
             return
+        for err in errors:  # the group is committed: a lost error row must not undo that
+            try:
+                await asyncio.to_thread(self.out.record_error, err)
+            except OSError:
+                log.exception("could not record a capture error of %s", group.prompt_id)
         tokens = sum(len(c.token_ids) for c in completions)
         self.results.put({"event": "done", "worker_id": spec.worker_id,
                           "prompt_id": group.prompt_id, "generations": len(completions),
