@@ -107,6 +107,8 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Reprocess the prompts in errors.jsonl or found incomplete.")
     parser.add_argument("--log-level", default="WARNING",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="Logging level.")
+    parser.add_argument("--debug", action="store_true",
+                        help="Show the traceback of an error (errors are one line otherwise).")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="Report from the files of a run (finished or not).")
     status_p.add_argument("--token", help="Bearer token of the status API.")
     status_p.add_argument("--json", action="store_true", help="Print the raw JSON.")
+    status_p.add_argument("--debug", action="store_true",
+                          help="Show the traceback of an error.")
     return parser
 
 
@@ -152,27 +156,70 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit codes: 0 done, 1 an error at run time (one line on stderr; ``--debug`` adds the
+    traceback), 2 a bad flag or value, 3 some prompts failed, 130 interrupted."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "status":
         return _status(args, parser)
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _configure_startup_messages()
     try:
         config = config_from_args(args)
     except ConfigError as exc:
         print(f"usage: python -m orchestrator run [options]\n"
               f"python -m orchestrator run: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # e.g. an unreadable run_manifest.json of --validate-only
+        return _fail(exc, args.debug)
     try:
         return _run_command(config, args)
-    except HallulogError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print("interrupted: committed work is kept; rerun the same command to resume",
               file=sys.stderr)
         return 130
+    except Exception as exc:
+        return _fail(exc, args.debug)
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for any error: hallulog's own say what and where; OS errors name the path."""
+    if isinstance(exc, HallulogError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.filename is not None:
+        where = f"{exc.filename} -> {exc.filename2}" if exc.filename2 else str(exc.filename)
+        return f"{where}: {exc.strerror or type(exc).__name__}"
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    from storage.errors import StorageError
+
+    return text if isinstance(exc, StorageError) else f"{type(exc).__name__}: {text}"
+
+
+def _fail(exc: BaseException, debug: bool) -> int:
+    if debug:
+        import traceback
+
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    message = describe_error(exc).splitlines() or [""]
+    hint = "" if debug or isinstance(exc, HallulogError) else " (--debug shows the traceback)"
+    print(f"error: {message[0].rstrip(':')}{hint}", file=sys.stderr)
+    if debug and len(message) > 1:  # e.g. a server log's tail (its path is on the first line)
+        print("\n".join(message[1:]), file=sys.stderr)
+    return 1
+
+
+def _configure_startup_messages() -> None:
+    """What the run is doing before the progress bar appears (model, servers, health), on
+    stderr whatever ``--log-level`` says."""
+    startup = logging.getLogger("orchestrator.startup")
+    if startup.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    startup.addHandler(handler)
+    startup.setLevel(logging.INFO)
+    startup.propagate = False
 
 
 def _run_command(config: RunConfig, args: argparse.Namespace) -> int:
@@ -203,7 +250,6 @@ def _status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         snapshot = fetch_status(args.url, args.token) if args.url \
             else status_from_artifacts(args.artifact_root)
     except Exception as exc:  # network or file errors: one clear line
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return _fail(exc, args.debug)
     print(json.dumps(snapshot, indent=2) if args.json else format_status(snapshot))
     return 0

@@ -139,8 +139,9 @@ class RunConfig:
     """Spawn and manage the servers; false: connect to ``server_urls``."""
     server_urls: tuple[str, ...] = ()
     """Base URLs of already running servers (with manage_servers false)."""
-    server_base_port: int = 8000
-    """Server i listens on server_base_port + i."""
+    server_base_port: int | None = None
+    """Server i listens on server_base_port + i; a port already in use is an error. Unset: free
+    ports from 8000 on (a taken one is skipped and said)."""
     server_startup_timeout: float = 600.0
     """Seconds to wait for a server's /health before giving up."""
     request_timeout: float = 300.0
@@ -188,7 +189,8 @@ class RunConfig:
         _check(0 < self.sample_top_p <= 1, "--sample-top-p must be in (0, 1]")
         _check(self.checkpoint_every >= 1, "--checkpoint-every must be >= 1")
         _check(self.server_startup_timeout > 0, "--server-startup-timeout must be > 0")
-        _check(1 <= self.server_base_port <= 65535, "--server-base-port must be a TCP port")
+        _check(self.server_base_port is None or 1 <= self.server_base_port <= 65535,
+               "--server-base-port must be a TCP port")
         _check(self.status_port is None or 0 <= self.status_port <= 65535,
                "--status-port must be a TCP port")
         _check(self.backend in ("embedded", "vllm"), "--backend must be embedded or vllm")

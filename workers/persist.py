@@ -110,6 +110,9 @@ class WorkerDir:
             self._append("prompt_index.jsonl", [{**prompt_row, "commit_id": commit_id}])
         except Exception as exc:
             self._rollback(marks, keys_before, exc)
+            if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+                # os.write/fsync name no file: say which directory failed (e.g. a full disk)
+                raise OSError(exc.errno, exc.strerror, str(self.root)) from exc
             raise
 
     def _rollback(self, marks: dict[str, int], keys_before: set[str], cause: Exception) -> None:

@@ -95,6 +95,8 @@ REPAIRS = {
     "missing_samples": "python -m orchestrator run --artifact-root {root} --retry-failed",
     "incomplete_prompts": "python -m orchestrator run --artifact-root {root} --retry-failed",
     "missing_activation": "python -m orchestrator run --artifact-root {root} --retry-failed",
+    "activations_missing": "fix the capture errors in worker_*/errors.jsonl, then python -m "
+                           "orchestrator run --artifact-root {root} --retry-failed",
     "missing_activation_file": "python -m orchestrator run --artifact-root {root} "
                                "--consolidate-only (or --retry-failed when the worker file is "
                                "gone too)",
@@ -106,8 +108,13 @@ REPAIRS = {
     "not_consolidated": "python -m orchestrator run --artifact-root {root} --consolidate-only",
 }
 
+#: Share of generations allowed to lack activations (capture failures) before validation fails
+#: (docs/architecture.md): every profile asks for activations, and a run that captured almost
+#: nothing (e.g. a foreign server on the port) must not say "validation OK".
+MAX_MISSING_ACTIVATION_SHARE = 0.05
+
 # Classes that make the artifacts incomplete (non-zero exit); the rest are warnings.
-_FATAL = {"malformed_line", "schema_violation", "consolidated_malformed_line", "missing_samples",
+_FATAL = {"activations_missing", "malformed_line", "schema_violation", "consolidated_malformed_line", "missing_samples",
           "incomplete_prompts", "missing_activation_file", "activation_mismatch", "duplicate_id",
           "not_consolidated"}
 
@@ -251,11 +258,18 @@ def _check_consolidated(out: Path, report: _Report, *, k: int, fmt: str,
         if len(lines) > 1:
             report.add("duplicate_id", f"activation_key {key} repeated on lines {lines}",
                        file=out / layout.ACTIVATION_INDEX, line=lines[1])
+    missing_acts = 0
     for line, row in gens:
         key = f"{row['prompt_id']}_{row['sample_id']}"
         if key not in act_rows:
+            missing_acts += 1
             report.add("missing_activation", "generation has no activations (capture failed?)",
                        file=out / layout.GENERATIONS, line=line, prompt_id=row["prompt_id"])
+    if gens and missing_acts > MAX_MISSING_ACTIVATION_SHARE * len(gens):
+        report.add("activations_missing",
+                   f"{missing_acts} of {len(gens)} generations have no activations (more than "
+                   f"{MAX_MISSING_ACTIVATION_SHARE:.0%}); most common cause: "
+                   f"{_capture_error_cause(out.parent)}", file=out / layout.ACTIVATION_INDEX)
 
     if fmt == "npy":
         _check_npy_files(out, act_rows, report)
@@ -315,6 +329,19 @@ def _check_store(out: Path, act_rows: dict[str, tuple[int, dict]], report: _Repo
                            prompt_id=row["prompt_id"])
     finally:
         reader.close()
+
+
+def _capture_error_cause(root: Path) -> str:
+    """The most frequent ``capture_failed`` message of the workers' errors.jsonl."""
+    causes: Counter = Counter()
+    for wdir in layout.worker_dirs(root):
+        for row in iter_rows(wdir / layout.ERRORS, malformed="skip"):
+            if row.get("error_type") == "capture_failed":
+                causes[str(row.get("error_message", "?"))[:200]] += 1
+    if not causes:
+        return "unknown (no capture_failed rows in worker_*/errors.jsonl)"
+    message, n = causes.most_common(1)[0]
+    return f"{message} ({n} time(s), worker_*/errors.jsonl)"
 
 
 def format_report(report: dict[str, Any], limit: int = 10) -> str:

@@ -49,6 +49,8 @@ class RunResult:
     done_before: int
     done: int = 0
     failed: list[str] = field(default_factory=list)
+    capture_errors: int = 0
+    """Samples of committed groups whose activations could not be captured."""
     wall_seconds: float = 0.0
     labels: dict[str, int] = field(default_factory=dict)
     judge: dict[str, Any] | None = None
@@ -233,7 +235,9 @@ def _drain(pool: WorkerPool, config: RunConfig, root: Path, layer_ids: list[int]
                 result.done += 1
                 board.group_done(wid, event["prompt_id"], generations=event["generations"],
                                  tokens=event["tokens"])
-                progress.advance(generations=event["generations"], tokens=event["tokens"])
+                result.capture_errors += event.get("capture_errors", 0)
+                progress.advance(generations=event["generations"], tokens=event["tokens"],
+                                 capture_errors=event.get("capture_errors", 0))
                 since_checkpoint += 1
                 if since_checkpoint >= config.checkpoint_every:
                     checkpoint.request(completed)
