@@ -8,6 +8,7 @@ import dataclasses
 import inspect
 import json
 import logging
+import os
 import sys
 import types
 import typing
@@ -123,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     status_p.add_argument("--url", help="Status API base URL of a running orchestrator.")
     status_p.add_argument("--artifact-root", type=Path,
                           help="Report from the files of a run (finished or not).")
-    status_p.add_argument("--token", help="Bearer token of the status API.")
+    status_p.add_argument("--token", help="Bearer token of the status API (default: "
+                          "$HALLULOG_STATUS_TOKEN, which keeps it out of the process list).")
     status_p.add_argument("--json", action="store_true", help="Print the raw JSON.")
     status_p.add_argument("--debug", action="store_true",
                           help="Show the traceback of an error.")
@@ -152,6 +154,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                 if recorded.get(key) is not None:
                     recorded[key] = Path(recorded[key])
             given = {**recorded, **given}
+    if given.get("status_token") is None and os.environ.get("HALLULOG_STATUS_TOKEN"):
+        given["status_token"] = os.environ["HALLULOG_STATUS_TOKEN"]
     return RunConfig(**given)
 
 
@@ -247,7 +251,8 @@ def _status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if bool(args.url) == bool(args.artifact_root):
         parser.error("status needs exactly one of --url or --artifact-root")
     try:
-        snapshot = fetch_status(args.url, args.token) if args.url \
+        token = args.token or os.environ.get("HALLULOG_STATUS_TOKEN")
+        snapshot = fetch_status(args.url, token) if args.url \
             else status_from_artifacts(args.artifact_root)
     except Exception as exc:  # network or file errors: one clear line
         return _fail(exc, args.debug)

@@ -73,6 +73,9 @@ def select_layer_ids(target_layers: str, num_hidden_layers: int) -> list[int]:
     raise ConfigError(f"unknown target_layers {target_layers!r}")
 
 
+#: Fields never written anywhere (run_manifest.json, logs, the status snapshot).
+SECRET_FIELDS = frozenset({"status_token"})
+
 # Fields that do not change what the run produces: excluded from the config fingerprint.
 FINGERPRINT_EXCLUDED = frozenset({
     "artifact_root", "num_workers", "groups_in_flight", "gpus", "manage_servers", "server_urls",
@@ -164,8 +167,9 @@ class RunConfig:
     """Address of the status API; anything but loopback requires status_token."""
     status_port: int | None = None
     """Port of the status API (none: no API)."""
-    status_token: str | None = None
-    """Bearer token required by the status API."""
+    status_token: str | None = field(default=None, repr=False)
+    """Bearer token required by the status API (header only). Also read from
+    $HALLULOG_STATUS_TOKEN, which keeps it out of the process list; never written to disk."""
     progress: bool = True
     """Show a progress bar."""
     cache_dir: Path | None = None
@@ -215,10 +219,11 @@ class RunConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict of every field (paths as strings, tuples as lists)."""
+        """JSON-able dict of every field (paths as strings, tuples as lists), secrets left out:
+        ``status_token`` is always None here (it is never written to disk or logs)."""
         out = {}
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
+            value = None if f.name in SECRET_FIELDS else getattr(self, f.name)
             if isinstance(value, Path):
                 value = str(value)
             elif isinstance(value, tuple):

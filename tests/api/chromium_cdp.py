@@ -266,13 +266,13 @@ class Browser:
 
 
 def dashboard_url(url: str, token: str | None) -> str:
-    """``url`` with ``?token=`` added (the dashboard passes it on to /events)."""
+    """``url`` with ``#token=`` added (the page sends it to /events as a bearer header; a
+    fragment never reaches the server)."""
     if not token:
         return url
     parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query))
-    query["token"] = token
-    return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", urlencode(query), ""))
+    return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", parts.query,
+                       urlencode({"token": token})))
 
 
 def watch_dashboard(url: str, *, token: str | None = None, rises: int = 2,
