@@ -155,6 +155,10 @@ class _Worker:
                 if not isinstance(o, BaseException):
                     discard_capture(o.hidden_states_path)
             sample_id, exc = failures[0]
+            if _disk_full(exc):  # the server's spool lives on the artifact root's filesystem
+                self._report_failure(group.prompt_id, sample_id, self._full(exc),
+                                     "storage_full", fatal=True)
+                return
             self._report_failure(group.prompt_id, sample_id, exc, "generation_failed")
             return
         completions: list[Completion] = list(outcomes)  # type: ignore[arg-type]
@@ -163,6 +167,14 @@ class _Worker:
                 discard_capture(comp.hidden_states_path)
 
         records, errors = await self._capture_all(group, completions, requests)
+        full = [e for e in errors if _disk_full(e["error_message"])]
+        if full:  # committing the group without its activations would hide a full disk
+            for rec in records:
+                rec.acts = None
+            self._report_failure(group.prompt_id, full[0]["sample_id"],
+                                 self._full(full[0]["error_message"]), "storage_full",
+                                 fatal=True)
+            return
         prompt_row = self._prompt_row(group, completions[0], records[0].label,
                                       records[0].row["label_grader"])
         try:
@@ -187,6 +199,11 @@ class _Worker:
         self.results.put({"event": "done", "worker_id": spec.worker_id,
                           "prompt_id": group.prompt_id, "generations": len(completions),
                           "tokens": tokens, "capture_errors": len(errors)})
+
+    def _full(self, cause: BaseException | str) -> OSError:
+        return OSError(errno.ENOSPC, f"disk full under the artifact root (this worker writes "
+                       f"{self.spec.worker_dir}, its server's spool sits beside it): {cause}",
+                       self.spec.worker_dir)
 
     def _request_params(self, prompt_id: str, sample_id: int) -> dict[str, Any]:
         spec = self.spec
@@ -297,6 +314,15 @@ class _Worker:
         if fatal:
             self.fatal = True
             self.results.put({"event": "fatal", "worker_id": self.spec.worker_id, "error": err})
+
+
+def _disk_full(exc: BaseException | str) -> bool:
+    """A full disk or quota, said by an OSError here or in a server's error message."""
+    if isinstance(exc, OSError) and exc.errno in _FULL_DISK:
+        return True
+    text = str(exc)
+    return any(m in text for m in ("No space left on device", "Disk quota exceeded",
+                                   "[Errno 28]", "[Errno 122]"))
 
 
 def _error_record(spec: WorkerSpec, exc: BaseException, prompt_id: str | None,
