@@ -21,7 +21,8 @@ import zlib
 import numpy as np
 
 from ._commitlog import append_record, tail_to_drop
-from ._io import atomic_save_npy, atomic_write_json, fsync_dir, pread_into, write_all
+from ._io import (atomic_save_npy, atomic_write_json, fsync_dir, malformed_is_manifest_error,
+                  pread_into, write_all)
 from .base import ActivationWriter, ExtentReader, SampleMeta
 from .errors import CorruptShardError, ManifestError, StorageError
 
@@ -314,6 +315,7 @@ class PackedReader(ExtentReader):
 
     _unpicklable = ExtentReader._unpicklable + ("_ix",)
 
+    @malformed_is_manifest_error
     def __init__(self, path, verify_hash: bool = True):
         self.path = os.fspath(path)
         mpath = os.path.join(self.path, MANIFEST)
@@ -352,6 +354,7 @@ class PackedReader(ExtentReader):
             if got != m["content_hash"]:
                 raise ManifestError(f"content hash mismatch: manifest says {m['content_hash']}, index gives {got}", mpath)
 
+    @malformed_is_manifest_error
     def _load_index(self) -> dict[str, np.ndarray]:
         ix = {}
         for name in INDEX_ARRAYS:
@@ -418,6 +421,7 @@ class PackedReader(ExtentReader):
         t = int(ix["seq_len"][i])
         return int(ix["shard_index"][i]), int(ix["byte_offsets"][i]) + layer * t * self.hidden_size * self.dtype.itemsize
 
+    @malformed_is_manifest_error
     def verify(self) -> None:
         ix = self.ix
         for i in range(self._n):

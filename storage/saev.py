@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from ._io import atomic_write_bytes, fsync_dir, write_all
+from ._io import atomic_write_bytes, fsync_dir, malformed_is_manifest_error, write_all
 from .base import ActivationReader
 from .errors import CorruptShardError, ManifestError, StorageError
 
@@ -161,6 +161,7 @@ class SaevReader(ActivationReader):
 
     _unpicklable = ActivationReader._unpicklable + ("_maps", "_maps_pid")
 
+    @malformed_is_manifest_error
     def __init__(self, path, check_hash: bool = True):
         self.path = os.fspath(path)
         mpath = os.path.join(self.path, "metadata.json")

@@ -28,7 +28,7 @@ import warnings
 import numpy as np
 
 from ._commitlog import append_record, tail_to_drop
-from ._io import atomic_write_bytes, fsync_dir
+from ._io import atomic_write_bytes, fsync_dir, malformed_is_manifest_error
 from .base import ActivationReader, ActivationWriter, SampleMeta
 from .errors import CorruptShardError, ManifestError, StorageError
 
@@ -287,6 +287,7 @@ class ZarrReader(ActivationReader):
 
     _unpicklable = ActivationReader._unpicklable + ("_z", "_zpid")
 
+    @malformed_is_manifest_error
     def __init__(self, path):
         self.path = os.fspath(path)
         if os.path.isdir(os.path.join(self.path, STORE_NAME)):

@@ -41,6 +41,8 @@ def _poll(url: str, predicate, timeout: float, proc: subprocess.Popen) -> dict:
 
 def test_status_json_metrics_and_dashboard_during_a_real_run(tmp_path: Path):
     cdp = _chromium_cdp()
+    if cdp.chromium_binary() is None:  # decided before the run starts: never skip mid-run
+        pytest.skip("chromium not installed (apt-get install -y chromium)")
     status_port = free_port_block(1)
     url = f"http://127.0.0.1:{status_port}"
     cmd = orchestrator_cmd(tmp_path / "run", "--limit", "8", "--k-samples", "1", "--max-tokens",
@@ -64,8 +66,6 @@ def test_status_json_metrics_and_dashboard_during_a_real_run(tmp_path: Path):
         assert done >= 1
         assert families["hallulog_prompts"].samples[0].value == 8
 
-        if cdp.chromium_binary() is None:
-            pytest.skip("chromium not installed (apt-get install -y chromium)")
         shot_dir = Path(os.environ.get("HALLULOG_SCREENSHOT_DIR", tmp_path))
         shot_dir.mkdir(parents=True, exist_ok=True)
         seen = cdp.watch_dashboard(url + "/", rises=2, timeout_s=300,
