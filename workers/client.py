@@ -25,12 +25,19 @@ class BackendRequestError(RuntimeError):
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """Timeouts, connection errors and 5xx are retried; other 4xx never."""
+    """Timeouts, connection errors and 5xx are retried (but not a server's full disk); other
+    4xx never."""
     if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError)):
         return True
     if isinstance(exc, openai.APIStatusError):
+        if any(m in str(exc) for m in _NOT_TRANSIENT):
+            return False  # a full disk under the server's spool: retrying only waits longer
         return exc.status_code >= 500 or exc.status_code == 429
     return False
+
+
+#: server error messages that no retry can fix
+_NOT_TRANSIENT = ("No space left on device", "Disk quota exceeded", "Read-only file system")
 
 
 @dataclass

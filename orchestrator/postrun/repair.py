@@ -36,10 +36,11 @@ def quarantine_malformed_lines(worker_dir: Path) -> int:
         good, bad = [], []
         with open(path, "rb") as f:
             for lineno, raw in enumerate(f, start=1):
-                try:
-                    json.loads(raw)
+                try:  # what iter_lines accepts: a JSON object, or a blank line
+                    if not raw.isspace() and not isinstance(json.loads(raw), dict):
+                        raise ValueError("not a JSON object")
                     good.append(raw)
-                except json.JSONDecodeError:
+                except ValueError:  # JSONDecodeError and UnicodeDecodeError included
                     if raw.endswith(b"\n"):
                         bad.append({"file": name, "line": lineno,
                                     "raw": raw.decode("utf-8", "replace")})

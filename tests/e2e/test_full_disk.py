@@ -26,7 +26,7 @@ BASE_PORT = "9310"
 def small_fs(tmp_path):
     mnt = tmp_path / "small"
     mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a size-limited tmpfs ({proc.stderr.strip()}); a full "
