@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import inspect
 import json
 import logging
 import os
 import sys
-import types
-import typing
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
+from contracts.config_cli import add_dataclass_arguments
 from orchestrator.config import PROFILES, ConfigError, RunConfig
 from orchestrator.errors import HallulogError
 
@@ -33,70 +30,9 @@ _CHOICES = {
 }
 
 
-def _field_docs(cls: type) -> dict[str, str]:
-    """Docstrings written under each dataclass field."""
-    tree = ast.parse(inspect.getsource(cls))
-    docs: dict[str, str] = {}
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
-                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[node.target.id] = " ".join(str(nxt.value.value).split())
-    return docs
-
-
-def parse_bool(text: str) -> bool:
-    """``true/false/yes/no/1/0`` for boolean flags (``--resume false``)."""
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
-
-
-def _str_list(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def _argument_for(annotation: Any) -> dict[str, Any]:
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        return _argument_for(inner[0])
-    if origin is typing.Literal:
-        return {"type": str, "choices": list(args)}
-    if origin is tuple:
-        return {"type": _int_list if args and args[0] is int else _str_list}
-    if annotation is bool:
-        return {"type": parse_bool, "metavar": "{true,false}"}
-    if annotation in (int, float, str):
-        return {"type": annotation}
-    if annotation is Path:
-        return {"type": Path}
-    raise TypeError(f"no CLI mapping for {annotation!r}")
-
-
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    hints = typing.get_type_hints(RunConfig)
-    docs = _field_docs(RunConfig)
-    for f in dataclasses.fields(RunConfig):
-        if f.name in _HIDDEN_FIELDS:
-            continue
-        kwargs = _argument_for(hints[f.name])
-        if f.name in _CHOICES:
-            kwargs["choices"] = _CHOICES[f.name]
-        default = f.default if f.default is not dataclasses.MISSING else None
-        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
-                            help=f"{docs.get(f.name, '')} (default: {shown})", **kwargs)
+    add_dataclass_arguments(parser, RunConfig, choices=_CHOICES, hidden=_HIDDEN_FIELDS,
+                            unset_is_none=True)
     parser.add_argument("--consolidate-only", action="store_true",
                         help="Only consolidate existing worker outputs, then exit.")
     parser.add_argument("--merge", action="store_true",

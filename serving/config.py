@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass, field
+
+from contracts.config_cli import add_dataclass_arguments
 
 
 def _opt(default, help: str, **argparse_kwargs):  # noqa: A002 - mirrors argparse
@@ -59,17 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="hallulog's embedded OpenAI-compatible server (transformers, dynamic batching,"
         " vLLM-style hidden-state capture)",
     )
-    for f in dataclasses.fields(ServerConfig):
-        kwargs = {k: v for k, v in f.metadata.items() if k != "help"}
-        kind = {"int": int, "float": float}.get(str(f.type), str)
-        parser.add_argument(
-            "--" + f.name.replace("_", "-"),
-            type=kind,
-            default=f.default,
-            help=f.metadata["help"] if "default" in f.metadata["help"]
-            else f"{f.metadata['help']} (default: {f.default})",
-            **kwargs,
-        )
+    add_dataclass_arguments(parser, ServerConfig)
     return parser
 
 

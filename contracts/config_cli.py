@@ -1,0 +1,96 @@
+"""A frozen config dataclass → argparse flags: the one generator every entry point uses.
+
+Each field becomes ``--field-name``; its help is the field's ``metadata["help"]`` or else the
+docstring written under the field; its type comes from the annotation (``bool`` takes
+``true/false``, ``tuple[int, ...]`` a comma-separated list, ``Literal`` its values as choices).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import textwrap
+import types
+import typing
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+__all__ = ["add_dataclass_arguments", "field_docs", "parse_bool"]
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Docstrings written under each field of dataclass ``cls`` (whitespace folded)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+def parse_bool(text: str) -> bool:
+    """``true/false/yes/no/on/off/1/0`` for boolean flags (``--resume false``)."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+
+
+def _str_list(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _argument_for(annotation: Any) -> dict[str, Any]:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _argument_for(inner[0])
+    if origin is typing.Literal:
+        return {"type": type(args[0]), "choices": list(args)}
+    if origin is tuple:
+        return {"type": _int_list if args and args[0] is int else _str_list}
+    if annotation is bool:
+        return {"type": parse_bool, "metavar": "{true,false}"}
+    if annotation in (int, float, str, Path):
+        return {"type": annotation}
+    raise TypeError(f"no CLI mapping for {annotation!r}")
+
+
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, *,
+                            choices: Mapping[str, Iterable[str]] | None = None,
+                            hidden: Iterable[str] = (), unset_is_none: bool = False) -> None:
+    """Add one ``--flag`` per field of dataclass ``cls`` to ``parser``.
+
+    ``unset_is_none``: flags not given parse as None (so that a caller can layer them over
+    other sources, e.g. a recorded config), else they parse as the field's default.
+    """
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    skip = set(hidden)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        kwargs = _argument_for(hints[f.name])
+        kwargs.update({k: v for k, v in f.metadata.items() if k != "help"})
+        if choices and f.name in choices:
+            kwargs["choices"] = list(choices[f.name])
+        default = f.default if f.default is not dataclasses.MISSING else None
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        text = f.metadata.get("help") or docs.get(f.name, "")
+        if "default" not in text:
+            text = f"{text} (default: {shown})"
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
+                            default=None if unset_is_none else default, help=text, **kwargs)

@@ -1,0 +1,179 @@
+"""The package boundaries of docs/architecture.md, checked on the source: no import cycle between
+modules or packages, ``storage/`` and ``contracts/`` import nothing of the rest, and every path
+and module the architecture doc names exists."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("contracts", "orchestrator", "workers", "storage", "serving", "api", "hallulog_vllm")
+ALLOWED = {  # package → the project packages it may import
+    "contracts": set(),
+    "storage": set(),
+    "workers": {"contracts", "storage"},
+    "serving": {"contracts"},
+    "api": set(),
+    "hallulog_vllm": set(),
+    "orchestrator": {"contracts", "workers", "storage", "api"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for pkg in PACKAGES:
+        for path in (REPO / pkg).rglob("*.py"):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    """The project module an imported dotted name refers to (longest known prefix)."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:n])
+        if candidate in MODULES:
+            return candidate
+    return None
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [f"{base}.{a.name}" if _resolve(f"{base}.{a.name}") not in (None, base)
+                     else base for a in node.names]
+        else:
+            continue
+        for name in names:
+            target = _resolve(name)
+            if target is not None and target != module:
+                out.add(target)
+    return out
+
+
+GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                scc.append(w)
+                if w == v:
+                    break
+            if len(scc) > 1:
+                found.append(sorted(scc))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _collapse(unit_of) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for src, targets in GRAPH.items():
+        for dst in targets:
+            a, b = unit_of(src), unit_of(dst)
+            if a != b:
+                graph[a].add(b)
+    return graph
+
+
+def _subpackage(module: str) -> str:
+    """``orchestrator.run.pool`` → ``orchestrator.run``; top-level modules stay themselves."""
+    parts = module.split(".")
+    if len(parts) >= 2 and (REPO / parts[0] / parts[1]).is_dir():
+        return ".".join(parts[:2])
+    return module
+
+
+def test_the_walk_sees_the_project():
+    assert len(MODULES) > 60
+    assert "contracts.layout" in GRAPH["orchestrator.run.loop"]
+
+
+def test_no_cycle_between_modules():
+    assert _cycles(GRAPH) == []
+
+
+def test_no_cycle_between_subpackages():
+    assert _cycles(_collapse(_subpackage)) == []
+
+
+def test_no_cycle_between_packages():
+    assert _cycles(_collapse(lambda m: m.split(".")[0])) == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_package_imports_only_what_it_may(package):
+    bad = sorted(f"{src} imports {dst}" for src, targets in GRAPH.items()
+                 if src.split(".")[0] == package for dst in targets
+                 if dst.split(".")[0] not in ALLOWED[package] | {package})
+    assert bad == []
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_module_is_too_long():
+    """Small modules, one concern each (STYLE.md): none past ~400 lines of code."""
+    long = sorted(f"{m} ({n} lines)" for m, p in MODULES.items()
+                  if (n := len(p.read_text(encoding="utf-8").splitlines())) > 450)
+    assert long == []
+
+
+_PATH_RE = re.compile(r"`((?:contracts|orchestrator|workers|storage|serving|api|hallulog_vllm|"
+                      r"deploy|bench|docs|scripts|tests)/[\w./-]*)`")
+
+
+def test_architecture_doc_names_only_what_exists():
+    doc = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    named = set(_PATH_RE.findall(doc))
+    assert len(named) > 20
+    missing = sorted(p for p in named if not (REPO / p.rstrip("/")).exists()
+                     and not (REPO / (p.rstrip("/") + ".py")).exists())
+    assert missing == []
