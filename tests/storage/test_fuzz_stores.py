@@ -62,7 +62,7 @@ def stores(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("stores")
     out = {fmt: _build(fmt, base / fmt) for fmt in ("packed", "npy", "zarr")}
     saev_root = base / "saev"
-    out["saev"] = Path(export_saev(out["packed"], saev_root, tokens_per_ex=4))
+    out["saev"] = Path(export_saev(out["packed"], saev_root))
     export_wds(out["packed"], base / "wds")
     out["wds"] = base / "wds"
     return out
@@ -100,7 +100,9 @@ def _read_saev(path: Path) -> None:
 @FUZZ
 @given(pick=st.integers(0, 1000), m=mutations)
 def test_saev_reader(stores, tmp_path, pick, m):
-    _fuzz_one(stores["saev"], tmp_path / stores["saev"].name, pick, m, _read_saev)
+    work = tmp_path / "saev" / "shards" / stores["saev"].name  # the layout saev asserts
+    work.parent.mkdir(parents=True, exist_ok=True)
+    _fuzz_one(stores["saev"], work, pick, m, _read_saev)
 
 
 def _read_wds(path: Path) -> None:
