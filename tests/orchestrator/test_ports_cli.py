@@ -130,3 +130,34 @@ def test_run_refuses_a_foreign_server_on_its_port(foreign_server, tmp_path):
     assert f"port {port}" in line and "already in use" in line
     assert "preparing the default model" in run.stderr  # startup says what it is doing
     assert proc.poll() is None  # the foreign server was left alone
+
+
+def test_servers_left_by_a_sigkilled_run_are_stopped_by_the_rerun(tmp_path, foreign_server):
+    """A run killed with SIGKILL leaves servers/server_i.pid (group id, url); the next run's
+    start_servers kills those groups before choosing ports, so the port is free again."""
+    from orchestrator.run.servers import kill_stale_servers
+
+    port = _free_in_range(9380)
+    # stands in for `python -m serving ...` (the name kill_stale_servers checks)
+    left = subprocess.Popen([sys.executable, "-c", FOREIGN, str(port), "serving"],
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while port_free(port):
+            assert time.monotonic() < deadline, "stand-in server did not bind"
+            time.sleep(0.1)
+        servers = tmp_path / "servers"
+        servers.mkdir()
+        (servers / "server_0.pid").write_text(f"{left.pid} http://127.0.0.1:{port}\n")
+        # an unrelated process recorded by mistake (recycled pid) is left alone
+        other_port, other = foreign_server
+        (servers / "server_1.pid").write_text(f"{other.pid} http://127.0.0.1:{other_port}\n")
+        assert kill_stale_servers(servers) == [left.pid]
+        assert left.wait(timeout=10) is not None
+        assert other.poll() is None
+        assert port_free(port)
+        assert not list(servers.glob("*.pid"))
+    finally:
+        if left.poll() is None:
+            left.kill()
+            left.wait()
