@@ -48,8 +48,15 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Show the traceback of an error (errors are one line otherwise).")
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (exit 2) pointing at --help, not a usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="python -m orchestrator",
         description="hallulog: one inference pass producing every artifact hallucination "
                     "detectors need.")
@@ -108,8 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = config_from_args(args)
     except ConfigError as exc:
-        print(f"usage: python -m orchestrator run [options]\n"
-              f"python -m orchestrator run: error: {exc}", file=sys.stderr)
+        print(f"python -m orchestrator run: error: {exc} (see python -m orchestrator run --help)",
+              file=sys.stderr)
         return 2
     except Exception as exc:  # e.g. an unreadable run_manifest.json of --validate-only
         return _fail(exc, args.debug)

@@ -161,3 +161,12 @@ def test_servers_left_by_a_sigkilled_run_are_stopped_by_the_rerun(tmp_path, fore
         if left.poll() is None:
             left.kill()
             left.wait()
+
+
+@pytest.mark.parametrize("argv", [["run", "--k-samples", "abc"], ["run", "--sample-top-p", "2"],
+                                  ["bogus"]])
+def test_a_bad_flag_is_one_line_and_exit_2(tmp_path, argv):
+    proc = _cli(*argv, "--artifact-root", str(tmp_path)) if argv[0] == "run" else _cli(*argv)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and ": error: " in lines[0] and "--help" in lines[0], proc.stderr
