@@ -124,7 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_command(config, args)
     except OSError as exc:
         if exc.filename is None and exc.errno is not None:  # a buffered write names no file
-            exc = OSError(exc.errno, exc.strerror, f"a file under {config.artifact_root}")
+            exc = OSError(exc.errno, exc.strerror, f"a file under {config.artifact_root}"
+                          ).with_traceback(exc.__traceback__)
         return _fail(exc, args.debug)
     except KeyboardInterrupt:
         print("interrupted: committed work is kept; rerun the same command to resume",
