@@ -162,3 +162,55 @@ def test_failed_group_does_not_poison_the_next_resume(tmp_path):
         [f"{p}_{s}" for p in (PROMPTS[0], PROMPTS[2]) for s in (0, 1)]
     _persist_rest(root, "packed", {PROMPTS[0], PROMPTS[2]})
     _check_exactly_once(root, "packed")
+
+
+# ------------------------------------------------------------------ recovery on hostile bytes
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.fuzzing import FUZZ, DOCUMENTED, mutate, mutations, no_hang, snapshot  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def committed_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("committed") / "worker_0"
+    wd = _open(root, "packed")
+    for pid in PROMPTS:
+        wd.persist_group(*_group(pid))
+    wd.close()
+    return root
+
+
+@FUZZ
+@given(pick=st.integers(0, 1000), m=mutations)
+def test_recovery_of_a_damaged_directory_only_truncates(committed_dir, tmp_path, pick, m):
+    """Recovery on damaged files (a JSONL file or the store's commit log) either succeeds or
+    raises a documented error naming the file; either way it only ever cuts files (never
+    rewrites or deletes committed lines), and on error the prompt index is untouched."""
+    import shutil
+
+    root = tmp_path / "w"
+    if root.exists():
+        shutil.rmtree(root)
+    shutil.copytree(committed_dir, root)
+    names = [layout.PROMPT_INDEX, layout.GENERATIONS, layout.ACTIVATION_INDEX,
+             "activations/commit.log"]
+    target = root / names[pick % len(names)]
+    target.write_bytes(mutate(target.read_bytes(), m))
+    before = snapshot(root)
+    try:
+        with no_hang():
+            done = _recover(root, "packed")
+        assert done <= set(PROMPTS)
+    except DOCUMENTED as exc:
+        assert str(root) in str(exc), exc
+        assert (root / layout.PROMPT_INDEX).read_bytes() == before[layout.PROMPT_INDEX] or \
+            before[layout.PROMPT_INDEX].startswith((root / layout.PROMPT_INDEX).read_bytes())
+    after = snapshot(root)
+    for name, data in before.items():
+        if name.startswith("activations/") and not name.endswith(("commit.log", ".bin")):
+            continue  # index arrays and the manifest are rewritten from the commit log
+        assert name in after or name.endswith(".bin"), f"recovery deleted {name}"
+        if name in after:
+            assert data.startswith(after[name]), f"recovery rewrote {name} (not a cut)"
