@@ -104,3 +104,31 @@ def test_merge_on_a_full_disk_fails_cleanly_then_completes(tmp_path, sources, ti
     storage.merge_stores(stores, dst, "packed")
     _check_merged(dst, data)
     assert not [p for p in os.listdir(dst) if p.startswith("tmp")]  # no leftovers
+
+
+@pytest.mark.parametrize("export", ["wds", "saev"])
+def test_export_on_a_full_disk_leaves_nothing_half_done(tmp_path, sources, tiny_fs, export):
+    from storage.saev import export_saev
+    from storage.wds import export_wds
+
+    stores, data = sources
+    src = tmp_path / "merged"
+    storage.merge_stores(stores, src, "packed")
+    before = snapshot(src)
+    dst = tiny_fs / export
+    run = (lambda: export_wds(src, dst)) if export == "wds" else (lambda: export_saev(src, dst))
+    with pytest.raises((OSError, storage.StorageError)) as info:
+        run()
+    assert getattr(info.value, "errno", None) == errno.ENOSPC or "No space left" in str(info.value)
+    assert snapshot(src) == before  # the source store is untouched
+    if export == "wds":  # shards are written in place; the manifest, written last, is absent
+        from storage.wds import read_wds_manifest
+
+        with pytest.raises(storage.ManifestError, match="not finished"):
+            read_wds_manifest(dst)
+    else:  # staged in a sibling and renamed at the end
+        assert not dst.exists() or not any(dst.iterdir())
+    assert not [p for p in os.listdir(tiny_fs) if ".partial" in p]  # staging removed
+    subprocess.run(["mount", "-o", "remount,size=8m", str(tiny_fs)], check=True)  # space freed
+    run()
+    assert any(dst.rglob("*"))
