@@ -8,27 +8,37 @@ import os
 from ._io import write_all
 from .errors import StorageError
 
-__all__ = ["append_record", "tail_to_drop"]
+__all__ = ["append_records", "record_line", "tail_to_drop"]
 
 
-def append_record(fd: int, record: dict) -> int:
-    """Append one record durably (fdatasync); return the byte offset where its line starts.
+def record_line(record: dict) -> bytes:
+    return (json.dumps(record, sort_keys=True) + "\n").encode()
 
-    On failure the log is cut back to where the line started (best effort) and the error
-    propagates: the sample is not committed.
+
+def append_records(fd: int, lines: list[bytes]) -> list[int]:
+    """Append ``lines`` with one write and one fdatasync; return the byte offset of each line.
+
+    One write keeps a group's lines together: after a crash the log ends at a line boundary or
+    in a torn last line (no newline), which recovery cuts off. On failure the log is cut back
+    to where the lines started (best effort) and the error propagates: nothing is committed.
     """
     start = os.lseek(fd, 0, os.SEEK_END)
+    starts = []
+    pos = start
+    for line in lines:
+        starts.append(pos)
+        pos += len(line)
     try:
-        write_all(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
+        write_all(fd, b"".join(lines))
         os.fdatasync(fd)
     except BaseException:
-        # A torn or not-durable line must not stay: the next record would be glued to it.
+        # Torn or not-durable lines must not stay: the next group's would be glued to them.
         try:
             os.ftruncate(fd, start)
         except OSError:
-            pass  # reopening the store drops a torn last line; a whole one is rolled back
+            pass  # reopening the store drops a torn last line; whole ones are rolled back
         raise
-    return start
+    return starts
 
 
 def tail_to_drop(records: list[dict], keep: set[str], fmt: str, path: str) -> int | None:
