@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import json
 import time
 from pathlib import Path
@@ -10,6 +11,10 @@ from typing import Any, Iterator
 import httpx
 
 __all__ = ["fetch_status", "status_from_artifacts", "format_status", "StatusError"]
+
+
+_RECENT_ERRORS = 20
+"""How many of the latest errors a snapshot from files carries (all are counted)."""
 
 
 class StatusError(RuntimeError):
@@ -55,7 +60,10 @@ def status_from_artifacts(artifact_root: str | Path) -> dict:
                           "'completed' list of prompt ids")
     completed_set = set(completed)
 
-    workers, errors = [], []
+    workers = []
+    recent: list[tuple[str, int, dict]] = []  # a heap of the _RECENT_ERRORS latest errors
+    failed: set[str] = set()
+    errors_total = 0
     generations = 0
     for wdir in sorted(root.glob("worker_*"), key=_worker_sort_key):
         if not wdir.is_dir():
@@ -64,16 +72,25 @@ def status_from_artifacts(artifact_root: str | Path) -> dict:
         done = _count_lines(wdir / "prompt_index.jsonl")
         gens = _count_lines(wdir / "generations.jsonl")
         generations += gens
-        w_errors = list(_iter_jsonl(wdir / "errors.jsonl"))
-        for e in w_errors:
+        w_errors = 0
+        for e in _iter_jsonl(wdir / "errors.jsonl"):
+            w_errors += 1
+            pid = e.get("prompt_id")
+            if pid and pid not in completed_set:
+                failed.add(pid)
             e.pop("stack_trace", None)
             e.setdefault("worker_id", wid)
-        errors.extend(w_errors)
+            # (timestamp, arrival): the order a stable sort by timestamp gives
+            item = (str(e.get("timestamp", "")), errors_total, e)
+            errors_total += 1
+            if len(recent) < _RECENT_ERRORS:
+                heapq.heappush(recent, item)
+            elif item[:2] > recent[0][:2]:
+                heapq.heapreplace(recent, item)
         workers.append({"id": wid, "state": "stopped", "current_prompt": None, "in_flight": 0,
-                        "done": done, "errors": len(w_errors), "generations": gens,
+                        "done": done, "errors": w_errors, "generations": gens,
                         "tokens": None, "updated_at": None})
-    errors.sort(key=lambda e: str(e.get("timestamp", "")))
-    failed = {e.get("prompt_id") for e in errors if e.get("prompt_id")} - completed_set
+    errors = [e for _, _, e in sorted(recent, key=lambda item: item[:2])]
 
     total = _first_int(manifest, "total_prompts", "num_prompts", "prompt_count")
     done = len(completed_set) if completed_doc else sum(w["done"] for w in workers)
@@ -101,12 +118,12 @@ def status_from_artifacts(artifact_root: str | Path) -> dict:
         "progress": done / total if total else 1.0,
         "generations": generations,
         "tokens": None,
-        "errors_total": len(errors),
+        "errors_total": errors_total,
         "rates": None,
         "eta_s": None,
         "workers": workers,
         "servers": [],
-        "errors": errors[-20:],
+        "errors": errors,
         "history": None,
         "evaluation_report": (str(root / "evaluation" / "report.md")
                               if (root / "evaluation" / "report.md").is_file() else None),
@@ -224,20 +241,22 @@ def _count_lines(path: Path) -> int:
 
 
 def _iter_jsonl(path: Path) -> Iterator[dict]:
+    """Objects of a JSONL file, streamed; a torn last line (no newline) is ignored."""
     try:
-        data = path.read_bytes()
+        f = path.open("rb")
     except FileNotFoundError:
         return
-    lines = data.split(b"\n")
-    torn = lines.pop()  # text after the last newline: empty, or a torn append
-    del torn
-    for lineno, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise StatusError(f"{path}: line {lineno}: not valid JSON ({exc.msg})") from exc
-        if not isinstance(obj, dict):
-            raise StatusError(f"{path}: line {lineno}: expected a JSON object")
-        yield obj
+    with f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.endswith(b"\n"):
+                return  # a torn append
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise StatusError(f"{path}: line {lineno}: not valid JSON "
+                                  f"({getattr(exc, 'msg', exc)})") from exc
+            if not isinstance(obj, dict):
+                raise StatusError(f"{path}: line {lineno}: expected a JSON object")
+            yield obj

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 from contracts.errors import MalformedLineError
 
 __all__ = ["Line", "iter_lines", "iter_rows", "committed_size", "cut_torn_tail", "truncate_to",
-           "dumps", "JsonlAppender", "MalformedLineError"]
+           "dumps", "spaced", "JsonlAppender", "MalformedLineError"]
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +29,14 @@ _BLOCK = 1 << 16
 
 @dataclass(frozen=True, slots=True)
 class Line:
-    """One committed line: its 1-based number, byte span ``[start, end)`` and parsed row."""
+    """One committed line: its 1-based number, byte span ``[start, end)``, parsed row and
+    bytes (newline included)."""
 
     lineno: int
     start: int
     end: int
     row: dict[str, Any]
+    raw: bytes = b""
 
 
 def iter_lines(path: str | Path, *, malformed: Literal["raise", "skip"] = "raise",
@@ -64,7 +66,7 @@ def iter_lines(path: str | Path, *, malformed: Literal["raise", "skip"] = "raise
             except (ValueError, UnicodeDecodeError) as exc:
                 problem = f"malformed JSON ({getattr(exc, 'msg', exc)})"
             if problem is None:
-                yield Line(lineno, start, offset, row)
+                yield Line(lineno, start, offset, row, raw)
                 continue
             if malformed == "raise":
                 raise MalformedLineError(str(path), lineno, problem)
@@ -130,6 +132,29 @@ def cut_torn_tail(path: str | Path) -> int:
 def dumps(row: dict[str, Any]) -> str:
     """One compact JSON line, newline included."""
     return json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+_SPACE_OUTSIDE = (b" ", b"\t", b"\r")
+
+
+def spaced(raw: bytes) -> bytes | None:
+    """A compact line (:func:`dumps`) as ``json.dumps(row, ensure_ascii=False)`` writes it
+    (``", "`` and ``": "`` separators), without parsing; None when that is not certain.
+
+    Only lines without a backslash qualify: then every ``"`` delimits a string, so the text
+    between strings is structure, where each ``,``/``:`` gains its space.
+    """
+    if b"\\" in raw:
+        return None
+    parts = raw.split(b'"')
+    if len(parts) % 2 == 0:
+        return None
+    # the text between strings, joined by NUL (never raw in JSON text), edited in one go
+    outside = b"\0".join(parts[0::2])
+    if any(ws in outside[:-1] for ws in _SPACE_OUTSIDE) or b"\0" in raw:
+        return None  # not compact: leave it to the parser
+    parts[0::2] = outside.replace(b",", b", ").replace(b":", b": ").split(b"\0")
+    return b'"'.join(parts)
 
 
 class JsonlAppender:

@@ -6,6 +6,7 @@
   servers/server_{i}.log   spool/server_{i}/
   worker_{i}/  prompt_index.jsonl generations.jsonl activation_index.jsonl errors.jsonl activations/
   consolidated/  prompt_index.jsonl generations.jsonl activation_index.jsonl activations/
+                 prompts.parquet generations.parquet activation_index.parquet labels.parquet
                  exports/  validation_report.json
   evaluation/    report.json report.md *.png
 ```
@@ -20,9 +21,9 @@ from pathlib import Path
 __all__ = [
     "MANIFEST", "CHECKPOINT", "COMPLETION_LOG", "LABELS", "CONSOLIDATED", "EXPORTS",
     "EVALUATION", "VALIDATION_REPORT", "PROMPT_INDEX", "GENERATIONS", "ACTIVATION_INDEX",
-    "ERRORS", "WORKER_JSONL_FILES", "CONSOLIDATED_JSONL_FILES", "worker_dir", "worker_dirs",
-    "worker_id_of", "consolidated_dir", "exports_dir", "evaluation_dir", "servers_dir",
-    "spool_dir",
+    "ERRORS", "WORKER_JSONL_FILES", "CONSOLIDATED_JSONL_FILES", "PARQUET_TABLES", "worker_dir",
+    "worker_dirs", "worker_id_of", "consolidated_dir", "exports_dir", "evaluation_dir",
+    "servers_dir", "spool_dir",
 ]
 
 MANIFEST = "run_manifest.json"
@@ -41,6 +42,9 @@ ERRORS = "errors.jsonl"
 WORKER_JSONL_FILES = (PROMPT_INDEX, GENERATIONS, ACTIVATION_INDEX, ERRORS)
 """A worker directory's JSONL files (docs/formats/worker-jsonl.md)."""
 CONSOLIDATED_JSONL_FILES = (PROMPT_INDEX, GENERATIONS, ACTIVATION_INDEX)
+PARQUET_TABLES = ("prompts.parquet", "generations.parquet", "activation_index.parquet",
+                  "labels.parquet")
+"""The consolidated Parquet tables (docs/formats/parquet.md)."""
 
 
 def worker_dir(artifact_root: str | Path, worker_id: int) -> Path:

@@ -2,11 +2,16 @@
 
 - JSONL rows are streamed worker by worker; only complete prompt groups (a prompt row and K+1
   generations) are kept, each prompt once (the latest commit wins when a prompt was committed
-  twice, e.g. by ``--retry-failed``) and each (prompt_id, sample_id) once.
+  twice, e.g. by ``--retry-failed``) and each (prompt_id, sample_id) once. Memory is a few
+  numbers per committed prompt (orchestrator/postrun/commits.py), never the rows: a first pass
+  picks the commits, a second merge-joins each worker's three files (written in commit order).
 - Per-file activations (npy) are hard-linked into ``consolidated/activations/`` (copied only
   across filesystems); shard formats get a manifest over the worker stores (no copy), or a
   physical merge with ``merge=True``.
 - Labels from ``labels.jsonl`` (the judge, after the run) are joined into the prompt rows.
+- The method exports (orchestrator/postrun/exports.py) are written in the same pass.
+- The same rows go, in row groups, into ``prompts/generations/activation_index/labels.parquet``
+  (orchestrator/postrun/parquet.py, docs/formats/parquet.md).
 - ``run_manifest.json`` gets a ``consolidation`` block.
 """
 
@@ -20,14 +25,19 @@ import shutil
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 import storage
 from contracts import layout
-from contracts.jsonl import iter_rows
+from contracts.jsonl import iter_lines, iter_rows, spaced
 from orchestrator.errors import ArtifactError
-from orchestrator.postrun.labels import apply_label, load_labels
+from orchestrator.postrun.commits import KeptCommits, RunCursor, pick_commits, scan_worker
+from orchestrator.postrun.exports import ExportWriter, stamp_exports
+from orchestrator.postrun.labels import LabelIndex, apply_label, load_labels
 from orchestrator.manifest import load_manifest, update_manifest
+
+if TYPE_CHECKING:
+    from orchestrator.postrun.parquet import ParquetTables
 
 __all__ = ["consolidate", "ConsolidationResult"]
 
@@ -35,26 +45,6 @@ log = logging.getLogger(__name__)
 
 class ConsolidationResult(dict):
     """The consolidation block written into run_manifest.json."""
-
-
-def _pick_commits(root: Path, k_samples: int) -> dict[str, tuple[str, str | None]]:
-    """prompt_id → (worker dir name, commit_id) of the commit to keep (complete, latest)."""
-    counts: dict[tuple[str, str, str | None], set[int]] = defaultdict(set)
-    for wdir in layout.worker_dirs(root):
-        for row in iter_rows(wdir / layout.GENERATIONS, malformed="skip"):
-            counts[(wdir.name, row.get("prompt_id"), row.get("commit_id"))].add(
-                row.get("sample_id"))
-    chosen: dict[str, tuple[str, str | None, str]] = {}
-    for wdir in layout.worker_dirs(root):
-        for row in iter_rows(wdir / layout.PROMPT_INDEX, malformed="skip"):
-            pid, cid = row.get("prompt_id"), row.get("commit_id")
-            samples = counts.get((wdir.name, pid, cid), set())
-            if samples != set(range(k_samples + 1)):
-                continue
-            stamp = row.get("completed_at") or ""
-            if pid not in chosen or stamp >= chosen[pid][2]:
-                chosen[pid] = (wdir.name, cid, stamp)
-    return {pid: (w, c) for pid, (w, c, _) in chosen.items()}
 
 
 def _link_or_copy(src: Path, dst: Path) -> str:
@@ -72,6 +62,87 @@ def _link_or_copy(src: Path, dst: Path) -> str:
         return "copy"
 
 
+def _line(row: dict[str, Any]) -> bytes:
+    return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _with_label(raw: bytes, label: int) -> bytes | None:
+    """``_line({**row, "label": label})`` from the row's compact bytes, when certain: the row
+    has no ``label`` key yet, so the key goes last."""
+    if b'"label":' in raw:
+        return None
+    out = spaced(raw)
+    if out is None or not out.endswith(b"}\n"):
+        return None
+    return out[:-2] + b', "label": ' + str(label).encode() + b"}\n"
+
+
+def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
+                 labels: LabelIndex, act_dir: Path, out: dict[str, IO[bytes]],
+                 counts: dict[str, int], modes: dict[str, int], tables: ParquetTables,
+                 exports: ExportWriter, exports_failed: list[BaseException]) -> None:
+    """Stream one worker's kept commits into the consolidated files (all three in lockstep)."""
+    gens = RunCursor(iter_lines(wdir / layout.GENERATIONS), kept)
+    acts = RunCursor(iter_lines(wdir / layout.ACTIVATION_INDEX), kept)
+    write_prompt = out[layout.PROMPT_INDEX].write
+    write_gen = out[layout.GENERATIONS].write
+    write_act = out[layout.ACTIVATION_INDEX].write
+    for line, row in enumerate(iter_rows(wdir / layout.PROMPT_INDEX)):
+        if line >= len(keep) or not keep[line]:
+            continue
+        row = apply_label(row, labels.get(row["prompt_id"]))
+        write_prompt(_line(row))
+        tables.add_prompt(row)
+        # readers of the store take each sample's label from the activation rows
+        sample_labels: dict[int, Any] = {0: row.get("label")}
+        seen: set[int] = set()
+        kept_gens = []
+        for gen_line in gens.take(line):
+            gen = gen_line.row
+            sid = gen["sample_id"]
+            if sid in seen:
+                continue
+            seen.add(sid)
+            kept_gens.append(gen)
+            sample_labels.setdefault(sid, gen.get("label"))
+            # the row as it was: re-spaced from the worker's bytes, or dumped when that is unsure
+            write_gen(spaced(gen_line.raw) or _line(gen))
+            tables.add_generation(gen)
+        if len(seen) != k + 1:
+            raise ArtifactError(
+                f"{wdir / layout.GENERATIONS}: the generations of prompt {row['prompt_id']} "
+                f"(commit {row.get('commit_id')}) are not in commit order; consolidation "
+                "expects each group's rows together and groups in prompt_index.jsonl order "
+                "(workers/persist.py)")
+        counts["generations"] += len(seen)
+        primary_act = None
+        for act_line in acts.take(line):
+            act = act_line.row
+            if fmt == "npy":
+                src = wdir / act["file_path"]
+                modes[_link_or_copy(src, act_dir / src.name)] += 1
+                act = {**act, "file_path": f"activations/{src.name}",
+                       "source_path": f"{wdir.name}/{act['file_path']}"}
+            label = sample_labels.get(act["sample_id"])
+            label = -1 if label is None else int(label)
+            line_out = (_with_label(act_line.raw, label) if act is act_line.row else None)
+            act = {**act, "label": label}
+            counts["total_bytes"] += int(act.get("size_bytes") or 0)
+            counts["activations"] += 1
+            write_act(line_out or _line(act))
+            tables.add_activation(act)
+            if act["sample_id"] == 0:
+                primary_act = act
+        kept_gens.sort(key=lambda g: g["sample_id"])
+        if not exports_failed:
+            try:
+                exports.add(row, kept_gens, primary_act)
+            except Exception as exc:  # noqa: BLE001 - the exports step reports it on its own
+                log.warning("exports not written with the consolidation (%s: %s); "
+                            "write_exports will redo them", type(exc).__name__, exc)
+                exports_failed.append(exc)
+
+
 def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
     """Merge ``worker_*`` into ``root/consolidated``; returns the consolidation metadata."""
     started = time.monotonic()
@@ -83,58 +154,50 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
     fmt = manifest.get("storage_format", "npy")
     out = layout.consolidated_dir(root)
     out.mkdir(exist_ok=True)
-    chosen = _pick_commits(root, k)
+    wdirs = layout.worker_dirs(root)
+    scans = [scan_worker(wdir, k) for wdir in wdirs]
+    chosen = pick_commits(scans)
+    kept_prompts = int(sum(int(c.sum()) for c in chosen))
     labels = load_labels(root)
-    kept_generations = kept_activations = total_bytes = 0
+    counts = {"generations": 0, "activations": 0, "total_bytes": 0}
     modes: dict[str, int] = defaultdict(int)
     act_dir = out / "activations"
 
-    tmp = {name: open(out / f"{name}.partial", "w", encoding="utf-8")
+    tmp = {name: open(out / f"{name}.partial", "wb")
            for name in (layout.PROMPT_INDEX, layout.GENERATIONS, layout.ACTIVATION_INDEX)}
+    from orchestrator.postrun.parquet import ParquetTables  # pyarrow: only when consolidating
+
+    tables = ParquetTables(out)
+    exports = ExportWriter(root)
+    exports_failed: list[BaseException] = []
+    published = False
     try:
         if fmt == "npy":
             act_dir.mkdir(exist_ok=True)
-        for wdir in layout.worker_dirs(root):
-            def keep(row: dict[str, Any]) -> bool:
-                pick = chosen.get(row.get("prompt_id"))
-                return pick is not None and pick == (wdir.name, row.get("commit_id"))
-
-            sample_labels: dict[tuple[str, int], Any] = {}
-            for row in iter_rows(wdir / layout.PROMPT_INDEX):
-                if keep(row):
-                    row = apply_label(row, labels.get(row["prompt_id"]))
-                    sample_labels[(row["prompt_id"], 0)] = row.get("label")
-                    tmp[layout.PROMPT_INDEX].write(json.dumps(row, ensure_ascii=False) + "\n")
-            seen: set[tuple[str, int]] = set()
-            for row in iter_rows(wdir / layout.GENERATIONS):
-                key = (row["prompt_id"], row["sample_id"])
-                if keep(row) and key not in seen:
-                    seen.add(key)
-                    sample_labels.setdefault(key, row.get("label"))
-                    kept_generations += 1
-                    tmp[layout.GENERATIONS].write(json.dumps(row, ensure_ascii=False) + "\n")
-            for row in iter_rows(wdir / layout.ACTIVATION_INDEX):
-                if not keep(row):
-                    continue
-                if fmt == "npy":
-                    src = wdir / row["file_path"]
-                    modes[_link_or_copy(src, act_dir / src.name)] += 1
-                    row = {**row, "file_path": f"activations/{src.name}",
-                           "source_path": f"{wdir.name}/{row['file_path']}"}
-                # readers of the store take each sample's label from here
-                label = sample_labels.get((row["prompt_id"], row["sample_id"]))
-                row = {**row, "label": -1 if label is None else int(label)}
-                total_bytes += int(row.get("size_bytes") or 0)
-                kept_activations += 1
-                tmp[layout.ACTIVATION_INDEX].write(json.dumps(row, ensure_ascii=False) + "\n")
+        for wdir, scan, keep in zip(wdirs, scans, chosen):
+            _copy_worker(wdir, KeptCommits(scan, keep), keep, k=k, fmt=fmt, labels=labels,
+                         act_dir=act_dir, out=tmp, counts=counts, modes=modes, tables=tables,
+                         exports=exports, exports_failed=exports_failed)
         for f in tmp.values():
             f.flush()
             os.fsync(f.fileno())
+        for f in tmp.values():
+            f.close()
+        for name in tmp:
+            os.replace(out / f"{name}.partial", out / name)
+        parquet_rows = tables.close(commit=True)
+        if exports_failed:
+            exports.close(commit=False)
+        else:
+            stamp_exports(root, exports.close(commit=True))
+        published = True
     finally:
         for f in tmp.values():
             f.close()
-    for name in tmp:
-        os.replace(out / f"{name}.partial", out / name)
+        labels.close()
+        if not published:
+            tables.close(commit=False)
+            exports.close(commit=False)
 
     if fmt != "npy":
         stores = [storage.store_dir(w) for w in layout.worker_dirs(root)
@@ -150,11 +213,12 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
                 modes["manifest"] = len(stores)
 
     result = ConsolidationResult(
-        timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), prompts=len(chosen),
-        generations=kept_generations, activations=kept_activations, total_bytes=total_bytes,
+        timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), prompts=kept_prompts,
+        generations=counts["generations"], activations=counts["activations"],
+        total_bytes=counts["total_bytes"], parquet=parquet_rows,
         activation_modes=dict(modes), seconds=round(time.monotonic() - started, 3),
         path=layout.CONSOLIDATED)
     update_manifest(root, consolidation=dict(result))
     log.info("consolidated %d prompts, %d generations, %d activations in %.2f s",
-             len(chosen), kept_generations, kept_activations, result["seconds"])
+             kept_prompts, counts["generations"], counts["activations"], result["seconds"])
     return result

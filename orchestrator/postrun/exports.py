@@ -1,8 +1,10 @@
 """Method exports (seed 003 §6.5) from ``consolidated/``, documented in docs/exports.md.
 
 Every row carries prompt_id, the sample ids and the label, so a method joins nothing by
-position. Generations are streamed prompt group by prompt group (consolidation writes each
-group's rows together); only the prompt and activation indexes are held in memory.
+position. All three consolidated files are streamed: consolidation writes them in one order of
+prompts (each group's rows together), so a cursor over the prompt index and one over the
+activation index follow the generations; memory is one prompt group plus the ids of the prompts
+passed (to skip rows of a prompt that has no generations).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Iterator
 from contracts import layout
 from contracts.jsonl import iter_rows
 
-__all__ = ["write_exports", "EXPORT_FILES"]
+__all__ = ["write_exports", "ExportWriter", "stamp_exports", "EXPORT_FILES"]
 
 EXPORT_FILES = ("selfcheck_samples.jsonl", "semantic_entropy_inputs.jsonl",
                 "semantic_energy_inputs.jsonl", "geometry_inputs.jsonl", "logprob_inputs.jsonl")
@@ -26,6 +28,27 @@ def _groups(path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     rows = (row for row in iter_rows(path))
     for pid, group in itertools.groupby(rows, key=lambda r: r["prompt_id"]):
         yield pid, sorted(group, key=lambda r: r["sample_id"])
+
+
+class _Cursor:
+    """Rows of one prompt at a time from a file in the generations' prompt order."""
+
+    def __init__(self, rows: Iterator[dict[str, Any]], passed: set[str]) -> None:
+        self._rows = rows
+        self._passed = passed
+        self._next = next(rows, None)
+
+    def take(self, pid: str) -> list[dict[str, Any]]:
+        """The rows of ``pid`` at the cursor; rows of prompts already passed are skipped."""
+        out = []
+        while self._next is not None:
+            row_pid = self._next.get("prompt_id")
+            if row_pid == pid:
+                out.append(self._next)
+            elif row_pid not in self._passed:
+                break  # a later prompt's rows: left for it
+            self._next = next(self._rows, None)
+        return out
 
 
 def _token_logprobs(gen: dict[str, Any]) -> list[float]:
@@ -49,68 +72,141 @@ def _energy_sample(gen: dict[str, Any]) -> dict[str, Any]:
             "logit_source": "raw_logits" if have_logits else "logprobs_only"}
 
 
-def write_exports(root: Path) -> dict[str, int]:
-    """Write every export into ``consolidated/exports/``; returns rows written per file."""
+class ExportWriter:
+    """Writes the export files one prompt group at a time; :meth:`close` publishes them.
+
+    Consolidation feeds it while it streams (the rows are parsed then anyway) and leaves a
+    stamp of the consolidated files it came from, so that :func:`write_exports` right after
+    has nothing to redo.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.dir = layout.exports_dir(root)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._files = {name: open(self.dir / f"{name}.partial", "wb") for name in EXPORT_FILES}
+        self.written = dict.fromkeys(EXPORT_FILES, 0)
+
+    def _emit(self, name: str, row: dict[str, Any]) -> None:
+        self._files[name].write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
+        self.written[name] += 1
+
+    def add(self, prompt: dict[str, Any] | None, gens: list[dict[str, Any]],
+            act: dict[str, Any] | None) -> None:
+        """One prompt group: its consolidated prompt row, its generations sorted by sample id,
+        and the activation row of its primary (None when capture failed)."""
+        if prompt is None or not gens or gens[0]["sample_id"] != 0:
+            return
+        pid = prompt["prompt_id"]
+        primary, samples = gens[0], gens[1:]
+        base = {"prompt_id": pid, "label": prompt.get("label"),
+                "label_grader": prompt.get("label_grader"),
+                "question": (prompt.get("meta") or {}).get("question") or prompt.get("prompt"),
+                "prompt": prompt.get("prompt"),
+                "sample_ids": [g["sample_id"] for g in gens]}
+        emit = self._emit
+        emit("selfcheck_samples.jsonl", {
+            **base, "primary": {"sample_id": 0, "text": primary["text"]},
+            "samples": [{"sample_id": g["sample_id"], "text": g["text"]} for g in samples]})
+        emit("semantic_entropy_inputs.jsonl", {
+            **base, "primary": _logprob_summary(primary),
+            "samples": [_logprob_summary(g) for g in samples]})
+        energy = [_energy_sample(g) for g in gens]
+        emit("semantic_energy_inputs.jsonl", {
+            **base, "logit_source": ("raw_logits" if all(e["logit_source"] == "raw_logits"
+                                                         for e in energy)
+                                     else "logprobs_only"),
+            "samples": energy})
+        emit("geometry_inputs.jsonl", {**base, **_geometry(prompt, primary, act)})
+        emit("logprob_inputs.jsonl", {
+            **base, "sample_id": 0, "text": primary["text"],
+            "tokens": [t["token"] for t in primary.get("logprobs") or []],
+            "token_ids": primary.get("token_ids"),
+            "token_logprobs": _token_logprobs(primary),
+            "top_logprobs": [t["top_logprobs"] for t in primary.get("logprobs") or []]})
+
+    def close(self, *, commit: bool = True) -> dict[str, int]:
+        try:
+            if commit:
+                for f in self._files.values():
+                    f.flush()
+                    os.fsync(f.fileno())
+        finally:
+            for f in self._files.values():
+                f.close()
+        for name in EXPORT_FILES:
+            partial = self.dir / f"{name}.partial"
+            if commit:
+                os.replace(partial, self.dir / name)
+            else:
+                partial.unlink(missing_ok=True)
+        return dict(self.written)
+
+
+_STAMP = ".source.json"
+
+
+def _source_stamp(root: Path) -> dict[str, list[int]]:
     out = layout.consolidated_dir(root)
-    exports = out / "exports"
-    exports.mkdir(exist_ok=True)
-    prompts = {row["prompt_id"]: row for row in iter_rows(out / layout.PROMPT_INDEX)}
-    acts = {row["activation_key"]: row
-            for row in iter_rows(out / layout.ACTIVATION_INDEX)}
-    files = {name: open(exports / f"{name}.partial", "w", encoding="utf-8")
-             for name in EXPORT_FILES}
-    written = dict.fromkeys(EXPORT_FILES, 0)
+    stamp = {}
+    for name in layout.CONSOLIDATED_JSONL_FILES:
+        st = os.stat(out / name)
+        stamp[name] = [st.st_size, st.st_mtime_ns, st.st_ino]
+    return stamp
 
-    def emit(name: str, row: dict[str, Any]) -> None:
-        files[name].write(json.dumps(row, ensure_ascii=False) + "\n")
-        written[name] += 1
 
+def stamp_exports(root: Path, written: dict[str, int]) -> None:
+    """Record that the exports were made from the consolidated files as they are now."""
+    path = layout.exports_dir(root) / _STAMP
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps({"source": _source_stamp(root), "written": written}))
+    os.replace(tmp, path)
+
+
+def _fresh(root: Path) -> dict[str, int] | None:
+    try:
+        doc = json.loads((layout.exports_dir(root) / _STAMP).read_text())
+        if doc["source"] != _source_stamp(root):
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not all((layout.exports_dir(root) / name).exists() for name in EXPORT_FILES):
+        return None
+    return {name: int(doc["written"][name]) for name in EXPORT_FILES}
+
+
+def write_exports(root: Path) -> dict[str, int]:
+    """Write every export into ``consolidated/exports/``; returns rows written per file.
+
+    Nothing is rewritten when consolidation already wrote them from the consolidated files as
+    they are now (same size, mtime and inode; see :class:`ExportWriter`).
+    """
+    fresh = _fresh(root)
+    if fresh is not None:
+        return fresh
+    out = layout.consolidated_dir(root)
+    passed: set[str] = set()
+    prompts = _Cursor(iter_rows(out / layout.PROMPT_INDEX), passed)
+    acts = _Cursor(iter_rows(out / layout.ACTIVATION_INDEX), passed)
+    writer = ExportWriter(root)
     try:
         for pid, gens in _groups(out / layout.GENERATIONS):
-            prompt = prompts.get(pid)
-            if prompt is None or not gens or gens[0]["sample_id"] != 0:
-                continue
-            primary, samples = gens[0], gens[1:]
-            base = {"prompt_id": pid, "label": prompt.get("label"),
-                    "label_grader": prompt.get("label_grader"),
-                    "question": (prompt.get("meta") or {}).get("question") or prompt.get("prompt"),
-                    "prompt": prompt.get("prompt"),
-                    "sample_ids": [g["sample_id"] for g in gens]}
-            emit("selfcheck_samples.jsonl", {
-                **base, "primary": {"sample_id": 0, "text": primary["text"]},
-                "samples": [{"sample_id": g["sample_id"], "text": g["text"]} for g in samples]})
-            emit("semantic_entropy_inputs.jsonl", {
-                **base, "primary": _logprob_summary(primary),
-                "samples": [_logprob_summary(g) for g in samples]})
-            energy = [_energy_sample(g) for g in gens]
-            emit("semantic_energy_inputs.jsonl", {
-                **base, "logit_source": ("raw_logits" if all(e["logit_source"] == "raw_logits"
-                                                             for e in energy)
-                                         else "logprobs_only"),
-                "samples": energy})
-            emit("geometry_inputs.jsonl", {**base, **_geometry(prompt, primary, acts)})
-            emit("logprob_inputs.jsonl", {
-                **base, "sample_id": 0, "text": primary["text"],
-                "tokens": [t["token"] for t in primary.get("logprobs") or []],
-                "token_ids": primary.get("token_ids"),
-                "token_logprobs": _token_logprobs(primary),
-                "top_logprobs": [t["top_logprobs"] for t in primary.get("logprobs") or []]})
-        for f in files.values():
-            f.flush()
-            os.fsync(f.fileno())
-    finally:
-        for f in files.values():
-            f.close()
-    for name in EXPORT_FILES:
-        os.replace(exports / f"{name}.partial", exports / name)
+            prompt_rows = prompts.take(pid)
+            act_rows = acts.take(pid)
+            passed.add(pid)
+            act = next((a for a in reversed(act_rows) if a.get("sample_id") == 0), None)
+            writer.add(prompt_rows[-1] if prompt_rows else None, gens, act)
+    except BaseException:
+        writer.close(commit=False)
+        raise
+    written = writer.close()
+    stamp_exports(root, written)
     return written
 
 
-def _geometry(prompt: dict[str, Any], primary: dict[str, Any], acts: dict[str, dict[str, Any]]
+def _geometry(prompt: dict[str, Any], primary: dict[str, Any], act: dict[str, Any] | None
               ) -> dict[str, Any]:
     """Primary + reference + where the prompt end and answer tokens sit in the stored rows."""
     key = f"{prompt['prompt_id']}_0"
-    act = acts.get(key)
     p = len(prompt.get("prompt_token_ids") or [])
     r = len(primary.get("token_ids") or [])
     row = {"sample_id": 0, "primary": primary["text"],

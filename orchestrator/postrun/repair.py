@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections import defaultdict
 from pathlib import Path
 
 from contracts import layout
 from contracts.jsonl import iter_rows
 from orchestrator.manifest import load_manifest
+from orchestrator.postrun.commits import MaskLookup, commit_key, id_rows
 
 __all__ = ["prompts_to_retry", "quarantine_malformed_lines"]
 
@@ -26,71 +26,81 @@ _WORKER_FILES = (layout.PROMPT_INDEX, layout.GENERATIONS, layout.ACTIVATION_INDE
                  layout.ERRORS)
 
 
+def _malformed(raw: bytes) -> bool:
+    """A complete line that is not a JSON object, i.e. one ``iter_lines`` refuses (a torn tail
+    is the recovery's business)."""
+    if not raw.endswith(b"\n") or raw.isspace():
+        return False
+    try:
+        return not isinstance(json.loads(raw), dict)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError
+        return True
+
+
 def quarantine_malformed_lines(worker_dir: Path) -> int:
-    """Move malformed complete lines of a worker's JSONL files to ``quarantine.jsonl``."""
+    """Move malformed complete lines of a worker's JSONL files to ``quarantine.jsonl``.
+
+    Streams each file once to look; only a file with such lines is rewritten (streamed to a
+    ``.partial`` copy and renamed into place).
+    """
     moved = 0
     for name in _WORKER_FILES:
         path = worker_dir / name
         if not path.exists():
             continue
-        good, bad = [], []
         with open(path, "rb") as f:
+            if not any(_malformed(raw) for raw in f):
+                continue
+        tmp = path.with_name(path.name + ".partial")
+        bad = 0
+        with open(path, "rb") as f, open(tmp, "wb") as good, \
+                open(worker_dir / "quarantine.jsonl", "a", encoding="utf-8") as q:
             for lineno, raw in enumerate(f, start=1):
-                try:  # what iter_lines accepts: a JSON object, or a blank line
-                    if not raw.isspace() and not isinstance(json.loads(raw), dict):
-                        raise ValueError("not a JSON object")
-                    good.append(raw)
-                except ValueError:  # JSONDecodeError and UnicodeDecodeError included
-                    if raw.endswith(b"\n"):
-                        bad.append({"file": name, "line": lineno,
-                                    "raw": raw.decode("utf-8", "replace")})
-                    else:
-                        good.append(raw)  # a torn tail is the recovery's business
-        if not bad:
-            continue
-        with open(worker_dir / "quarantine.jsonl", "a", encoding="utf-8") as q:
-            for entry in bad:
-                q.write(json.dumps(entry) + "\n")
+                if _malformed(raw):
+                    q.write(json.dumps({"file": name, "line": lineno,
+                                        "raw": raw.decode("utf-8", "replace")}) + "\n")
+                    bad += 1
+                else:
+                    good.write(raw)
             q.flush()
             os.fsync(q.fileno())
-        tmp = path.with_name(path.name + ".partial")
-        with open(tmp, "wb") as f:
-            f.writelines(good)
-            f.flush()
-            os.fsync(f.fileno())
+            good.flush()
+            os.fsync(good.fileno())
         os.replace(tmp, path)
-        log.warning("%s: moved %d malformed line(s) to quarantine.jsonl", path, len(bad))
-        moved += len(bad)
+        log.warning("%s: moved %d malformed line(s) to quarantine.jsonl", path, bad)
+        moved += bad
     return moved
 
 
 def prompts_to_retry(root: Path, expected: set[str]) -> set[str]:
-    """Prompt ids (of ``expected`` or of errors.jsonl) without a complete commit."""
+    """Prompt ids (of ``expected`` or of errors.jsonl) without a complete commit.
+
+    Each worker's files are read in lockstep by commit (orchestrator/postrun/commits.py): a few
+    ints per commit read ahead, never the rows.
+    """
     root = Path(root)
     manifest = load_manifest(root) or {}
     k = int(manifest.get("k_samples", 0))
     per_file = manifest.get("storage_format", "npy") == "npy"
+    full = (1 << (k + 1)) - 1
     complete: set[str] = set()
     committed: set[str] = set()
     errored: set[str] = set()
     for wdir in layout.worker_dirs(root):
         quarantine_malformed_lines(wdir)
-        gens: dict[str, set[int]] = defaultdict(set)
-        acts: dict[str, set[int]] = defaultdict(set)
-        for row in iter_rows(wdir / layout.GENERATIONS):
-            gens[row.get("commit_id")].add(row.get("sample_id"))
-        for row in iter_rows(wdir / layout.ACTIVATION_INDEX):
-            if per_file and not (wdir / row.get("file_path", "")).is_file():
-                continue
-            acts[row.get("commit_id")].add(row.get("sample_id"))
+        gens = MaskLookup(id_rows(wdir / layout.GENERATIONS), k)
+        act_rows = iter_rows(wdir / layout.ACTIVATION_INDEX)
+        if per_file:
+            act_rows = (row for row in act_rows
+                        if (wdir / row.get("file_path", "")).is_file())
+        acts = MaskLookup(act_rows, k)
         for row in iter_rows(wdir / layout.ERRORS):
             if row.get("prompt_id"):
                 errored.add(row["prompt_id"])
-        want = set(range(k + 1))
         for row in iter_rows(wdir / layout.PROMPT_INDEX):
-            cid = row.get("commit_id")
             committed.add(row["prompt_id"])
-            if gens.get(cid) == want and acts.get(cid) == want:
+            key = commit_key(row)
+            if gens.get(key) == full and acts.get(key) == full:
                 complete.add(row["prompt_id"])
     retry = (set(expected) | errored) - complete
     if not per_file:

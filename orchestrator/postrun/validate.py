@@ -11,9 +11,9 @@ import logging
 import os
 import re
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -28,6 +28,8 @@ __all__ = ["validate", "SCHEMAS", "REPAIRS", "format_report", "schema_errors"]
 log = logging.getLogger(__name__)
 
 _HEX16 = re.compile(r"^[0-9a-f]{16}$")
+MAX_SAMPLE_ID = 4096
+"""Sample ids are bits of a per-prompt mask here; a larger id is a schema violation."""
 
 
 def _is_int(v: Any) -> bool:
@@ -54,7 +56,7 @@ SCHEMAS: dict[str, dict[str, Callable[[Any], bool]]] = {
     },
     layout.GENERATIONS: {
         "prompt_id": lambda v: isinstance(v, str) and bool(_HEX16.match(v)),
-        "sample_id": lambda v: _is_int(v) and v >= 0,
+        "sample_id": lambda v: _is_int(v) and 0 <= v < MAX_SAMPLE_ID,
         "role": lambda v: v in ("primary", "sample"),
         "text": lambda v: isinstance(v, str),
         "finish_reason": lambda v: v is None or isinstance(v, str),
@@ -66,7 +68,7 @@ SCHEMAS: dict[str, dict[str, Callable[[Any], bool]]] = {
     },
     layout.ACTIVATION_INDEX: {
         "prompt_id": lambda v: isinstance(v, str) and bool(_HEX16.match(v)),
-        "sample_id": lambda v: _is_int(v) and v >= 0,
+        "sample_id": lambda v: _is_int(v) and 0 <= v < MAX_SAMPLE_ID,
         "activation_key": lambda v: isinstance(v, str),
         "layers": lambda v: isinstance(v, list) or v == "all",
         "sequence_mode": lambda v: v in ("all", "prompt", "response", "last"),
@@ -145,22 +147,21 @@ class _Report:
         self.problems.append(entry)
 
 
-def _scan(path: Path, report: _Report, *, consolidated: bool) -> list[tuple[int, dict]]:
-    """Rows of a JSONL file, reporting malformed lines and schema violations."""
-    rows = []
+def _scan(path: Path, report: _Report, *, consolidated: bool) -> Iterator[tuple[int, dict]]:
+    """Rows of a JSONL file, streamed, reporting malformed lines and schema violations."""
     if not path.exists():
-        return rows
+        return
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
             try:
                 row = json.loads(raw)
-            except json.JSONDecodeError as exc:
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 torn = not raw.endswith(b"\n")
                 cls = "consolidated_malformed_line" if consolidated else "malformed_line"
-                report.add(cls, f"{'torn' if torn else 'malformed'} JSON line ({exc.msg})",
-                           file=path, line=lineno)
+                report.add(cls, f"{'torn' if torn else 'malformed'} JSON line "
+                                f"({getattr(exc, 'msg', exc)})", file=path, line=lineno)
                 continue
             errs = schema_errors(path.name, row)
             if errs:
@@ -168,8 +169,7 @@ def _scan(path: Path, report: _Report, *, consolidated: bool) -> list[tuple[int,
                 report.add(cls, "; ".join(errs), file=path, line=lineno,
                            prompt_id=row.get("prompt_id") if isinstance(row, dict) else None)
                 continue
-            rows.append((lineno, row))
-    return rows
+            yield lineno, row
 
 
 def validate(root: Path, *, expected_prompt_ids: set[str] | None = None) -> dict[str, Any]:
@@ -182,7 +182,8 @@ def validate(root: Path, *, expected_prompt_ids: set[str] | None = None) -> dict
 
     for wdir in layout.worker_dirs(root):
         for name in SCHEMAS:
-            _scan(wdir / name, report, consolidated=False)
+            for _ in _scan(wdir / name, report, consolidated=False):
+                pass
 
     out = layout.consolidated_dir(root)
     counts: dict[str, Any] = {}
@@ -210,125 +211,234 @@ def validate(root: Path, *, expected_prompt_ids: set[str] | None = None) -> dict
     return body
 
 
+def _pid(prompt_id: str) -> int:
+    return int(prompt_id, 16)  # the schema checked 16 hex digits
+
+
 def _check_consolidated(out: Path, report: _Report, *, k: int, fmt: str,
                         expected_prompt_ids: set[str] | None) -> dict[str, Any]:
-    prompts = _scan(out / layout.PROMPT_INDEX, report, consolidated=True)
-    gens = _scan(out / layout.GENERATIONS, report, consolidated=True)
-    acts = _scan(out / layout.ACTIVATION_INDEX, report, consolidated=True)
+    """Cross-file checks with a few ints per prompt: every file is streamed.
 
-    prompt_lines: dict[str, list[int]] = defaultdict(list)
-    for line, row in prompts:
-        prompt_lines[row["prompt_id"]].append(line)
+    Problems are gathered per class and reported in a fixed order (the order of the checks).
+    Where a problem needs the line of an earlier row (duplicates, orphans), the file is read a
+    second time for the few keys concerned.
+    """
+    p_path, g_path = out / layout.PROMPT_INDEX, out / layout.GENERATIONS
+    a_path = out / layout.ACTIVATION_INDEX
+    found = _Report(report.root)  # problems of the cross checks, appended after the scans
+
+    # prompts: first line per prompt id; duplicates kept apart (rare)
+    prompt_line: dict[int, int] = {}
+    prompt_dups: dict[int, list[int]] = {}
+    for line, row in _scan(p_path, report, consolidated=True):
+        pid = _pid(row["prompt_id"])
         if row.get("label") is None:
-            report.add("missing_label", "prompt has no label", file=out / layout.PROMPT_INDEX,
-                       line=line, prompt_id=row["prompt_id"])
-    for pid, lines in prompt_lines.items():
-        if len(lines) > 1:
-            report.add("duplicate_id", f"prompt_id repeated on lines {lines}",
-                       file=out / layout.PROMPT_INDEX, line=lines[1], prompt_id=pid)
+            found.add("missing_label", "prompt has no label", file=p_path, line=line,
+                      prompt_id=row["prompt_id"])
+        if pid in prompt_line:
+            prompt_dups.setdefault(pid, [prompt_line[pid]]).append(line)
+        else:
+            prompt_line[pid] = line
+    for pid, lines in sorted(prompt_dups.items(), key=lambda kv: kv[1][0]):
+        found.add("duplicate_id", f"prompt_id repeated on lines {lines}", file=p_path,
+                  line=lines[1], prompt_id=f"{pid:016x}")
 
-    samples: dict[str, set[int]] = defaultdict(set)
-    gen_lines: dict[tuple[str, int], list[int]] = defaultdict(list)
-    for line, row in gens:
-        gen_lines[(row["prompt_id"], row["sample_id"])].append(line)
-        samples[row["prompt_id"]].add(row["sample_id"])
-    for (pid, sid), lines in gen_lines.items():
-        if len(lines) > 1:
-            report.add("duplicate_id", f"generation ({pid}, {sid}) repeated on lines {lines}",
-                       file=out / layout.GENERATIONS, line=lines[1], prompt_id=pid)
-    for pid in prompt_lines:
-        have = samples.get(pid, set())
-        if len(have) < k + 1:
-            report.add("missing_samples", f"{len(have)} of {k + 1} generations",
-                       file=out / layout.PROMPT_INDEX, line=prompt_lines[pid][0], prompt_id=pid)
+    # activations (small rows) before generations: per prompt a bit mask of sample ids
+    act_mask: dict[int, int] = {}
+    act_dup_keys: set[str] = set()
+    act_checks = _Report(report.root)
+    listed = _KeySet()  # npy: file names the index names
+    checker = (_npy_checker(out, act_checks, listed) if fmt == "npy"
+               else _store_checker(out, act_checks))
+    seen_keys = _KeySet()
+    a_scan, g_scan = _Report(report.root), _Report(report.root)
+    try:
+        act_count = _stream_activations(a_path, a_scan, act_mask, seen_keys, act_dup_keys,
+                                        checker)
+    finally:
+        getattr(checker, "close", lambda: None)()
+
+    gen_mask: dict[int, int] = {}
+    gen_dups: set[tuple[int, int]] = set()
+    missing_act = _Report(report.root)
+    gen_count = 0
+    for line, row in _scan(g_path, g_scan, consolidated=True):
+        pid, bit = _pid(row["prompt_id"]), 1 << row["sample_id"]
+        mask = gen_mask.get(pid, 0)
+        if mask & bit:
+            gen_dups.add((pid, row["sample_id"]))
+        else:
+            gen_mask[pid] = mask | bit
+            gen_count += 1
+        if not act_mask.get(pid, 0) & bit:
+            missing_act.add("missing_activation", "generation has no activations (capture "
+                            "failed?)", file=g_path, line=line, prompt_id=row["prompt_id"])
+    if gen_dups:
+        lines_of: dict[tuple[int, int], list[int]] = {key: [] for key in gen_dups}
+        for line, row in _scan(g_path, _Report(report.root), consolidated=True):
+            key = (_pid(row["prompt_id"]), row["sample_id"])
+            if key in lines_of:
+                lines_of[key].append(line)
+        for (pid, sid), lines in sorted(lines_of.items(), key=lambda kv: kv[1][0]):
+            found.add("duplicate_id", f"generation ({pid:016x}, {sid}) repeated on lines "
+                      f"{lines}", file=g_path, line=lines[1], prompt_id=f"{pid:016x}")
+    for pid, line in prompt_line.items():
+        have = gen_mask.get(pid, 0).bit_count()
+        if have < k + 1:
+            found.add("missing_samples", f"{have} of {k + 1} generations", file=p_path,
+                      line=line, prompt_id=f"{pid:016x}")
     if expected_prompt_ids is not None:
-        missing = sorted(expected_prompt_ids - set(prompt_lines))
+        missing = sorted(p for p in expected_prompt_ids
+                         if not _HEX16.match(p) or _pid(p) not in prompt_line)
         for pid in missing:
-            report.add("incomplete_prompts", "prompt of the task not completed", prompt_id=pid)
+            found.add("incomplete_prompts", "prompt of the task not completed", prompt_id=pid)
 
-    act_lines: dict[str, list[int]] = defaultdict(list)
-    act_rows = {}
-    for line, row in acts:
-        act_lines[row["activation_key"]].append(line)
-        act_rows[row["activation_key"]] = (line, row)
-        if (row["prompt_id"], row["sample_id"]) not in gen_lines:
-            report.add("orphaned_activation", "activation without a generation",
-                       file=out / layout.ACTIVATION_INDEX, line=line, prompt_id=row["prompt_id"])
-    for key, lines in act_lines.items():
-        if len(lines) > 1:
-            report.add("duplicate_id", f"activation_key {key} repeated on lines {lines}",
-                       file=out / layout.ACTIVATION_INDEX, line=lines[1])
-    missing_acts = 0
-    for line, row in gens:
-        key = f"{row['prompt_id']}_{row['sample_id']}"
-        if key not in act_rows:
-            missing_acts += 1
-            report.add("missing_activation", "generation has no activations (capture failed?)",
-                       file=out / layout.GENERATIONS, line=line, prompt_id=row["prompt_id"])
-    if gens and missing_acts > MAX_MISSING_ACTIVATION_SHARE * len(gens):
-        report.add("activations_missing",
-                   f"{missing_acts} of {len(gens)} generations have no activations (more than "
-                   f"{MAX_MISSING_ACTIVATION_SHARE:.0%}); most common cause: "
-                   f"{_capture_error_cause(out.parent)}", file=out / layout.ACTIVATION_INDEX)
-
+    orphans = any(mask & ~gen_mask.get(pid, 0) for pid, mask in act_mask.items())
+    if orphans or act_dup_keys:
+        dup_lines: dict[str, list[int]] = {key: [] for key in act_dup_keys}
+        for line, row in _scan(a_path, _Report(report.root), consolidated=True):
+            if not gen_mask.get(_pid(row["prompt_id"]), 0) & (1 << row["sample_id"]):
+                found.add("orphaned_activation", "activation without a generation",
+                          file=a_path, line=line, prompt_id=row["prompt_id"])
+            if row["activation_key"] in dup_lines:
+                dup_lines[row["activation_key"]].append(line)
+        for key, lines in sorted(dup_lines.items(), key=lambda kv: kv[1][0]):
+            found.add("duplicate_id", f"activation_key {key} repeated on lines {lines}",
+                      file=a_path, line=lines[1])
+    if gen_count and len(missing_act.problems) > MAX_MISSING_ACTIVATION_SHARE * gen_count:
+        found.add("activations_missing",
+                  f"{len(missing_act.problems)} of {gen_count} generations have no activations "
+                  f"(more than {MAX_MISSING_ACTIVATION_SHARE:.0%}); most common cause: "
+                  f"{_capture_error_cause(out.parent)}", file=a_path)
     if fmt == "npy":
-        _check_npy_files(out, act_rows, report)
-    else:
-        _check_store(out, act_rows, report)
-    return {"prompts": len(prompt_lines), "generations": len(gen_lines),
-            "activations": len(act_rows)}
+        _orphan_npy_files(out, listed, act_checks)
+    for part in (g_scan, a_scan, found, missing_act, act_checks):
+        report.problems.extend(part.problems)
+    return {"prompts": len(prompt_line), "generations": gen_count, "activations": act_count}
 
 
-def _check_npy_files(out: Path, act_rows: dict[str, tuple[int, dict]], report: _Report) -> None:
-    listed = set()
-    for key, (line, row) in act_rows.items():
+def _stream_activations(path: Path, report: _Report, masks: dict[int, int], keys: "_KeySet",
+                        dups: set[str], checker: Callable[[int, dict], None] | None) -> int:
+    """One pass over the consolidated activation index; returns the number of distinct keys."""
+    count = 0
+    for line, row in _scan(path, report, consolidated=True):
+        pid = _pid(row["prompt_id"])
+        masks[pid] = masks.get(pid, 0) | (1 << row["sample_id"])
+        key = row["activation_key"]
+        if keys.add(key):
+            dups.add(key)
+        else:
+            count += 1
+        if checker is not None:
+            checker(line, row)
+    return count
+
+
+class _KeySet:
+    """A set of strings held as 64-bit hashes in sorted numpy blocks (8 bytes per key)."""
+
+    def __init__(self) -> None:
+        self._recent: set[int] = set()
+        self._blocks: list[np.ndarray] = []
+
+    def __contains__(self, key: str) -> bool:
+        h = hash(key)
+        if h in self._recent:
+            return True
+        return any(_in_sorted(b, h) for b in self._blocks)
+
+    def add(self, key: str) -> bool:
+        """Add ``key``; True when it was there already."""
+        if key in self:
+            return True
+        self._recent.add(hash(key))
+        if len(self._recent) >= 65536:
+            self._blocks.append(np.sort(np.fromiter(self._recent, dtype=np.int64)))
+            self._recent = set()
+            if len(self._blocks) > 8:
+                self._blocks = [np.sort(np.concatenate(self._blocks))]
+        return False
+
+
+def _in_sorted(block: np.ndarray, h: int) -> bool:
+    i = int(np.searchsorted(block, h))
+    return i < len(block) and int(block[i]) == h
+
+
+def _npy_checker(out: Path, report: _Report, listed: _KeySet) -> Callable[[int, dict], None]:
+    a_path = out / layout.ACTIVATION_INDEX
+
+    def check(line: int, row: dict) -> None:
         path = out / row["file_path"]
         listed.add(path.name)
-        if not path.exists():
-            report.add("missing_activation_file", f"{row['file_path']} does not exist",
-                       file=out / layout.ACTIVATION_INDEX, line=line, prompt_id=row["prompt_id"])
-            continue
         try:
             arr = np.load(path, mmap_mode="r")
+        except FileNotFoundError:
+            report.add("missing_activation_file", f"{row['file_path']} does not exist",
+                       file=a_path, line=line, prompt_id=row["prompt_id"])
+            return
         except (ValueError, OSError) as exc:
             report.add("activation_mismatch", f"{row['file_path']} unreadable: {exc}",
-                       file=out / layout.ACTIVATION_INDEX, line=line, prompt_id=row["prompt_id"])
-            continue
+                       file=a_path, line=line, prompt_id=row["prompt_id"])
+            return
         if list(arr.shape) != row["shape"] or arr.dtype.name != row["dtype"]:
             report.add("activation_mismatch",
                        f"{row['file_path']} is {list(arr.shape)} {arr.dtype.name}, index says "
-                       f"{row['shape']} {row['dtype']}", file=out / layout.ACTIVATION_INDEX,
-                       line=line, prompt_id=row["prompt_id"])
+                       f"{row['shape']} {row['dtype']}", file=a_path, line=line,
+                       prompt_id=row["prompt_id"])
+
+    return check
+
+
+def _orphan_npy_files(out: Path, keys: _KeySet, report: _Report) -> None:
+    """Files in ``activations/`` that no index row names."""
     act_dir = out / "activations"
-    if act_dir.exists():
-        for path in act_dir.glob("*.npy"):
-            if path.name not in listed:
+    if not act_dir.exists():
+        return
+    with os.scandir(act_dir) as entries:
+        for entry in entries:
+            if entry.name.endswith(".npy") and entry.name not in keys:
                 report.add("orphaned_activation", "activation file not in the index",
-                           file=path)
+                           file=act_dir / entry.name)
 
 
-def _check_store(out: Path, act_rows: dict[str, tuple[int, dict]], report: _Report) -> None:
+def _store_checker(out: Path, report: _Report) -> Callable[[int, dict], None] | None:
+    a_path = out / layout.ACTIVATION_INDEX
     try:
         reader = storage.open_store(out / "activations")
     except (storage.StorageError, OSError, ValueError) as exc:
         report.add("missing_activation_file", f"activation store unreadable: {exc}",
                    file=out / "activations")
-        return
+        return None
     try:
-        keys = {k: i for i, k in enumerate(reader.keys())}
-        for key, (line, row) in act_rows.items():
-            i = keys.get(key)
-            if i is None:
-                report.add("missing_activation_file", f"{key} not in the activation store",
-                           file=out / layout.ACTIVATION_INDEX, line=line,
-                           prompt_id=row["prompt_id"])
-            elif reader.seq_len(i) != row["shape"][1]:
-                report.add("activation_mismatch",
-                           f"{key}: store holds {reader.seq_len(i)} rows, index says "
-                           f"{row['shape'][1]}", file=out / layout.ACTIVATION_INDEX, line=line,
-                           prompt_id=row["prompt_id"])
-    finally:
+        # key → position, as sorted 64-bit hashes (16 bytes per key, not a dict of strings)
+        hashes = np.fromiter((hash(k) for k in reader.keys()), dtype=np.int64)
+    except BaseException:
         reader.close()
+        raise
+    order = np.argsort(hashes, kind="stable")
+    hashes = hashes[order]
+
+    def check(line: int, row: dict) -> None:
+        key = row["activation_key"]
+        h = hash(key)
+        i = int(np.searchsorted(hashes, h))
+        found = None
+        while i < len(hashes) and int(hashes[i]) == h:  # a hash shared by two keys
+            j = int(order[i])
+            if reader.meta(j)["sample_key"] == key:
+                found = j  # the last one wins, as a dict built over the keys would
+            i += 1
+        if found is None:
+            report.add("missing_activation_file", f"{key} not in the activation store",
+                       file=a_path, line=line, prompt_id=row["prompt_id"])
+        elif reader.seq_len(found) != row["shape"][1]:
+            report.add("activation_mismatch",
+                       f"{key}: store holds {reader.seq_len(found)} rows, index says "
+                       f"{row['shape'][1]}", file=a_path, line=line, prompt_id=row["prompt_id"])
+
+    check.close = reader.close  # type: ignore[attr-defined]
+    return check
 
 
 def _capture_error_cause(root: Path) -> str:

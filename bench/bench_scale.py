@@ -1,0 +1,362 @@
+"""A run of 10⁴ / 10⁵ (/ 10⁶) generations against instant backends: what hallulog itself costs.
+
+The real orchestrator (``python -m orchestrator run --manage-servers false --server-urls ...``)
+runs a synthetic TriviaQA file against ``--servers`` instances of ``bench/instant_backend.py``
+(canned 12-token answers, random hidden states; no model), light profile, K=5, with a tiny fake
+model directory (``config.json`` only: layers and hidden size). Then every post-run phase runs in
+its own process: label counts, consolidate (+ Parquet), exports, validate, status from files,
+the ``--retry-failed`` scan.
+
+Printed per size: generations/s of the run; CPU ms per generation of orchestrator + workers
+(utime + stime of the process tree, backends excluded) for the run and for the post-run; peak
+RSS of the run's process tree (sampled every 0.2 s from /proc via psutil) and of each post-run
+phase (its ru_maxrss); each server's share of the requests; the wall time of each post-run
+phase. The last line is one JSON object.
+
+    python bench/bench_scale.py                 # 10^4 and 10^5 generations
+    python bench/bench_scale.py --sizes 12000   # one size
+    python bench/bench_scale.py --million       # adds 10^6
+    python bench/bench_scale.py --synthetic --sizes 100000 --baseline ../older-checkout
+        # post-run phases only, on a directory written by the real writer (workers.persist),
+        # with this checkout and with the baseline's code on a copy: ratios per phase
+
+On a small shared machine the figures are noisy: the backends share the cores with what is
+measured, so compare sizes within one invocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+# --phase runs import the post-run code from BENCH_CODE (a baseline checkout) when it is set
+CODE = Path(os.environ.get("BENCH_CODE") or REPO)
+sys.path.insert(0, str(CODE))
+
+NUM_LAYERS, HIDDEN = 4, 64  # light profile: second_half → layer ids 3, 4; sequence mode "last"
+
+PHASES = ("label_counts", "consolidate", "exports", "validate", "status", "retry_scan")
+
+
+def _phase(name: str, root: Path) -> None:
+    """Run one post-run phase in this process (the child side of :func:`run_phase`)."""
+    from api.client import status_from_artifacts
+    from orchestrator.postrun.consolidate import consolidate
+    from orchestrator.postrun.exports import write_exports
+    from orchestrator.postrun.labels import label_counts
+    from orchestrator.postrun.repair import prompts_to_retry
+    from orchestrator.postrun.validate import validate
+
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)  # imports are not the phase's cost
+    base_rss = psutil.Process().memory_info().rss
+    start = time.monotonic()
+    out: object
+    if name == "label_counts":
+        out = label_counts(root)
+    elif name == "consolidate":
+        out = {k: v for k, v in consolidate(root).items() if k != "timestamp"}
+    elif name == "exports":
+        out = write_exports(root)
+    elif name == "validate":
+        report = validate(root)
+        out = {"ok": report["ok"], "counts": report["counts"],
+               "problems": report["problem_counts"]}
+    elif name == "status":
+        s = status_from_artifacts(root)
+        out = {"done": s["prompts"]["done"], "generations": s["generations"]}
+    elif name == "retry_scan":
+        out = {"retry": len(prompts_to_retry(root, set()))}
+    else:
+        raise SystemExit(f"unknown phase {name}")
+    wall = time.monotonic() - start
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    # VmHWM, not ru_maxrss: after fork + exec, ru_maxrss keeps the parent's high-water mark
+    print(json.dumps({"phase": name, "wall_s": round(wall, 3),
+                      "cpu_s": round(ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime, 3),
+                      "peak_rss_mb": round(_vm_hwm_kb() / 1024, 1),
+                      "base_rss_mb": round(base_rss / 2**20, 1), "result": out}))
+
+
+def _vm_hwm_kb() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def run_phase(name: str, root: Path, env: dict[str, str], code: Path = REPO) -> dict:
+    env = {**env, "PYTHONPATH": str(code), "BENCH_CODE": str(code)}
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--phase", name,
+                           str(root)], env=env, capture_output=True, text=True, cwd=code)
+    if proc.returncode != 0:
+        raise RuntimeError(f"phase {name} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def write_task(path: Path, prompts: int) -> None:
+    with open(path, "w") as f:
+        for i in range(prompts):
+            value = "Paris" if i % 2 else "Rome"
+            f.write(json.dumps({"QuestionId": f"bench_{i:07d}",
+                                "Question": f"Which city is meant by riddle number {i}?",
+                                "Answer": {"Value": value, "Aliases": [value],
+                                           "NormalizedAliases": [value.lower()],
+                                           "NormalizedValue": value.lower()}}) + "\n")
+
+
+def write_model(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "num_hidden_layers": NUM_LAYERS, "hidden_size": HIDDEN}))
+
+
+class TreeSampler(threading.Thread):
+    """Peak RSS (sum over the process and its descendants) and last seen CPU times."""
+
+    def __init__(self, pid: int, interval: float = 0.2) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.interval = pid, interval
+        self.peak_rss = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        try:
+            top = psutil.Process(self.pid)
+        except psutil.NoSuchProcess:
+            return
+        while not self.stop.is_set():
+            try:
+                procs = [top, *top.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            rss = 0
+            for p in procs:
+                try:
+                    rss += p.memory_info().rss
+                except psutil.NoSuchProcess:
+                    pass
+            self.peak_rss = max(self.peak_rss, rss)
+            self.stop.wait(self.interval)
+
+
+def _requests_served(url: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("hallulog_instant_requests_total"):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def bench_size(generations: int, *, k: int, servers: int, workers: int, groups_in_flight: int,
+               base_port: int, storage_format: str, keep: bool) -> dict:
+    prompts = -(-generations // (k + 1))
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench_scale_{generations}_"))
+    root, model = tmp / "run", tmp / "fake-model"
+    write_model(model)
+    task = tmp / "questions.jsonl"
+    write_task(task, prompts)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    backends, urls = [], []
+    try:
+        for i in range(servers):
+            port = base_port + i
+            backends.append(subprocess.Popen(
+                [sys.executable, str(REPO / "bench" / "instant_backend.py"), "--port", str(port),
+                 "--spool-dir", str(tmp / "spool" / f"s{i}"), "--num-layer-ids", "2",
+                 "--hidden-size", str(HIDDEN), "--served-model-name", model.name],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            urls.append(f"http://127.0.0.1:{port}")
+        for url in urls:
+            _wait_health(url)
+        cmd = [sys.executable, "-m", "orchestrator", "run", "--artifact-root", str(root),
+               "--task", "triviaqa", "--task-path", str(task), "--model", str(model),
+               "--manage-servers", "false", "--server-urls", ",".join(urls),
+               "--logging-profile", "light", "--k-samples", str(k), "--max-tokens", "12",
+               "--storage-format", storage_format, "--num-workers", str(workers),
+               "--groups-in-flight", str(groups_in_flight), "--consolidate", "false",
+               "--progress", "false", "--checkpoint-every", "100", "--log-level", "WARNING"]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.monotonic()
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        sampler = TreeSampler(proc.pid)
+        sampler.start()
+        output, _ = proc.communicate()
+        wall = time.monotonic() - started
+        sampler.stop.set()
+        sampler.join()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if proc.returncode != 0:
+            raise RuntimeError(f"run failed ({proc.returncode}):\n{output[-4000:]}")
+        run_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        served = [_requests_served(u) for u in urls]
+        total_req = sum(served) or 1.0
+        phases = {name: run_phase(name, root, env) for name in PHASES}
+        post_cpu = sum(p["cpu_s"] for p in phases.values())
+        made = prompts * (k + 1)
+        return {
+            "generations": made, "prompts": prompts, "k_samples": k, "servers": servers,
+            "workers": workers, "storage_format": storage_format,
+            "run_wall_s": round(wall, 2), "generations_per_s": round(made / wall, 1),
+            "run_cpu_ms_per_generation": round(1000 * run_cpu / made, 3),
+            "postrun_cpu_ms_per_generation": round(1000 * post_cpu / made, 3),
+            "cpu_ms_per_generation": round(1000 * (run_cpu + post_cpu) / made, 3),
+            "run_peak_rss_mb": round(sampler.peak_rss / 2**20, 1),
+            "postrun_peak_rss_mb": max(p["peak_rss_mb"] for p in phases.values()),
+            "server_request_share": [round(s / total_req, 3) for s in served],
+            "phases": {n: {"wall_s": p["wall_s"], "cpu_s": p["cpu_s"],
+                           "peak_rss_mb": p["peak_rss_mb"], "base_rss_mb": p["base_rss_mb"]}
+                       for n, p in phases.items()},
+            "validation": phases["validate"]["result"],
+        }
+    finally:
+        for b in backends:
+            b.terminate()
+        for b in backends:
+            try:
+                b.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                b.kill()
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"kept {tmp}", file=sys.stderr)
+
+
+def bench_synthetic(generations: int, *, k: int, workers: int, storage_format: str,
+                    baseline: Path | None, keep: bool) -> dict:
+    """Post-run phases only, on a run directory written by the real writer (no orchestrator)."""
+    sys.path.insert(0, str(REPO))
+    from tests.orchestrator.postrun_fixtures import build_run
+
+    prompts = -(-generations // (k + 1))
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench_scale_synth_{generations}_"))
+    root = tmp / "run"
+    try:
+        t0 = time.monotonic()
+        build_run(root, prompts=prompts, k=k, workers=workers, fmt=storage_format,
+                  durable=False)
+        built = time.monotonic() - t0
+        env = dict(os.environ)
+        result: dict = {"generations": prompts * (k + 1), "prompts": prompts, "k_samples": k,
+                        "workers": workers, "storage_format": storage_format,
+                        "build_s": round(built, 1)}
+        runs = [("current", REPO, root)]
+        if baseline is not None:
+            subprocess.run(["cp", "-a", str(root), str(tmp / "run_baseline")], check=True)
+            runs.insert(0, ("baseline", baseline, tmp / "run_baseline"))
+        for label, code, where in runs:
+            phases = {name: run_phase(name, where, env, code) for name in PHASES}
+            cpu = sum(p["cpu_s"] for p in phases.values())
+            result[label] = {
+                "postrun_cpu_ms_per_generation": round(1000 * cpu / result["generations"], 3),
+                "postrun_peak_rss_mb": max(p["peak_rss_mb"] for p in phases.values()),
+                "phases": {n: {k2: p[k2] for k2 in ("wall_s", "cpu_s", "peak_rss_mb",
+                                                     "base_rss_mb")}
+                           for n, p in phases.items()},
+                "validation": phases["validate"]["result"]}
+        return result
+    finally:
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"kept {tmp}", file=sys.stderr)
+
+
+def _wait_health(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not come up")
+            time.sleep(0.1)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--phase", nargs=2, metavar=("NAME", "ROOT"), help=argparse.SUPPRESS)
+    p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
+                   default=[10_000, 100_000], help="generation counts (comma-separated)")
+    p.add_argument("--million", action="store_true", help="add a run of 10^6 generations")
+    p.add_argument("--k-samples", type=int, default=5)
+    p.add_argument("--servers", type=int, default=2)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--groups-in-flight", type=int, default=8)
+    p.add_argument("--storage-format", default="packed", choices=["packed", "npy", "zarr"])
+    p.add_argument("--base-port", type=int, default=9200)
+    p.add_argument("--keep", action="store_true", help="keep the run directories")
+    p.add_argument("--synthetic", action="store_true",
+                   help="post-run phases only, on run directories written by the real writer "
+                        "(no orchestrator, no backend)")
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="with --synthetic: also run the phases with the code of this checkout "
+                        "(same directory, copied) and print ratios")
+    args = p.parse_args()
+    if args.phase:
+        _phase(args.phase[0], Path(args.phase[1]))
+        return
+    sizes = args.sizes + ([1_000_000] if args.million else [])
+    results = []
+    if args.synthetic:
+        for n in sizes:
+            r = bench_synthetic(n, k=args.k_samples, workers=args.workers,
+                                storage_format=args.storage_format, baseline=args.baseline,
+                                keep=args.keep)
+            results.append(r)
+            print(f"{r['generations']:>8} generations (synthetic, built in {r['build_s']} s)")
+            for name in PHASES:
+                cur = r["current"]["phases"][name]
+                line = (f"    {name:<13} {cur['wall_s']:>8.2f} s  cpu {cur['cpu_s']:>7.2f} s  "
+                        f"peak rss {cur['peak_rss_mb']:>7.1f} MB")
+                if "baseline" in r:
+                    base = r["baseline"]["phases"][name]
+                    line += (f"   | baseline cpu {base['cpu_s']:>7.2f} s "
+                             f"(x{base['cpu_s'] / max(cur['cpu_s'], 1e-3):.2f})  "
+                             f"rss {base['peak_rss_mb']:>7.1f} MB")
+                print(line)
+            for label in ("baseline", "current"):
+                if label in r:
+                    print(f"    {label}: post-run CPU "
+                          f"{r[label]['postrun_cpu_ms_per_generation']:.3f} ms/generation, "
+                          f"peak RSS {r[label]['postrun_peak_rss_mb']:.0f} MB")
+            sys.stdout.flush()
+        print(json.dumps({"bench": "scale", "synthetic": True, "results": results}))
+        return
+    for n in sizes:
+        r = bench_size(n, k=args.k_samples, servers=args.servers, workers=args.workers,
+                       groups_in_flight=args.groups_in_flight, base_port=args.base_port,
+                       storage_format=args.storage_format, keep=args.keep)
+        results.append(r)
+        print(f"{r['generations']:>8} generations: {r['generations_per_s']:.0f} gen/s, "
+              f"CPU {r['cpu_ms_per_generation']:.2f} ms/gen "
+              f"(run {r['run_cpu_ms_per_generation']:.2f} + post-run {r['postrun_cpu_ms_per_generation']:.2f}), peak RSS run "
+              f"{r['run_peak_rss_mb']:.0f} MB / post-run {r['postrun_peak_rss_mb']:.0f} MB, "
+              f"server shares {r['server_request_share']}")
+        for name, ph in r["phases"].items():
+            print(f"    {name:<13} {ph['wall_s']:>8.2f} s  cpu {ph['cpu_s']:>7.2f} s  "
+                  f"peak rss {ph['peak_rss_mb']:>7.1f} MB "
+                  f"(after imports {ph['base_rss_mb']:.0f} MB)")
+        sys.stdout.flush()
+    print(json.dumps({"bench": "scale", "results": results}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,299 @@
+"""An instant OpenAI-protocol backend for benchmarks: no model, canned answers, random hidden states.
+
+A bench tool, never a default and never started by the orchestrator: it measures what hallulog
+itself costs per generation (orchestrator, workers, post-run) with the inference cost taken out.
+It speaks the protocol and capture contract of the embedded server (docs/serving.md,
+docs/contracts.md) as far as the worker uses them:
+
+- ``GET /health`` (200), ``GET /v1/models``, ``GET /metrics`` (``vllm:prompt_tokens_total``,
+  ``vllm:generation_tokens_total``, ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+  which the watchdog reads, plus ``hallulog_instant_requests_total``);
+- ``POST /v1/chat/completions``: ``n`` choices of ``max_tokens`` canned tokens (at most
+  ``--answer-tokens``), each with ``logprobs.content`` (token, logprob, bytes, top_logprobs,
+  logit), ``token_ids`` and ``prompt_token_ids`` (``return_token_ids``), usage;
+  ``kv_transfer_params: {"include_output_tokens": true}`` writes a capture file of prompt + every
+  generated token but the last (the last choice, as vLLM does);
+- ``POST /v1/completions`` with ``prompt`` a list of token ids and ``max_tokens=1``: prefill
+  capture of every token given.
+
+Capture files are safetensors with ``hidden_states [num_tokens, num_layer_ids, hidden]`` (float16,
+random) and ``token_ids [num_tokens]`` int64, renamed into place under ``--spool-dir`` with the
+``PATH.lock`` flock protocol of ``serving/capture.py``.
+
+Prompt token ids are a pure function of the message text (one id per UTF-8 byte, capped at
+``--max-prompt-tokens``), so a prefill capture of prompt + answer checks out against the worker's
+expectation. The HTTP layer is a minimal asyncio HTTP/1.1 server with keep-alive: the backend's
+own CPU competes with what is being measured on a small machine, so it is kept small.
+
+    python bench/instant_backend.py --port 9201 --spool-dir /tmp/spool --num-layer-ids 3 \\
+        --hidden-size 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import save_file
+
+_VOCAB = ["The", " answer", " is", " Paris", ",", " of", " course", ".", " It", " was",
+          " in", " 1889", " by", " Gustave", " Eiffel", " himself"]
+
+
+class InstantBackend:
+    """Canned generations and random captures; counts what it served."""
+
+    def __init__(self, *, model: str, spool_dir: Path | None, num_layer_ids: int,
+                 hidden_size: int, answer_tokens: int, max_prompt_tokens: int,
+                 seed: int = 0) -> None:
+        self.model = model
+        self.spool_dir = spool_dir
+        if spool_dir is not None:
+            spool_dir.mkdir(parents=True, exist_ok=True)
+        self.num_layer_ids = num_layer_ids
+        self.hidden_size = hidden_size
+        self.answer_tokens = answer_tokens
+        self.max_prompt_tokens = max_prompt_tokens
+        rng = np.random.default_rng(seed)
+        # one pool of random rows, sliced per capture (drawing fresh numbers per request would
+        # make the backend the bottleneck on a small machine)
+        pool_tokens = max_prompt_tokens + answer_tokens + 1
+        self._pool = rng.standard_normal((pool_tokens, num_layer_ids, hidden_size)
+                                         ).astype(np.float16)
+        self._entries = [self._logprob_entry(i) for i in range(len(_VOCAB))]
+        self.requests = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.running = 0
+        self.captures = 0
+
+    @staticmethod
+    def _logprob_entry(i: int) -> dict[str, Any]:
+        tok = _VOCAB[i]
+        top = [{"token": _VOCAB[(i + j) % len(_VOCAB)], "logprob": -0.05 - 1.1 * j,
+                "bytes": list(_VOCAB[(i + j) % len(_VOCAB)].encode())} for j in range(5)]
+        return {"token": tok, "logprob": -0.05, "bytes": list(tok.encode()),
+                "top_logprobs": top, "logit": 12.5 - 0.1 * i}
+
+    # ---- the protocol ---------------------------------------------------------------------
+
+    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        text = "".join(f"<{m.get('role')}>{_text(m.get('content'))}" for m in messages)
+        return list(text.encode("utf-8")[: self.max_prompt_tokens]) or [1]
+
+    def answer(self, max_tokens: int | None, offset: int) -> list[int]:
+        n = min(self.answer_tokens, max_tokens or self.answer_tokens)
+        return [1000 + (offset + j) % len(_VOCAB) for j in range(n)]
+
+    def capture(self, token_ids: list[int]) -> str | None:
+        if self.spool_dir is None:
+            return None
+        name = f"hs-{uuid.uuid4().hex}"
+        final = self.spool_dir / f"{name}.safetensors"
+        tmp = self.spool_dir / f".{name}.safetensors.partial"
+        tensors = {"hidden_states": np.ascontiguousarray(self._pool[: len(token_ids)]),
+                   "token_ids": np.asarray(token_ids, dtype=np.int64)}
+        with open(f"{final}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            save_file(tensors, str(tmp))
+            os.replace(tmp, final)
+        self.captures += 1
+        return str(final)
+
+    def chat(self, req: dict[str, Any]) -> dict[str, Any]:
+        prompt = self.prompt_ids(req.get("messages") or [])
+        n = int(req.get("n") or 1)
+        want_ids = bool(req.get("return_token_ids"))
+        want_lp = bool(req.get("logprobs"))
+        top = int(req.get("top_logprobs") or 0)
+        limit = req.get("max_completion_tokens") or req.get("max_tokens")
+        seed = int(req.get("seed") or 0)
+        choices, completion = [], 0
+        answer: list[int] = []
+        for i in range(n):
+            answer = self.answer(limit, seed + i)
+            completion += len(answer)
+            entries = [self._entries[t - 1000] for t in answer]
+            if top != 5:
+                entries = [{**e, "top_logprobs": e["top_logprobs"][:top]} for e in entries]
+            choices.append({
+                "index": i,
+                "message": {"role": "assistant",
+                            "content": "".join(_VOCAB[t - 1000] for t in answer)},
+                "logprobs": {"content": entries} if want_lp else None,
+                "finish_reason": "length" if limit and len(answer) >= limit else "stop",
+                "stop_reason": None,
+                "token_ids": answer if want_ids else None,
+            })
+        kv = req.get("kv_transfer_params") or {}
+        path = self.capture(prompt + answer[:-1]) if kv.get("include_output_tokens") else None
+        self._count(len(prompt) * n, completion)
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                "created": int(time.time()), "model": self.model, "choices": choices,
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion,
+                          "total_tokens": len(prompt) + completion},
+                "prompt_token_ids": prompt if want_ids else None,
+                "kv_transfer_params": {"hidden_states_path": path} if path else None}
+
+    def completions(self, req: dict[str, Any]) -> dict[str, Any]:
+        prompt = req.get("prompt")
+        if not isinstance(prompt, list) or not prompt:
+            raise _HttpError(400, "the instant backend takes prompts as token id lists only")
+        prefill = req.get("max_tokens") == 1
+        path = self.capture(list(prompt)) if prefill else None
+        answer = self.answer(req.get("max_tokens"), 0)
+        self._count(len(prompt), len(answer))
+        want_ids = bool(req.get("return_token_ids"))
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                "created": int(time.time()), "model": self.model,
+                "choices": [{"index": 0, "text": "".join(_VOCAB[t - 1000] for t in answer),
+                             "logprobs": None, "finish_reason": "length", "stop_reason": None,
+                             "prompt_token_ids": prompt if want_ids else None,
+                             "token_ids": answer if want_ids else None}],
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(answer),
+                          "total_tokens": len(prompt) + len(answer)},
+                "prompt_token_ids": prompt if want_ids else None,
+                "kv_transfer_params": {"hidden_states_path": path} if path else None}
+
+    def _count(self, prompt_tokens: int, generation_tokens: int) -> None:
+        self.requests += 1
+        self.prompt_tokens += prompt_tokens
+        self.generation_tokens += generation_tokens
+
+    def metrics(self) -> str:
+        label = f'{{model_name="{self.model}"}}'
+        return "".join([
+            "# TYPE vllm:prompt_tokens_total counter\n",
+            f"vllm:prompt_tokens_total{label} {float(self.prompt_tokens)}\n",
+            "# TYPE vllm:generation_tokens_total counter\n",
+            f"vllm:generation_tokens_total{label} {float(self.generation_tokens)}\n",
+            "# TYPE vllm:num_requests_running gauge\n",
+            f"vllm:num_requests_running{label} {float(self.running)}\n",
+            "# TYPE vllm:num_requests_waiting gauge\n",
+            f"vllm:num_requests_waiting{label} 0.0\n",
+            "# TYPE hallulog_instant_requests_total counter\n",
+            f"hallulog_instant_requests_total{label} {float(self.requests)}\n",
+            "# TYPE hallulog_serving_captures_total counter\n",
+            f"hallulog_serving_captures_total{label} {float(self.captures)}\n",
+        ])
+
+    # ---- HTTP ------------------------------------------------------------------------------
+
+    def route(self, method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
+        path = path.split("?", 1)[0]
+        if method == "GET" and path == "/health":
+            return 200, "text/plain", b""
+        if method == "GET" and path == "/metrics":
+            return 200, "text/plain; version=0.0.4", self.metrics().encode()
+        if method == "GET" and path == "/v1/models":
+            return 200, "application/json", json.dumps({"object": "list", "data": [
+                {"id": self.model, "object": "model", "created": int(time.time()),
+                 "owned_by": "hallulog-instant", "root": None, "max_model_len": 1 << 16}]}
+            ).encode()
+        if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
+            try:
+                req = json.loads(body or b"{}")
+            except ValueError as exc:
+                raise _HttpError(400, f"invalid JSON body: {exc}") from None
+            if req.get("stream"):
+                raise _HttpError(400, "stream=true is not supported")
+            self.running += 1
+            try:
+                out = self.chat(req) if path.endswith("chat/completions") \
+                    else self.completions(req)
+            finally:
+                self.running -= 1
+            return 200, "application/json", json.dumps(out, separators=(",", ":")).encode()
+        raise _HttpError(404, f"{method} {path}: not found")
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, target, _version = lines[0].split(" ", 2)
+                headers = {}
+                for line in lines[1:]:
+                    if ":" in line:
+                        k, v = line.split(":", 1)
+                        headers[k.strip().lower()] = v.strip()
+                length = int(headers.get("content-length") or 0)
+                body = await reader.readexactly(length) if length else b""
+                try:
+                    status, ctype, payload = self.route(method, target, body)
+                except _HttpError as exc:
+                    status, ctype = exc.status, "application/json"
+                    payload = json.dumps({"error": {"message": exc.message,
+                                                    "type": "BadRequestError", "param": None,
+                                                    "code": exc.status}}).encode()
+                close = headers.get("connection", "").lower() == "close"
+                writer.write(
+                    f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}\r\n"
+                    f"content-type: {ctype}\r\ncontent-length: {len(payload)}\r\n"
+                    f"connection: {'close' if close else 'keep-alive'}\r\n\r\n".encode()
+                    + payload)
+                await writer.drain()
+                if close:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+
+class _HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+async def serve(backend: InstantBackend, host: str, port: int) -> None:
+    server = await asyncio.start_server(backend.handle, host, port, limit=1 << 24, backlog=1024)
+    async with server:
+        await server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--spool-dir", type=Path, default=None,
+                   help="where capture files go (none: captures answered without a file)")
+    p.add_argument("--num-layer-ids", type=int, required=True,
+                   help="layer ids per capture (the run's layer ids)")
+    p.add_argument("--hidden-size", type=int, required=True)
+    p.add_argument("--answer-tokens", type=int, default=12)
+    p.add_argument("--max-prompt-tokens", type=int, default=48)
+    p.add_argument("--served-model-name", default="instant")
+    args = p.parse_args(argv)
+    backend = InstantBackend(model=args.served_model_name, spool_dir=args.spool_dir,
+                             num_layer_ids=args.num_layer_ids, hidden_size=args.hidden_size,
+                             answer_tokens=args.answer_tokens,
+                             max_prompt_tokens=args.max_prompt_tokens)
+    try:
+        asyncio.run(serve(backend, args.host, args.port))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""The bench's instant backend speaks what the worker's client and capture code expect."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from workers.capture import load_capture, select_rows
+from workers.client import BackendClient
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory):
+    spool = tmp_path_factory.mktemp("spool")
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "instant_backend.py"),
+                             "--port", str(port), "--spool-dir", str(spool),
+                             "--num-layer-ids", "3", "--hidden-size", "16",
+                             "--served-model-name", "m"])
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline and proc.poll() is None, "backend did not start"
+            time.sleep(0.1)
+    yield url, spool
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_generation_capture_and_prefill_through_the_worker_client(backend):
+    url, spool = backend
+
+    async def go():
+        client = BackendClient(url, "m", attempts=1)
+        try:
+            comp = await client.chat([{"role": "user", "content": "Capital of France?"}],
+                                     temperature=0.7, top_p=0.95, max_tokens=12, seed=3,
+                                     capture=True)
+            prefill = await client.prefill_capture(comp.prompt_token_ids + comp.token_ids)
+            return comp, prefill
+        finally:
+            await client.close()
+
+    comp, prefill = asyncio.run(go())
+    assert len(comp.token_ids) == 12 and len(comp.logprobs) == 12
+    assert all(len(t["top_logprobs"]) == 5 and "logit" in t for t in comp.logprobs)
+    assert comp.usage["completion_tokens"] == 12
+    hidden = load_capture(comp.hidden_states_path, comp.prompt_token_ids + comp.token_ids[:-1])
+    assert hidden.shape == (len(comp.prompt_token_ids) + 11, 3, 16)
+    rows = select_rows(hidden, prompt_len=len(comp.prompt_token_ids), response_len=12,
+                       sequence_mode="response", layer_index=None, dtype="float16")
+    assert rows.acts.shape == (3, 12, 16) and rows.prompt_rows == 1
+    full = load_capture(prefill, comp.prompt_token_ids + comp.token_ids)
+    assert full.shape[0] == len(comp.prompt_token_ids) + 12
+    assert not list(spool.glob("*.safetensors"))  # the reader deleted what it read
+    metrics = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+    assert "vllm:generation_tokens_total" in metrics and "vllm:num_requests_running" in metrics

@@ -1,0 +1,69 @@
+"""Validation on small real directories: clean runs pass, each problem is named with its line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from contracts import layout
+from orchestrator.postrun.consolidate import consolidate
+from orchestrator.postrun.validate import validate
+from tests.orchestrator.postrun_fixtures import build_run
+
+
+def _by_class(report: dict) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for p in report["problems"]:
+        out.setdefault(p["class"], []).append(p)
+    return out
+
+
+def test_clean_run_validates(tmp_path: Path):
+    pids = build_run(tmp_path, prompts=6, k=2, workers=2, fmt="packed")
+    consolidate(tmp_path)
+    report = validate(tmp_path, expected_prompt_ids=set(pids))
+    assert report["ok"] and report["problems"] == []
+    assert report["counts"] == {"prompts": 6, "generations": 18, "activations": 18}
+
+
+def test_problems_are_named_with_file_and_line(tmp_path: Path):
+    pids = build_run(tmp_path, prompts=6, k=2, workers=2)
+    consolidate(tmp_path)
+    out = layout.consolidated_dir(tmp_path)
+    gens = (out / layout.GENERATIONS).read_text().splitlines(keepends=True)
+    gens.insert(7, gens[1])                       # duplicate generation, line 8
+    del gens[12]                                  # a missing sample
+    (out / layout.GENERATIONS).write_text("".join(gens))
+    acts = (out / layout.ACTIVATION_INDEX).read_text().splitlines(keepends=True)
+    orphan = {**json.loads(acts[0]), "sample_id": 7, "activation_key": f"{pids[0]}_7"}
+    (out / layout.ACTIVATION_INDEX).write_text("".join(acts[1:]) + json.dumps(orphan) + "\n")
+    report = validate(tmp_path, expected_prompt_ids=set(pids) | {"0" * 16})
+    assert not report["ok"]
+    found = _by_class(report)
+    dup = found["duplicate_id"][0]
+    assert (dup["file"], dup["line"]) == ("consolidated/generations.jsonl", 8)
+    assert "lines [2, 8]" in dup["message"]
+    assert found["missing_samples"][0]["prompt_id"] in pids
+    assert found["incomplete_prompts"][0]["prompt_id"] == "0" * 16
+    orphan_lines = [p["line"] for p in found["orphaned_activation"] if p["line"]]
+    assert orphan_lines == [11, len(acts)]  # the deleted generation's activation, and ours
+    # the first generation lost its activation row: named at its generations.jsonl line
+    assert found["missing_activation"][0]["line"] == 1
+    (out / "activations" / "stray.npy").write_bytes(b"")
+    stray = _by_class(validate(tmp_path))["orphaned_activation"][-1]
+    assert (stray["file"], stray["line"]) == ("consolidated/activations/stray.npy", None)
+
+
+def test_malformed_line_in_the_middle_of_a_worker_file(tmp_path: Path):
+    build_run(tmp_path, prompts=4, k=1, workers=1)
+    consolidate(tmp_path)
+    path = tmp_path / "worker_0" / layout.GENERATIONS
+    lines = path.read_text().splitlines(keepends=True)
+    lines[3] = "{not json\n"
+    path.write_text("".join(lines))
+    before = {p: p.read_bytes() for p in (tmp_path / "worker_0").glob("*.jsonl")}
+    report = validate(tmp_path)
+    bad = _by_class(report)["malformed_line"]
+    assert (bad[0]["file"], bad[0]["line"]) == ("worker_0/generations.jsonl", 4)
+    assert not report["ok"] and "--retry-failed" in report["repair"]["malformed_line"]
+    assert {p: p.read_bytes() for p in before} == before  # nothing deleted or rewritten
