@@ -28,13 +28,14 @@ def create_app(get_snapshot: Callable[[], dict], token: str | None, *,
                events_interval_s: float = 1.0) -> FastAPI:
     """The FastAPI app serving ``/status``, ``/metrics``, ``/events`` and the ``/`` dashboard.
 
-    ``token``: when set, every route requires ``Authorization: Bearer <token>``; ``/`` and
-    ``/events`` also accept ``?token=`` so a browser can open the page. ``app.state.stopping``
+    ``token``: when set, every route but the static ``/`` page requires
+    ``Authorization: Bearer <token>`` (header only; the page takes the token from its URL
+    fragment ``#token=`` and sends it as that header). ``app.state.stopping``
     (a ``threading.Event``) ends open event streams; :class:`api.StatusServer` sets it on stop.
     """
     if events_interval_s <= 0:
         raise ValueError(f"events_interval_s must be > 0, got {events_interval_s}")
-    check = TokenCheck(token or None, query_ok=frozenset({"/", "/events"}))
+    check = TokenCheck(token or None, public=frozenset({"/"}))
     app = FastAPI(title="hallulog status", docs_url=None, redoc_url=None, openapi_url=None,
                   dependencies=[Depends(check)])
     install_error_handlers(app)

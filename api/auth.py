@@ -32,29 +32,29 @@ def require_token_off_loopback(host: str, token: str | None) -> None:
 
 
 class TokenCheck:
-    """FastAPI dependency: ``Authorization: Bearer <token>`` on every route.
+    """FastAPI dependency: ``Authorization: Bearer <token>`` on every route but ``public``.
 
-    Routes listed in ``query_ok`` (the dashboard page and its event stream, which a browser's
-    ``EventSource`` cannot give headers) also accept ``?token=``.
+    The token is accepted in that header only, never in the query string (a URL ends up in
+    access logs, proxies and browser history). ``public`` routes (the dashboard page: static
+    HTML with no run data) need none; the page reads the token from its URL fragment
+    (``#token=``, which a browser never sends) and streams ``/events`` with the header.
     """
 
-    def __init__(self, token: str | None, query_ok: frozenset[str] = frozenset()) -> None:
+    def __init__(self, token: str | None, public: frozenset[str] = frozenset()) -> None:
         self._token = token.encode() if token else None
-        self._query_ok = query_ok
+        self._public = public
 
     def __call__(self, request: Request) -> None:
-        if self._token is None:
+        if self._token is None or request.url.path in self._public:
             return
         given = None
         header = request.headers.get("authorization", "")
         scheme, _, value = header.partition(" ")
         if scheme.lower() == "bearer" and value:
             given = value.strip()
-        elif request.url.path in self._query_ok:
-            given = request.query_params.get("token")
         if given is None or not secrets.compare_digest(given.encode(), self._token):
             raise HTTPException(
                 status_code=401,
                 detail="missing or wrong bearer token: send 'Authorization: Bearer <token>' "
-                       "(the token given to --status-token)",
+                       "(the token given to --status-token); a token in the URL is not accepted",
                 headers={"WWW-Authenticate": "Bearer"})

@@ -161,45 +161,100 @@ class JsonlAppender:
     """Appends rows to one JSONL file; :meth:`sync` makes them durable (one fsync).
 
     Opening cuts a torn tail first (the committed-tail rule), so appends always start a line.
+    Rows are buffered here (not in a stdio buffer) and written with ``os.write``, so a failed
+    write or fsync never leaves bytes behind that a later flush would glue to the next group's
+    rows: a failed :meth:`sync` cuts the file back to where it started and raises, and
+    :meth:`rollback` drops what is buffered as well as what is on disk.
     """
+
+    _SPILL = 1 << 20  # write (without fsync) once this much is buffered
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         cut_torn_tail(self.path)
-        self._f = open(self.path, "ab")
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._size = os.fstat(self._fd).st_size
+        self._pending = bytearray()
         self._dirty = False
 
     def tell(self) -> int:
         """The byte offset the next row will start at (a rollback point)."""
-        self._f.flush()
-        return self._f.tell()
+        return self._size + len(self._pending)
 
     def append(self, rows: Iterable[dict[str, Any]]) -> int:
-        """Write rows (buffered, not yet durable); returns how many."""
+        """Buffer rows (not yet durable); returns how many."""
         data = "".join(dumps(r) for r in rows).encode("utf-8")
         if data:
-            self._f.write(data)
+            self._pending += data
             self._dirty = True
+            if len(self._pending) >= self._SPILL:
+                self._write_pending()
         return data.count(b"\n")
 
+    def _write_pending(self) -> None:
+        assert self._fd is not None, f"{self.path}: appender is closed"
+        start = self._size
+        try:
+            data, done = bytes(self._pending), 0
+            while done < len(data):
+                done += os.write(self._fd, data[done:])
+        except BaseException:
+            self._cut(start)
+            raise
+        self._size += len(self._pending)
+        self._pending.clear()
+
     def sync(self) -> None:
-        """Flush and fsync what was appended since the last sync."""
-        if self._dirty:
-            self._f.flush()
-            os.fsync(self._f.fileno())
-            self._dirty = False
+        """Write and fsync what was appended since the last sync.
+
+        On failure the file is cut back to its length before this call's writes, the rows are
+        dropped, and the error propagates (the caller rolls its group back).
+        """
+        if not self._dirty:
+            return
+        start = self._size
+        self._write_pending()
+        try:
+            os.fsync(self._fd)
+        except BaseException:
+            self._cut(start)
+            raise
+        self._dirty = False
+
+    def _cut(self, offset: int) -> None:
+        """Best effort after a failed write: drop buffered rows, truncate to ``offset``."""
+        self._pending.clear()
+        self._dirty = False
+        try:
+            os.ftruncate(self._fd, offset)
+            self._size = offset
+        except OSError:  # the caller's rollback (or the next run's recovery) cuts it
+            self._size = os.fstat(self._fd).st_size
 
     def rollback(self, offset: int) -> None:
         """Drop everything from ``offset`` on (the rows of a group that failed to commit)."""
-        self._f.flush()
-        truncate_to(self.path, offset)
-        self._f.seek(0, os.SEEK_END)
+        if offset >= self._size:
+            del self._pending[offset - self._size:]
+            self._dirty = bool(self._pending)
+            return
+        self._pending.clear()
         self._dirty = False
+        size = os.fstat(self._fd).st_size
+        if offset > size:
+            raise ValueError(f"{self.path}: cannot truncate to {offset} bytes, it has {size}")
+        os.ftruncate(self._fd, offset)
+        os.fsync(self._fd)
+        self._size = offset
 
     def close(self) -> None:
-        self.sync()
-        self._f.close()
+        if self._fd is None:
+            return
+        try:
+            self.sync()
+        finally:
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self) -> "JsonlAppender":
         return self

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -46,10 +47,19 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Reprocess the prompts in errors.jsonl or found incomplete.")
     parser.add_argument("--log-level", default="WARNING",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="Logging level.")
+    parser.add_argument("--debug", action="store_true",
+                        help="Show the traceback of an error (errors are one line otherwise).")
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (exit 2) pointing at --help, not a usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="python -m orchestrator",
         description="hallulog: one inference pass producing every artifact hallucination "
                     "detectors need.")
@@ -60,8 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     status_p.add_argument("--url", help="Status API base URL of a running orchestrator.")
     status_p.add_argument("--artifact-root", type=Path,
                           help="Report from the files of a run (finished or not).")
-    status_p.add_argument("--token", help="Bearer token of the status API.")
+    status_p.add_argument("--token", help="Bearer token of the status API (default: "
+                          "$HALLULOG_STATUS_TOKEN, which keeps it out of the process list).")
     status_p.add_argument("--json", action="store_true", help="Print the raw JSON.")
+    status_p.add_argument("--debug", action="store_true",
+                          help="Show the traceback of an error.")
     from orchestrator.postrun.evaluate import add_evaluate_parser
 
     add_evaluate_parser(sub)
@@ -90,10 +103,14 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                 if recorded.get(key) is not None:
                     recorded[key] = Path(recorded[key])
             given = {**recorded, **given}
+    if given.get("status_token") is None and os.environ.get("HALLULOG_STATUS_TOKEN"):
+        given["status_token"] = os.environ["HALLULOG_STATUS_TOKEN"]
     return RunConfig(**given)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit codes: 0 done, 1 an error at run time (one line on stderr; ``--debug`` adds the
+    traceback), 2 a bad flag or value, 3 some prompts failed, 130 interrupted."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "status":
@@ -104,21 +121,67 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_evaluate(args)
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _configure_startup_messages()
     try:
         config = config_from_args(args)
     except ConfigError as exc:
-        print(f"usage: python -m orchestrator run [options]\n"
-              f"python -m orchestrator run: error: {exc}", file=sys.stderr)
+        print(f"python -m orchestrator run: error: {exc} (see python -m orchestrator run --help)",
+              file=sys.stderr)
         return 2
+    except Exception as exc:  # e.g. an unreadable run_manifest.json of --validate-only
+        return _fail(exc, args.debug)
     try:
         return _run_command(config, args)
-    except HallulogError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None:  # a buffered write names no file
+            exc = OSError(exc.errno, exc.strerror, f"a file under {config.artifact_root}"
+                          ).with_traceback(exc.__traceback__)
+        return _fail(exc, args.debug)
     except KeyboardInterrupt:
         print("interrupted: committed work is kept; rerun the same command to resume",
               file=sys.stderr)
         return 130
+    except Exception as exc:
+        return _fail(exc, args.debug)
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for any error: hallulog's own say what and where; OS errors name the path."""
+    if isinstance(exc, HallulogError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.filename is not None:
+        where = f"{exc.filename} -> {exc.filename2}" if exc.filename2 else str(exc.filename)
+        return f"{where}: {exc.strerror or type(exc).__name__}"
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    from storage.errors import StorageError
+
+    return text if isinstance(exc, StorageError) else f"{type(exc).__name__}: {text}"
+
+
+def _fail(exc: BaseException, debug: bool) -> int:
+    if debug:
+        import traceback
+
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    message = describe_error(exc).splitlines() or [""]
+    hint = "" if debug or isinstance(exc, HallulogError) else " (--debug shows the traceback)"
+    print(f"error: {message[0].rstrip(':')}{hint}", file=sys.stderr)
+    if debug and len(message) > 1:  # e.g. a server log's tail (its path is on the first line)
+        print("\n".join(message[1:]), file=sys.stderr)
+    return 1
+
+
+def _configure_startup_messages() -> None:
+    """What the run is doing before the progress bar appears (model, servers, health), on
+    stderr whatever ``--log-level`` says."""
+    startup = logging.getLogger("orchestrator.startup")
+    if startup.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    startup.addHandler(handler)
+    startup.setLevel(logging.INFO)
+    startup.propagate = False
 
 
 def _run_command(config: RunConfig, args: argparse.Namespace) -> int:
@@ -151,10 +214,10 @@ def _status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if bool(args.url) == bool(args.artifact_root):
         parser.error("status needs exactly one of --url or --artifact-root")
     try:
-        snapshot = fetch_status(args.url, args.token) if args.url \
+        token = args.token or os.environ.get("HALLULOG_STATUS_TOKEN")
+        snapshot = fetch_status(args.url, token) if args.url \
             else status_from_artifacts(args.artifact_root)
     except Exception as exc:  # network or file errors: one clear line
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return _fail(exc, args.debug)
     print(json.dumps(snapshot, indent=2) if args.json else format_status(snapshot))
     return 0

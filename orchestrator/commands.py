@@ -19,7 +19,8 @@ def format_result(result: RunResult) -> str:
         balance += f" ({100 * labels.get('hallucinated', 0) / graded:.0f}% hallucinated)"
     return "\n".join([
         f"run finished in {result.wall_seconds:.1f} s: {done}/{result.total} prompts done "
-        f"({result.done} this session, {result.done_before} before), {len(result.failed)} failed",
+        f"({result.done} this session, {result.done_before} before), {len(result.failed)} failed, "
+        f"{result.capture_errors} capture(s) failed",
         f"labels: {balance}",
         f"artifacts: {result.artifact_root}",
     ] + ([f"consolidated: {result.consolidation['prompts']} prompts, "

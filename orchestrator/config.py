@@ -73,6 +73,9 @@ def select_layer_ids(target_layers: str, num_hidden_layers: int) -> list[int]:
     raise ConfigError(f"unknown target_layers {target_layers!r}")
 
 
+#: Fields never written anywhere (run_manifest.json, logs, the status snapshot).
+SECRET_FIELDS = frozenset({"status_token"})
+
 # Fields that do not change what the run produces: excluded from the config fingerprint.
 FINGERPRINT_EXCLUDED = frozenset({
     "artifact_root", "num_workers", "groups_in_flight", "gpus", "manage_servers", "server_urls",
@@ -142,8 +145,9 @@ class RunConfig:
     """Spawn and manage the servers; false: connect to ``server_urls``."""
     server_urls: tuple[str, ...] = ()
     """Base URLs of already running servers (with manage_servers false)."""
-    server_base_port: int = 8000
-    """Server i listens on server_base_port + i."""
+    server_base_port: int | None = None
+    """Server i listens on server_base_port + i; a port already in use is an error. Unset: free
+    ports from 8000 on (a taken one is skipped and said)."""
     server_startup_timeout: float = 600.0
     """Seconds to wait for a server's /health before giving up."""
     request_timeout: float = 300.0
@@ -174,8 +178,9 @@ class RunConfig:
     """Address of the status API; anything but loopback requires status_token."""
     status_port: int | None = None
     """Port of the status API (none: no API)."""
-    status_token: str | None = None
-    """Bearer token required by the status API."""
+    status_token: str | None = field(default=None, repr=False)
+    """Bearer token required by the status API (header only). Also read from
+    $HALLULOG_STATUS_TOKEN, which keeps it out of the process list; never written to disk."""
     progress: bool = True
     """Show a progress bar."""
     cache_dir: Path | None = None
@@ -206,7 +211,8 @@ class RunConfig:
         _check(self.server_max_restarts >= 0, "--server-max-restarts must be >= 0")
         _check(self.server_restart_backoff >= 0, "--server-restart-backoff must be >= 0")
         _check(self.server_startup_timeout > 0, "--server-startup-timeout must be > 0")
-        _check(1 <= self.server_base_port <= 65535, "--server-base-port must be a TCP port")
+        _check(self.server_base_port is None or 1 <= self.server_base_port <= 65535,
+               "--server-base-port must be a TCP port")
         _check(self.status_port is None or 0 <= self.status_port <= 65535,
                "--status-port must be a TCP port")
         _check(self.backend in ("embedded", "vllm"), "--backend must be embedded or vllm")
@@ -243,10 +249,11 @@ class RunConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict of every field (paths as strings, tuples as lists)."""
+        """JSON-able dict of every field (paths as strings, tuples as lists), secrets left out:
+        ``status_token`` is always None here (it is never written to disk or logs)."""
         out = {}
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
+            value = None if f.name in SECRET_FIELDS else getattr(self, f.name)
             if isinstance(value, Path):
                 value = str(value)
             elif isinstance(value, tuple):

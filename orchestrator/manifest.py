@@ -85,9 +85,14 @@ def load_manifest(artifact_root: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"{path}:{exc.lineno}: malformed manifest ({exc.msg})") from None
+    except UnicodeDecodeError as exc:
+        raise ArtifactError(f"{path}: not UTF-8 (byte offset {exc.start})") from None
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{path}: malformed manifest (not a JSON object)")
+    return data
 
 
 def write_manifest(artifact_root: Path, manifest: dict[str, Any]) -> None:

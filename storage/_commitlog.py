@@ -19,7 +19,8 @@ def append_records(fd: int, lines: list[bytes]) -> list[int]:
     """Append ``lines`` with one write and one fdatasync; return the byte offset of each line.
 
     One write keeps a group's lines together: after a crash the log ends at a line boundary or
-    in a torn last line (no newline), which recovery cuts off.
+    in a torn last line (no newline), which recovery cuts off. On failure the log is cut back
+    to where the lines started (best effort) and the error propagates: nothing is committed.
     """
     start = os.lseek(fd, 0, os.SEEK_END)
     starts = []
@@ -27,8 +28,16 @@ def append_records(fd: int, lines: list[bytes]) -> list[int]:
     for line in lines:
         starts.append(pos)
         pos += len(line)
-    write_all(fd, b"".join(lines))
-    os.fdatasync(fd)
+    try:
+        write_all(fd, b"".join(lines))
+        os.fdatasync(fd)
+    except BaseException:
+        # Torn or not-durable lines must not stay: the next group's would be glued to them.
+        try:
+            os.ftruncate(fd, start)
+        except OSError:
+            pass  # reopening the store drops a torn last line; whole ones are rolled back
+        raise
     return starts
 
 

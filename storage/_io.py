@@ -2,12 +2,57 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
+import tokenize
 
 import numpy as np
 
-from .errors import CorruptShardError
+from .errors import CorruptShardError, ManifestError, StorageError
+
+#: What parsers of damaged bytes raise (np.load, json, zarr, tarfile, ast, dict/list access on
+#: metadata of the wrong shape) besides the project's own errors.
+MALFORMED = (ValueError, TypeError, KeyError, IndexError, EOFError, SyntaxError, OverflowError,
+             AttributeError, tokenize.TokenError, RecursionError)
+
+
+def malformed_is_manifest_error(fn):
+    """Turn what a parser of damaged input raises into a :class:`ManifestError` naming the path
+    (``self.path`` of a reader method, else the function's first argument); works on generator
+    functions too. Readers' own ``StorageError``s pass through unchanged."""
+
+    def where(args) -> str:
+        for a in args[:2]:
+            p = getattr(a, "path", a)
+            if isinstance(p, (str, os.PathLike)):
+                return os.fspath(p)
+        return "?"
+
+    def convert(exc: BaseException, args) -> ManifestError:
+        return ManifestError(f"malformed or truncated ({type(exc).__name__}: {exc})", where(args))
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def gen(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except StorageError:
+                raise
+            except MALFORMED as exc:
+                raise convert(exc, args) from None
+        return gen
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except StorageError:
+            raise
+        except MALFORMED as exc:
+            raise convert(exc, args) from None
+    return wrapper
 
 
 def fsync_dir(path: str) -> None:

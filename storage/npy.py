@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from ._io import fsync_dir, write_all
+from ._io import fsync_dir, malformed_is_manifest_error, write_all
 from .base import ActivationWriter, ExtentReader, SampleMeta
 from .errors import CorruptShardError, ManifestError, StorageError
 
@@ -136,6 +136,7 @@ class NpyReader(ExtentReader):
     _fd_per_read = True
     _unpicklable = ExtentReader._unpicklable + ("_hdr",)
 
+    @malformed_is_manifest_error
     def __init__(self, path):
         self.path = os.fspath(path)
         ipath = os.path.join(self.path, INDEX_FILE)

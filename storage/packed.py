@@ -22,7 +22,8 @@ import zlib
 import numpy as np
 
 from ._commitlog import append_records, record_line, tail_to_drop
-from ._io import atomic_save_npy, atomic_write_json, fsync_dir, pread_into, write_all
+from ._io import (atomic_save_npy, atomic_write_json, fsync_dir, malformed_is_manifest_error,
+                  pread_into, write_all)
 from .base import ActivationWriter, ExtentReader, SampleMeta
 from .errors import CorruptShardError, ManifestError, StorageError
 
@@ -222,8 +223,15 @@ class PackedWriter(ActivationWriter):
             self._shard_size = 0
         fd = self._open_shard()
         offset = self._shard_size
-        os.lseek(fd, offset, os.SEEK_SET)
-        write_all(fd, acts)
+        try:
+            os.lseek(fd, offset, os.SEEK_SET)
+            write_all(fd, acts)
+        except Exception:
+            try:  # bytes past the shard's end would break the finalized sizes
+                os.ftruncate(fd, offset)
+            except OSError:
+                pass  # rollback() / reopening the store truncates them (_truncate_shards)
+            raise
         self._dirty = True
         record = {
             "key": key, "shard": self._shard, "offset": offset, "seq_len": int(acts.shape[1]),
@@ -247,15 +255,18 @@ class PackedWriter(ActivationWriter):
         if self._shard_fd is not None and self._dirty:
             os.fdatasync(self._shard_fd)
             self._dirty = False
-        pending, self._pending, self._pending_keys = self._pending, [], set()
+        # pending stays pending until its log lines are durable: a failed append leaves the
+        # group for rollback() to drop (append_records cuts its own torn lines)
         self._staged = []
-        for key, record in pending:
-            self._commit(key, record)
+        for key, rec in self._pending:
+            self._commit(key, rec)
         self._line_starts.extend(append_records(self._log_fd, self._staged))
         self._staged = []
-        for key, record in pending:
-            self._records.append(record)
+        pending, self._pending = self._pending, []
+        for key, rec in pending:
+            self._records.append(rec)
             self._keys.add(key)
+        self._pending_keys = set()
 
     def _commit(self, key: str, record: dict) -> None:
         self._staged.append(record_line(record))
@@ -335,6 +346,7 @@ class PackedReader(ExtentReader):
 
     _unpicklable = ExtentReader._unpicklable + ("_ix",)
 
+    @malformed_is_manifest_error
     def __init__(self, path, verify_hash: bool = True):
         self.path = os.fspath(path)
         mpath = os.path.join(self.path, MANIFEST)
@@ -373,6 +385,7 @@ class PackedReader(ExtentReader):
             if got != m["content_hash"]:
                 raise ManifestError(f"content hash mismatch: manifest says {m['content_hash']}, index gives {got}", mpath)
 
+    @malformed_is_manifest_error
     def _load_index(self) -> dict[str, np.ndarray]:
         ix = {}
         for name in INDEX_ARRAYS:
@@ -439,6 +452,7 @@ class PackedReader(ExtentReader):
         t = int(ix["seq_len"][i])
         return int(ix["shard_index"][i]), int(ix["byte_offsets"][i]) + layer * t * self.hidden_size * self.dtype.itemsize
 
+    @malformed_is_manifest_error
     def verify(self) -> None:
         ix = self.ix
         for i in range(self._n):

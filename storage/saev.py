@@ -25,7 +25,7 @@ import os
 import numpy as np
 
 from ._export_dir import staged_dir
-from ._io import atomic_write_bytes, write_all
+from ._io import atomic_write_bytes, malformed_is_manifest_error, write_all
 from .base import ActivationReader
 from .errors import CorruptShardError, ManifestError, StorageError
 from .registry import open_store
@@ -237,6 +237,7 @@ class SaevReader(ActivationReader):
 
     _unpicklable = ActivationReader._unpicklable + ("_maps", "_maps_pid")
 
+    @malformed_is_manifest_error
     def __init__(self, path, check_hash: bool = True):
         self.path = os.path.abspath(os.fspath(path))
         if tuple(self.path.split(os.sep)[-3:-1]) != SHARDS_SUBDIR:

@@ -23,7 +23,7 @@ from typing import Iterator, Mapping
 
 import numpy as np
 
-from ._io import atomic_write_json, fsync_dir
+from ._io import atomic_write_json, fsync_dir, malformed_is_manifest_error
 from .base import ActivationReader
 from .errors import CorruptShardError, ManifestError, StorageError
 
@@ -62,6 +62,7 @@ def _npy_bytes(a: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+@malformed_is_manifest_error
 def decode_npy(data: bytes, name: str = "<npy>") -> np.ndarray:
     """A read-only array view over ``.npy`` bytes; refuses object dtypes (no unpickling)."""
     f = io.BytesIO(data)
@@ -223,6 +224,7 @@ def export_wds(src, dst, shard_bytes: int = DEFAULT_SHARD_BYTES, texts=None, spl
     return manifest
 
 
+@malformed_is_manifest_error
 def read_wds_manifest(path) -> dict:
     mpath = os.path.join(os.fspath(path), MANIFEST)
     try:
@@ -240,6 +242,7 @@ def read_wds_manifest(path) -> dict:
     return m
 
 
+@malformed_is_manifest_error
 def iter_wds_records(tar_path: str, backend: str = "tarfile") -> Iterator[dict]:
     """Records of one shard as ``{"__key__", "prompt_acts.npy", "response_acts.npy", "meta.json"}``
     (raw bytes), streaming: the shard is opened once and read front to back."""

@@ -28,7 +28,7 @@ import warnings
 import numpy as np
 
 from ._commitlog import append_records, record_line, tail_to_drop
-from ._io import atomic_write_bytes, fsync_dir
+from ._io import atomic_write_bytes, fsync_dir, malformed_is_manifest_error
 from .base import ActivationReader, ActivationWriter, SampleMeta
 from .errors import CorruptShardError, ManifestError, StorageError
 
@@ -239,12 +239,14 @@ class ZarrWriter(ActivationWriter):
         for d in (root, os.path.dirname(root)) if self.zarr_format == 3 else (root,):
             if os.path.isdir(d):
                 fsync_dir(d)
-        pending, self._pending = self._pending, []
+        # pending stays pending until its log lines are durable: a failed append leaves the
+        # group for rollback() to drop (append_records cuts its own torn lines)
         self._staged = []
-        for key, rec in pending:
+        for key, rec in self._pending:
             self._commit(key, rec)
         self._line_starts.extend(append_records(self._log_fd, self._staged))
         self._staged = []
+        pending, self._pending = self._pending, []
         for key, rec in pending:
             self._records.append(rec)
             self._keys.add(key)
@@ -330,6 +332,7 @@ class ZarrReader(ActivationReader):
 
     _unpicklable = ActivationReader._unpicklable + ("_z", "_zpid")
 
+    @malformed_is_manifest_error
     def __init__(self, path):
         self.path = os.fspath(path)
         if os.path.isdir(os.path.join(self.path, STORE_NAME)):

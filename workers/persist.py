@@ -20,9 +20,17 @@ import storage
 from contracts import layout
 from contracts.jsonl import JsonlAppender, cut_torn_tail, iter_lines, truncate_to
 
-__all__ = ["WorkerDir", "GenerationRecord", "recover_worker_dir"]
+__all__ = ["WorkerDir", "GenerationRecord", "PersistBroken", "recover_worker_dir"]
 
 log = logging.getLogger(__name__)
+
+
+class PersistBroken(OSError):
+    """A group failed and could not be rolled back: stop appending to this worker directory.
+
+    The directory is consistent again once :func:`recover_worker_dir` has run (next run).
+    """
+
 
 @dataclass
 class GenerationRecord:
@@ -51,35 +59,77 @@ class WorkerDir:
                                           hidden_size=hidden_size, dtype=dtype)
         self._files = {name: JsonlAppender(self.root / name)
                        for name in layout.WORKER_JSONL_FILES}
+        self.broken: str | None = None
+        """Why the directory can no longer be appended to (a failed rollback), else None."""
 
     def close(self) -> None:
+        """Sync and close the JSONL files and finalize the store (skipped when broken: the
+        next run's recovery repairs the directory before anything reads it)."""
+        errors = []
         for f in self._files.values():
-            f.close()
-        self.writer.close()
+            try:
+                f.close()
+            except OSError as exc:
+                errors.append(exc)
+        if self.broken is None:
+            self.writer.close()
+        if errors:
+            raise errors[0]
 
     def persist_group(self, prompt_row: dict[str, Any], generations: list[GenerationRecord]
                       ) -> None:
         """Commit one prompt group durably, in the order the module docstring gives.
 
         Every row of the group gets the same fresh ``commit_id``, so that consolidation can
-        tell two commits of one prompt apart (``--retry-failed``).
+        tell two commits of one prompt apart (``--retry-failed``). A write that fails part way
+        (EIO, ENOSPC, a store refusing a key) rolls the group back in place before the error
+        propagates: the JSONL files are cut to their offsets before the group and the store
+        drops the group's samples, so the next group commits after the last committed one. When
+        that rollback fails too, :class:`PersistBroken` is raised: the worker must stop, and
+        the next run's :func:`recover_worker_dir` repairs the directory (the group is a tail).
         """
+        if self.broken is not None:
+            raise PersistBroken(f"{self.root}: an earlier rollback failed ({self.broken})")
         commit_id = uuid.uuid4().hex
-        activation_rows = []
-        for gen in generations:
-            if gen.acts is None:
-                continue
-            key = gen.activation_row["activation_key"]
-            label = -1 if gen.label is None else int(gen.label)
-            location = self.writer.write(key, gen.acts, storage.SampleMeta(
-                prompt_len=gen.prompt_rows, response_len=gen.response_rows, label=label))
-            activation_rows.append({**gen.activation_row, **location,
-                                    "worker_id": self.worker_id, "commit_id": commit_id})
-        self.writer.commit()  # group commit: one fsync per store file for the whole group
-        self._append("generations.jsonl", [{**g.row, "commit_id": commit_id}
-                                           for g in generations])
-        self._append("activation_index.jsonl", activation_rows)
-        self._append("prompt_index.jsonl", [{**prompt_row, "commit_id": commit_id}])
+        marks = {name: f.tell() for name, f in self._files.items()}
+        keys_before = self.writer.committed_keys()
+        try:
+            activation_rows = []
+            for gen in generations:
+                if gen.acts is None:
+                    continue
+                key = gen.activation_row["activation_key"]
+                label = -1 if gen.label is None else int(gen.label)
+                location = self.writer.write(key, gen.acts, storage.SampleMeta(
+                    prompt_len=gen.prompt_rows, response_len=gen.response_rows, label=label))
+                activation_rows.append({**gen.activation_row, **location,
+                                        "worker_id": self.worker_id, "commit_id": commit_id})
+            self.writer.commit()  # group commit: one fsync per store file for the whole group
+            self._append("generations.jsonl", [{**g.row, "commit_id": commit_id}
+                                               for g in generations])
+            self._append("activation_index.jsonl", activation_rows)
+            self._append("prompt_index.jsonl", [{**prompt_row, "commit_id": commit_id}])
+        except Exception as exc:
+            self._rollback(marks, keys_before, exc)
+            if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+                # os.write/fsync name no file: say which directory failed (e.g. a full disk)
+                raise OSError(exc.errno, exc.strerror, str(self.root)) from exc
+            raise
+
+    def _rollback(self, marks: dict[str, int], keys_before: set[str], cause: Exception) -> None:
+        """Undo a group that failed part way; on failure mark the directory broken."""
+        try:
+            for name in (layout.PROMPT_INDEX, layout.ACTIVATION_INDEX, layout.GENERATIONS):
+                self._files[name].rollback(marks[name])
+            self.writer.rollback(keys_before)
+        except Exception as exc:
+            self.broken = f"{type(exc).__name__}: {exc}"
+            log.error("%s: could not roll back a failed group (%s) after %s", self.root, exc,
+                      cause)
+            raise PersistBroken(f"{self.root}: a group failed ({type(cause).__name__}: "
+                                f"{cause}) and rolling it back failed too ({exc}); the next "
+                                "run recovers the directory") from exc
+        log.warning("%s: rolled back a group that failed to commit (%s)", self.root, cause)
 
     def record_error(self, error: dict[str, Any]) -> None:
         """Append one ``errors.jsonl`` row (seed 003 §12 fields)."""

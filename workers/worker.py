@@ -29,11 +29,14 @@ from contracts.ids import activation_key, sample_seed
 from contracts.prompt_group import PromptGroup
 from workers.capture import CaptureError, discard_capture, load_capture, select_rows
 from workers.client import BackendClient, Completion
-from workers.persist import GenerationRecord, WorkerDir
+from workers.persist import GenerationRecord, PersistBroken, WorkerDir
 
 __all__ = ["WorkerSpec", "worker_main", "grade_answer"]
 
 log = logging.getLogger(__name__)
+
+#: errnos after which writing on is pointless until a person frees space: the worker stops
+_FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,10 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     die_with_parent(signal.SIGKILL)  # never outlive a crashed orchestrator: it owns the work
     logging.basicConfig(level=os.environ.get("HALLULOG_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s worker_{spec.worker_id} %(levelname)s %(message)s")
+    if os.environ.get("HALLULOG_FAULTS"):  # fault tests only (workers/_faults.py)
+        from workers._faults import install_from_env
+
+        install_from_env()
     channel = _Channel(conn)
     try:
         asyncio.run(_Worker(spec, channel).run())
@@ -176,6 +183,10 @@ class _Worker:
                 if not isinstance(o, BaseException):
                     discard_capture(o.hidden_states_path)
             sample_id, exc = failures[0]
+            if _disk_full(exc):  # the server's spool lives on the artifact root's filesystem
+                self._report_failure(group.prompt_id, sample_id, self._full(exc),
+                                     "storage_full", fatal=True)
+                return
             self._report_failure(group.prompt_id, sample_id, exc, "generation_failed")
             return
         completions: list[Completion] = list(outcomes)  # type: ignore[arg-type]
@@ -184,25 +195,43 @@ class _Worker:
                 discard_capture(comp.hidden_states_path)
 
         records, errors = await self._capture_all(group, completions, requests)
+        full = [e for e in errors if _disk_full(e["error_message"])]
+        if full:  # committing the group without its activations would hide a full disk
+            for rec in records:
+                rec.acts = None
+            self._report_failure(group.prompt_id, full[0]["sample_id"],
+                                 self._full(full[0]["error_message"]), "storage_full",
+                                 fatal=True)
+            return
         prompt_row = self._prompt_row(group, completions[0], records[0].label,
                                       records[0].row["label_grader"])
         try:
             async with self.persist_lock:
                 await asyncio.to_thread(self.out.persist_group, prompt_row, records)
-                for err in errors:
-                    await asyncio.to_thread(self.out.record_error, err)
-        except OSError as exc:
-            kind = "storage_full" if exc.errno == errno.ENOSPC else "storage_error"
-            self._report_failure(group.prompt_id, None, exc, kind,
-                                 fatal=exc.errno in (errno.ENOSPC, errno.EROFS))
+        except OSError as exc:  # persist_group rolled the group back (or says it could not)
+            full = exc.errno in _FULL_DISK
+            self._report_failure(group.prompt_id, None, exc,
+                                 "storage_full" if full else "storage_error",
+                                 fatal=full or isinstance(exc, PersistBroken))
             return
         except Exception as exc:  # e.g. a shard store refusing a key it already holds
-            self._report_failure(group.prompt_id, None, exc, "storage_error")
+            self._report_failure(group.prompt_id, None, exc, "storage_error",
+                                 fatal=isinstance(exc, PersistBroken))
             return
+        for err in errors:  # the group is committed: a lost error row must not undo that
+            try:
+                await asyncio.to_thread(self.out.record_error, err)
+            except OSError:
+                log.exception("could not record a capture error of %s", group.prompt_id)
         tokens = sum(len(c.token_ids) for c in completions)
         self.channel.send({"event": "done", "worker_id": spec.worker_id,
                           "prompt_id": group.prompt_id, "generations": len(completions),
                           "tokens": tokens, "capture_errors": len(errors)})
+
+    def _full(self, cause: BaseException | str) -> OSError:
+        return OSError(errno.ENOSPC, f"disk full under the artifact root (this worker writes "
+                       f"{self.spec.worker_dir}, its server's spool sits beside it): {cause}",
+                       self.spec.worker_dir)
 
     def _request_params(self, prompt_id: str, sample_id: int) -> dict[str, Any]:
         spec = self.spec
@@ -313,6 +342,15 @@ class _Worker:
         if fatal:
             self.fatal = True
             self.channel.send({"event": "fatal", "worker_id": self.spec.worker_id, "error": err})
+
+
+def _disk_full(exc: BaseException | str) -> bool:
+    """A full disk or quota, said by an OSError here or in a server's error message."""
+    if isinstance(exc, OSError) and exc.errno in _FULL_DISK:
+        return True
+    text = str(exc)
+    return any(m in text for m in ("No space left on device", "Disk quota exceeded",
+                                   "[Errno 28]", "[Errno 122]"))
 
 
 def _error_record(spec: WorkerSpec, exc: BaseException, prompt_id: str | None,

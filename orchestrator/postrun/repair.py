@@ -27,13 +27,13 @@ _WORKER_FILES = (layout.PROMPT_INDEX, layout.GENERATIONS, layout.ACTIVATION_INDE
 
 
 def _malformed(raw: bytes) -> bool:
-    """A complete line that is not JSON (a torn tail is the recovery's business)."""
+    """A complete line that is not a JSON object, i.e. one ``iter_lines`` refuses (a torn tail
+    is the recovery's business)."""
     if not raw.endswith(b"\n") or raw.isspace():
         return False
     try:
-        json.loads(raw)
-        return False
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        return not isinstance(json.loads(raw), dict)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError
         return True
 
 

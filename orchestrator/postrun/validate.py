@@ -20,6 +20,7 @@ import numpy as np
 import storage
 
 from contracts import layout
+from contracts.jsonl import iter_rows
 from orchestrator.manifest import load_manifest
 
 __all__ = ["validate", "SCHEMAS", "REPAIRS", "format_report", "schema_errors"]
@@ -96,6 +97,8 @@ REPAIRS = {
     "missing_samples": "python -m orchestrator run --artifact-root {root} --retry-failed",
     "incomplete_prompts": "python -m orchestrator run --artifact-root {root} --retry-failed",
     "missing_activation": "python -m orchestrator run --artifact-root {root} --retry-failed",
+    "activations_missing": "fix the capture errors in worker_*/errors.jsonl, then python -m "
+                           "orchestrator run --artifact-root {root} --retry-failed",
     "missing_activation_file": "python -m orchestrator run --artifact-root {root} "
                                "--consolidate-only (or --retry-failed when the worker file is "
                                "gone too)",
@@ -107,8 +110,13 @@ REPAIRS = {
     "not_consolidated": "python -m orchestrator run --artifact-root {root} --consolidate-only",
 }
 
+#: Share of generations allowed to lack activations (capture failures) before validation fails
+#: (docs/architecture.md): every profile asks for activations, and a run that captured almost
+#: nothing (e.g. a foreign server on the port) must not say "validation OK".
+MAX_MISSING_ACTIVATION_SHARE = 0.05
+
 # Classes that make the artifacts incomplete (non-zero exit); the rest are warnings.
-_FATAL = {"malformed_line", "schema_violation", "consolidated_malformed_line", "missing_samples",
+_FATAL = {"activations_missing", "malformed_line", "schema_violation", "consolidated_malformed_line", "missing_samples",
           "incomplete_prompts", "missing_activation_file", "activation_mismatch", "duplicate_id",
           "not_consolidated"}
 
@@ -297,6 +305,11 @@ def _check_consolidated(out: Path, report: _Report, *, k: int, fmt: str,
         for key, lines in sorted(dup_lines.items(), key=lambda kv: kv[1][0]):
             found.add("duplicate_id", f"activation_key {key} repeated on lines {lines}",
                       file=a_path, line=lines[1])
+    if gen_count and len(missing_act.problems) > MAX_MISSING_ACTIVATION_SHARE * gen_count:
+        found.add("activations_missing",
+                  f"{len(missing_act.problems)} of {gen_count} generations have no activations "
+                  f"(more than {MAX_MISSING_ACTIVATION_SHARE:.0%}); most common cause: "
+                  f"{_capture_error_cause(out.parent)}", file=a_path)
     if fmt == "npy":
         _orphan_npy_files(out, listed, act_checks)
     for part in (g_scan, a_scan, found, missing_act, act_checks):
@@ -426,6 +439,19 @@ def _store_checker(out: Path, report: _Report) -> Callable[[int, dict], None] | 
 
     check.close = reader.close  # type: ignore[attr-defined]
     return check
+
+
+def _capture_error_cause(root: Path) -> str:
+    """The most frequent ``capture_failed`` message of the workers' errors.jsonl."""
+    causes: Counter = Counter()
+    for wdir in layout.worker_dirs(root):
+        for row in iter_rows(wdir / layout.ERRORS, malformed="skip"):
+            if row.get("error_type") == "capture_failed":
+                causes[str(row.get("error_message", "?"))[:200]] += 1
+    if not causes:
+        return "unknown (no capture_failed rows in worker_*/errors.jsonl)"
+    message, n = causes.most_common(1)[0]
+    return f"{message} ({n} time(s), worker_*/errors.jsonl)"
 
 
 def format_report(report: dict[str, Any], limit: int = 10) -> str:

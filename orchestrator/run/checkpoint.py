@@ -83,8 +83,11 @@ def load_completed(artifact_root: Path) -> set[str]:
             data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise ArtifactError(f"{path}:{exc.lineno}: malformed checkpoint ({exc.msg})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("completed"), list):
-        raise ArtifactError(f"{path}: expected an object with a 'completed' list")
+        except UnicodeDecodeError as exc:
+            raise ArtifactError(f"{path}: not UTF-8 (byte offset {exc.start})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("completed"), list) \
+            or not all(isinstance(x, str) for x in data["completed"]):
+        raise ArtifactError(f"{path}: expected an object with a 'completed' list of prompt ids")
     return set(data["completed"])
 
 

@@ -88,12 +88,14 @@ class Drive:
             board.worker_update(wid, state="generating", current_prompt=pid)
         elif kind in ("done", "recovered"):
             generations = event.get("generations", self.config.k_samples + 1)
-            tokens = event.get("tokens", 0)
+            tokens, capture_errors = event.get("tokens", 0), event.get("capture_errors", 0)
             self.completed.add(pid)
             self._batch.append(pid)
             self.result.done += 1
+            self.result.capture_errors += capture_errors
             board.group_done(wid, pid, generations=generations, tokens=tokens)
-            self.progress.advance(generations=generations, tokens=tokens)
+            self.progress.advance(generations=generations, tokens=tokens,
+                                  capture_errors=capture_errors)
             if self.fleet is not None:
                 self.fleet.progressed(self.pool.workers[wid].spec.server_url)
         elif kind == "failed":

@@ -53,6 +53,8 @@ class RunResult:
     done_before: int
     done: int = 0
     failed: list[str] = field(default_factory=list)
+    capture_errors: int = 0
+    """Samples of committed groups whose activations could not be captured."""
     wall_seconds: float = 0.0
     labels: dict[str, int] = field(default_factory=dict)
     judge: dict[str, Any] | None = None

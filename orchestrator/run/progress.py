@@ -22,9 +22,11 @@ class Progress:
         self.generations = 0
         self.tokens = 0
         self.failed = 0
+        self.capture_errors = 0
 
-    def advance(self, *, generations: int, tokens: int) -> None:
-        """One prompt group done."""
+    def advance(self, *, generations: int, tokens: int, capture_errors: int = 0) -> None:
+        """One prompt group done (``capture_errors``: its samples without activations)."""
+        self.capture_errors += capture_errors
         self.generations += generations
         self.tokens += tokens
         self._bar.update(1)
@@ -39,7 +41,8 @@ class Progress:
         elapsed = max(time.monotonic() - self._start, 1e-6)
         self._bar.set_postfix({"gen/s": f"{self.generations / elapsed:.2f}",
                                "tok/s": f"{self.tokens / elapsed:.1f}",
-                               "failed": self.failed}, refresh=True)
+                               "failed": self.failed,
+                               "capture_failed": self.capture_errors}, refresh=True)
 
     def close(self) -> None:
         self._bar.close()

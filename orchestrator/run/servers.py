@@ -23,6 +23,7 @@ import httpx
 from contracts import layout
 from contracts.process import die_with_parent
 from orchestrator.errors import BackendStartError
+from orchestrator.run.ports import check_owner, choose_ports
 from orchestrator.run.vllm_backend import engine_child_pids, vllm_server_command, vllm_server_env
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ __all__ = ["start_servers", "clear_spool", "remote_model", "ServerProcess", "Mod
            "hallulog_cache_dir", "wait_healthy", "kill_stale_servers"]
 
 log = logging.getLogger(__name__)
+say = logging.getLogger("orchestrator.startup")
+"""What a person waits for at startup (the CLI prints it on stderr whatever the log level)."""
 
 
 def hallulog_cache_dir(configured: Path | None = None) -> Path:
@@ -58,6 +61,9 @@ def resolve_model(model: str, cache_dir: Path) -> ModelInfo:
     if model == "default":
         # serving is a separate process by design: ask it through a subprocess, not an import.
         env = {**os.environ, "HALLULOG_CACHE_DIR": str(cache_dir)}
+        say.info("preparing the default model SmolLM2-135M-Instruct (converted once into %s; "
+                 "later runs reuse it)", cache_dir)
+        started = time.monotonic()
         proc = subprocess.run(
             [sys.executable, "-c",
              "from serving.model_loader import default_model_dir; print(default_model_dir())"],
@@ -67,6 +73,7 @@ def resolve_model(model: str, cache_dir: Path) -> ModelInfo:
                                     + proc.stderr[-2000:])
         path = Path(proc.stdout.strip().splitlines()[-1])
         name = "SmolLM2-135M-Instruct"
+        say.info("model ready in %.1f s: %s", time.monotonic() - started, path)
     else:
         path = Path(model).expanduser()
         name = path.name
@@ -91,10 +98,17 @@ def embedded_server_command(model_dir: Path, *, host: str, port: int, spool_dir:
 
 
 def wait_healthy(url: str, timeout: float, *, process: subprocess.Popen | None = None,
-                 log_path: Path | None = None, interval: float = 0.5) -> float:
-    """Poll ``{url}/health`` until 200; returns seconds waited. Fails fast if ``process`` exits."""
-    start = time.monotonic()
+                 log_path: Path | None = None, interval: float = 0.5,
+                 name: str | None = None) -> float:
+    """Poll ``{url}/health`` until 200; returns seconds waited. Fails fast if ``process`` exits.
+
+    With ``name``, says every 10 s that it is still waiting (startup messages)."""
+    start = next_note = time.monotonic()
     while True:
+        if name is not None and time.monotonic() >= next_note:
+            say.info("%s: waiting for %s/health (%.0f s of at most %.0f s)", name, url,
+                     time.monotonic() - start, timeout)
+            next_note += 10.0
         if process is not None and process.poll() is not None:
             raise BackendStartError(f"server {url} exited with code {process.returncode} "
                                     f"before becoming healthy{_log_tail(log_path)}")
@@ -165,8 +179,9 @@ class ServerProcess:
                                         stdin=subprocess.DEVNULL, env=self.env,
                                         start_new_session=True, preexec_fn=die_with_parent)
         log_file.close()
-        self.pid_path.write_text(f"{self.process.pid}\n")
-        log.info("started %s (pid %d): %s", self.name, self.process.pid, self.url)
+        self.pid_path.write_text(f"{self.process.pid} {self.url}\n")  # group id, then url
+        say.info("starting %s (pid %d) on %s, log %s", self.name, self.process.pid, self.url,
+                 self.log_path)
 
     @property
     def pid_path(self) -> Path:
@@ -177,8 +192,11 @@ class ServerProcess:
         """Block until healthy (bounded by ``startup_timeout``); returns the seconds it took."""
         assert self.process is not None, "start() first"
         self.startup_seconds = wait_healthy(self.url, self.startup_timeout,
-                                            process=self.process, log_path=self.log_path)
-        log.info("%s healthy after %.1f s", self.name, self.startup_seconds)
+                                            process=self.process, log_path=self.log_path,
+                                            name=self.name)
+        # a foreign server on the port answers /health too: it must be ours
+        check_owner(self.name, int(self.url.rsplit(":", 1)[1]), self.process.pid)
+        say.info("%s healthy after %.1f s", self.name, self.startup_seconds)
         return self.startup_seconds
 
     def alive(self) -> bool:
@@ -256,9 +274,9 @@ def start_servers(config: "RunConfig", model: ModelInfo, layer_ids: list[int], r
         return [], list(config.server_urls)
     slots = list(config.gpus) or [None]
     kill_stale_servers(layout.servers_dir(root))
+    ports = choose_ports(len(slots), config.server_base_port)
     servers = []
-    for i, gpu in enumerate(slots):
-        port = config.server_base_port + i
+    for i, (gpu, port) in enumerate(zip(slots, ports)):
         url = f"http://127.0.0.1:{port}"
         spool = layout.spool_dir(root, i)
         clear_spool(spool)
@@ -286,9 +304,8 @@ def start_servers(config: "RunConfig", model: ModelInfo, layer_ids: list[int], r
             server.start()
             board.server_update(server.url, health="starting", restarts=0, in_flight=0)
         for server in servers if wait else ():
-            seconds = server.wait_ready()
+            server.wait_ready()
             board.server_update(server.url, health="healthy")
-            log.info("%s ready in %.1f s", server.name, seconds)
     except BaseException:
         for server in servers:
             server.stop()

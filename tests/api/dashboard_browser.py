@@ -11,7 +11,7 @@ import shutil
 import time
 from pathlib import Path
 from typing import Callable
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 __all__ = ["missing_browser", "watch_dashboard", "dashboard_url"]
 
@@ -40,13 +40,13 @@ def missing_browser() -> str | None:
 
 
 def dashboard_url(url: str, token: str | None) -> str:
-    """``url`` with ``?token=`` added (the dashboard passes it on to /events)."""
+    """``url`` with ``#token=`` added (the page sends it to /events as a bearer header; a
+    fragment never reaches the server)."""
     if not token:
         return url
     parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query))
-    query["token"] = token
-    return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", urlencode(query), ""))
+    return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", parts.query,
+                       urlencode({"token": token})))
 
 
 def _driver():

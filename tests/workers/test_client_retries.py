@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from workers.client import BackendClient
+from workers.client import BackendClient, BackendHTTPError
 
 REPLY = {
     "id": "x", "object": "chat.completion", "created": 0, "model": "m",
@@ -80,18 +80,26 @@ def test_5xx_is_retried_then_succeeds(server):
 
 
 def test_gives_up_after_three_attempts(server):
-    import openai
-
     _Scripted.script = [500, 500, 500, 500]
-    with pytest.raises(openai.InternalServerError):
+    with pytest.raises(BackendHTTPError, match="HTTP 500 .*: boom") as info:
         _chat(server)
-    assert len(_Scripted.seen) == 3
+    assert len(_Scripted.seen) == 3 and info.value.status_code == 500
 
 
 def test_4xx_is_not_retried(server):
-    import openai
-
     _Scripted.script = [400]
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(BackendHTTPError) as info:
         _chat(server)
-    assert len(_Scripted.seen) == 1
+    assert len(_Scripted.seen) == 1 and info.value.status_code == 400
+
+
+def test_a_dead_server_is_retried_then_raises_a_connection_error():
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    with pytest.raises(httpx.ConnectError):
+        _chat(f"http://127.0.0.1:{port}")

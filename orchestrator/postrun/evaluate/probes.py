@@ -97,6 +97,7 @@ def run_probes(reader, store_idx: np.ndarray, rows: dict[str, np.ndarray], label
     Returns ``{probe: {layer_ids, per_layer_auroc, scores (selected layer per fold),
     selected_layers, coverage}}``.
     """
+    import sklearn.linear_model  # noqa: F401  (load BLAS first: threadpoolctl caps loaded libraries)
     from threadpoolctl import threadpool_limits
 
     # small matrices: BLAS threads only contend (10x slower on a loaded 2-core machine)

@@ -1,0 +1,144 @@
+"""Ports of managed servers: a free port before start, and the right process behind it after.
+
+A managed server must be the process the orchestrator started. Another OpenAI-protocol server
+already answering on the port would pass every health check and then fail every capture, so:
+
+* before starting, each port is bind-checked; a taken port is an error naming it when
+  ``--server-base-port`` was given, else the next free port is used (and said);
+* after health, the socket listening on the port must belong to the started process group
+  (``/proc/net/tcp*`` socket inode → ``/proc/<pid>/fd``), whichever backend it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+
+from orchestrator.errors import BackendStartError
+
+__all__ = ["DEFAULT_BASE_PORT", "port_free", "choose_ports", "listening_pids", "check_owner"]
+
+log = logging.getLogger(__name__)
+say = logging.getLogger("orchestrator.startup")
+
+DEFAULT_BASE_PORT = 8000
+_SCAN = 200  # ports tried past the default base before giving up
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a listening socket could bind ``host:port`` now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def choose_ports(count: int, base: int | None, host: str = "127.0.0.1") -> list[int]:
+    """``count`` ports for the managed servers.
+
+    ``base`` given (``--server-base-port``): exactly ``base .. base+count-1``, and a taken one is
+    an error naming it. ``base`` None: free ports from :data:`DEFAULT_BASE_PORT` on.
+    """
+    if base is not None:
+        for i in range(count):
+            port = base + i
+            if not port_free(port, host):
+                raise BackendStartError(
+                    f"port {port} (--server-base-port {base} + {i}) is already in use"
+                    f"{_owner_text(port)}; stop that process or pick another --server-base-port")
+        return list(range(base, base + count))
+    ports: list[int] = []
+    for port in range(DEFAULT_BASE_PORT, DEFAULT_BASE_PORT + _SCAN):
+        if len(ports) == count:
+            break
+        if port_free(port, host):
+            ports.append(port)
+        else:
+            say.info("port %d is already in use%s: trying the next one", port,
+                     _owner_text(port))
+    if len(ports) < count:
+        raise BackendStartError(f"no {count} free port(s) in {DEFAULT_BASE_PORT}-"
+                                f"{DEFAULT_BASE_PORT + _SCAN - 1}; pass --server-base-port")
+    return ports
+
+
+def _listening_inodes(port: int) -> set[str]:
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" \
+                    and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def listening_pids(port: int) -> set[int] | None:
+    """Pids holding a socket that listens on ``port`` (None: /proc cannot tell)."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return None
+    wanted = {f"socket:[{i}]" for i in inodes}
+    pids = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            for fd in os.scandir(f"/proc/{entry.name}/fd"):
+                try:
+                    if os.readlink(fd.path) in wanted:
+                        pids.add(int(entry.name))
+                        break
+                except OSError:
+                    continue
+        except OSError:
+            continue
+    return pids or None
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:120]
+
+
+def _owner_text(port: int) -> str:
+    pids = listening_pids(port)
+    if not pids:
+        return ""
+    pid = min(pids)
+    return f" by pid {pid} ({_cmdline(pid)})"
+
+
+def check_owner(name: str, port: int, leader_pid: int) -> None:
+    """Raise unless the socket listening on ``port`` belongs to ``leader_pid``'s group."""
+    pids = listening_pids(port)
+    if pids is None:
+        log.warning("%s: cannot tell which process listens on port %d (no /proc): trusting "
+                    "the health check", name, port)
+        return
+    if any(_pgid(p) == leader_pid for p in pids):
+        return
+    pid = min(pids)
+    raise BackendStartError(
+        f"port {port} is answered by pid {pid} ({_cmdline(pid)}), not by {name} (pid "
+        f"{leader_pid}) that this run started; stop that process or pick another "
+        "--server-base-port")
