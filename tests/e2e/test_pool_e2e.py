@@ -115,7 +115,7 @@ def test_server_dying_at_startup_is_retried_then_retired_and_the_run_finishes(tm
     def killer():
         while proc.poll() is None:
             try:
-                pid = int(pidfile.read_text())
+                pid = int(pidfile.read_text().split()[0])  # "pgid url"
             except (OSError, ValueError):
                 pid = None
             if pid is not None and pid not in kills:
