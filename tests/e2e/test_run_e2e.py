@@ -184,7 +184,7 @@ def test_hung_server_is_restarted_and_the_run_completes(tmp_path: Path):
         _wait_for(lambda: _committed(tmp_path) >= 1 or proc.poll() is not None, 600,
                   "a committed prompt")
         assert proc.poll() is None
-        server_pid = int(pidfile.read_text())
+        server_pid = int(pidfile.read_text().split()[0])
         os.kill(server_pid, signal.SIGSTOP)
         out, err = proc.communicate(timeout=900)
     finally:
@@ -193,7 +193,7 @@ def test_hung_server_is_restarted_and_the_run_completes(tmp_path: Path):
     assert proc.returncode == 0, err[-4000:]
     assert "6/6 prompts done" in out
     assert "restarting server_0 (stalled)" in err
-    new_pid = None if not pidfile.exists() else int(pidfile.read_text())
+    new_pid = None if not pidfile.exists() else int(pidfile.read_text().split()[0])
     assert new_pid != server_pid
     with pytest.raises(ProcessLookupError):  # the hung process is gone, not left stopped
         os.kill(server_pid, 0)
