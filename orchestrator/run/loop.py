@@ -81,7 +81,8 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
     root.mkdir(parents=True, exist_ok=True)
     cache_dir = hallulog_cache_dir(config.cache_dir)
 
-    task = load_task(config.task, config.task_path, split=config.split, limit=config.limit)
+    task = load_task(config.task, config.task_path, split=config.split, limit=config.limit,
+                     shard=config.shard)
     groups = task.groups
     if not groups:
         raise HallulogError(f"task {config.task} ({task.source}) has no prompts")
