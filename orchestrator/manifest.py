@@ -118,10 +118,11 @@ def check_resumable(existing: dict[str, Any], fresh: dict[str, Any]) -> None:
     it is compared on its own: a shard root resumes only as the same shard.
     """
     if existing.get("shard") != fresh.get("shard"):
+        had = existing.get("shard") or "none (the whole run)"
         raise ResumeRefused(
-            f"{existing.get('artifact_root')} holds shard {existing.get('shard') or 'none (the '
-            'whole run)'} of run {existing.get('run_id')}, not shard {fresh.get('shard') or 'none'}"
-            ": pass the same --shard to resume it, or pick another --artifact-root.")
+            f"{existing.get('artifact_root')} holds shard {had} of run {existing.get('run_id')}, "
+            f"not shard {fresh.get('shard') or 'none'}: pass the same --shard to resume it, or "
+            "pick another --artifact-root.")
     if existing.get("config_fingerprint") == fresh["config_fingerprint"]:
         return
     old, new = existing.get("fingerprint_fields", {}), fresh["fingerprint_fields"]
