@@ -156,7 +156,6 @@ def merge_shards(out: Path, roots: Sequence[Path], *, mode: MergeMode = "link",
     from orchestrator.postrun.consolidate import consolidate
     from orchestrator.postrun.exports import write_exports
     from orchestrator.postrun.validate import validate
-    from orchestrator.run.checkpoint import write_completed
 
     started = time.monotonic()
     out = Path(out)
@@ -178,7 +177,7 @@ def merge_shards(out: Path, roots: Sequence[Path], *, mode: MergeMode = "link",
     expected = set().union(*(s.expected() for s in shards))
     manifest = _merged_manifest(out, shards, merged_from, completed)
     write_manifest(out, manifest)
-    write_completed(out, completed, manifest["run_id"])
+    _write_checkpoint(out, completed, manifest["run_id"])
     summary: dict[str, Any] = {"out": str(out), "shards": len(shards),
                                "worker_dirs": len(merged_from), "prompts": len(completed),
                                "mode": mode}
@@ -250,6 +249,16 @@ def _join_labels(out: Path, shards: list[ShardRoot]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, out / layout.LABELS)
+
+
+def _write_checkpoint(out: Path, completed: set[str], run_id: str) -> None:
+    """``completed_prompts.json`` of the merged root, in the run's format
+    (``orchestrator.run.checkpoint``; not imported: post-run stays independent of the run)."""
+    body = {"run_id": run_id, "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "count": len(completed), "completed": sorted(completed)}
+    tmp = out / (layout.CHECKPOINT + ".partial")
+    tmp.write_text(json.dumps(body), encoding="utf-8")
+    os.replace(tmp, out / layout.CHECKPOINT)
 
 
 def _merged_manifest(out: Path, shards: list[ShardRoot], merged_from: list[dict[str, Any]],
