@@ -26,6 +26,7 @@ _CHOICES = {
     "dtype": ["float16", "float32"],
     "task": ["triviaqa", "precisewikiqa", "longwiki", "mixedentities"],
     "storage_format": ["npy", "packed", "zarr"],
+    "executor": ["local", "ray"],
 }
 
 

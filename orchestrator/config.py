@@ -82,6 +82,7 @@ FINGERPRINT_EXCLUDED = frozenset({
     # the shards of one run share its fingerprint; the shard itself is recorded in the manifest
     # and checked on resume (orchestrator.manifest.check_resumable)
     "shard",
+    "executor", "ray_address", "ray_actors", "ray_cpus_per_actor", "ray_max_restarts",
 })
 
 
@@ -136,6 +137,20 @@ class RunConfig:
     storage_format: str = "packed"
     """Activation store format written by the workers: packed (default: the fastest reader in
     bench/bench_storage.py), npy (one file per activation, seed 003 §6.4) or zarr (seed 000)."""
+    executor: Literal["local", "ray"] = "local"
+    """Where servers and workers run: ``local`` (processes on this machine) or ``ray`` (one actor
+    per GPU on an existing Ray cluster, each owning its server and a worker; docs/cluster.md)."""
+    ray_address: str = "auto"
+    """Ray cluster of --executor ray: ``auto`` (the cluster this machine belongs to, or
+    $RAY_ADDRESS), ``HOST:PORT``, ``ray://HOST:10001``, or ``local`` (a throwaway one-machine
+    Ray to try it out)."""
+    ray_actors: int | None = None
+    """Actors with --executor ray (each one server + one worker); default: one per GPU of the
+    cluster, else --num-workers."""
+    ray_cpus_per_actor: float = 1.0
+    """CPUs each actor reserves with --executor ray (on GPU clusters it also reserves one GPU)."""
+    ray_max_restarts: int = 3
+    """How often Ray restarts a lost actor (e.g. its node went away) once capacity returns."""
     num_workers: int = 1
     """Worker processes (spread over the servers round-robin)."""
     groups_in_flight: int = 4
@@ -195,6 +210,10 @@ class RunConfig:
                 parse_shard(self.shard)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+        _check(self.executor in ("local", "ray"), "--executor must be local or ray")
+        _check(self.ray_actors is None or self.ray_actors >= 1, "--ray-actors must be >= 1")
+        _check(self.ray_cpus_per_actor > 0, "--ray-cpus-per-actor must be > 0")
+        _check(self.ray_max_restarts >= 0, "--ray-max-restarts must be >= 0")
         _check(self.num_workers >= 1, "--num-workers must be >= 1")
         _check(self.groups_in_flight >= 1, "--groups-in-flight must be >= 1")
         _check(self.primary_temperature >= 0, "--primary-temperature must be >= 0")
