@@ -227,6 +227,12 @@ class RunConfig:
         _check(self.backend in ("embedded", "vllm"), "--backend must be embedded or vllm")
         _check(self.capture_mode in ("generation", "prefill"),
                "--capture-mode must be generation or prefill")
+        if self.executor == "ray" and not self.manage_servers:
+            raise ConfigError("--executor ray starts a server in every actor: drop "
+                              "--manage-servers false / --server-urls")
+        if self.executor == "ray" and self.task != "triviaqa" and not self.judge_url:
+            raise ConfigError(f"--executor ray with --task {self.task} needs --judge-url (the "
+                              "actors' servers are not reachable from the driver)")
         if not self.manage_servers and not self.server_urls:
             raise ConfigError("--manage-servers false needs --server-urls")
         if self.status_port is not None and not _is_loopback(self.status_host) \

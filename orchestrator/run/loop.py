@@ -128,12 +128,16 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_stop)
     try:
         judge = needs_judge(config.task) and bool(unlabeled_prompts(root) or pending)
-        if pending or judge:
+        if (pending or judge) and config.executor == "local":
             board.set_phase("starting")
             servers, urls = start_servers(config, model, layer_ids, root, cache_dir, board)
         if pending:
-            specs = _worker_specs(config, model, layer_ids, root, urls)
-            pool = WorkerPool(specs)
+            if config.executor == "ray":  # slots on Ray actors, each with its own server
+                board.set_phase("starting")
+                pool = _ray_pool(config, model, layer_ids, root, cache_dir)
+            else:
+                specs = _worker_specs(config, model, layer_ids, root, urls)
+                pool = WorkerPool(specs)
             pool.start()
             pool.submit(pending)
             board.set_phase("running")
@@ -307,6 +311,18 @@ def _worker_specs(config: RunConfig, model: ModelInfo, layer_ids: list[int], roo
         max_tokens=config.max_tokens, seed=config.seed, groups_in_flight=config.groups_in_flight,
         request_timeout=config.request_timeout,
     ) for i in range(config.num_workers)]
+
+
+def _ray_pool(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: Path,
+              cache_dir: Path):
+    from dataclasses import replace
+
+    from orchestrator.run.ray_executor import RayPool
+
+    template = _worker_specs(config, model, layer_ids, root, [""])[0]
+    return RayPool(config, model, layer_ids, root, cache_dir,
+                   worker_spec=lambda i: replace(template, worker_id=i,
+                                                 worker_dir=str(worker_dir(root, i))))
 
 
 def _summary(config: RunConfig, model: ModelInfo, layer_ids: list[int]) -> dict[str, Any]:
