@@ -35,7 +35,7 @@ RUN = ("--limit", str(LIMIT), "--k-samples", str(K), "--max-tokens", "4",
 def cluster():
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "port": 9490})
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "gcs_server_port": 9490, "include_dashboard": False})
     nodes = [c.add_node(num_cpus=1) for _ in range(2)]
     c.wait_for_nodes()
     c.worker_nodes_list = nodes
