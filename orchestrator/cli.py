@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from contracts.config_cli import add_dataclass_arguments
 from orchestrator.config import PROFILES, ConfigError, RunConfig

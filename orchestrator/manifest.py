@@ -14,12 +14,13 @@ from typing import Any
 
 from orchestrator.config import RunConfig
 from orchestrator.errors import ArtifactError, ResumeRefused
+from contracts import layout
 from contracts.ids import fingerprint
 
 __all__ = ["MANIFEST_NAME", "build_manifest", "load_manifest", "write_manifest",
            "check_resumable", "update_manifest"]
 
-MANIFEST_NAME = "run_manifest.json"
+MANIFEST_NAME = layout.MANIFEST
 
 
 def _versions() -> dict[str, str]:

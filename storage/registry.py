@@ -8,7 +8,7 @@ import os
 from .base import ActivationReader, ActivationWriter
 from .errors import ManifestError, UnknownFormatError
 
-__all__ = ["FORMATS", "open_writer", "open_store", "detect_format", "store_dir"]
+__all__ = ["FORMATS", "open_writer", "open_store", "detect_format", "store_dir", "write_multi_manifest"]
 
 FORMATS = ("npy", "packed", "zarr")
 ACTIVATIONS_DIR = "activations"
@@ -80,10 +80,31 @@ def open_store(path, **options) -> ActivationReader:
 
         return ZarrReader(where)
     if fmt == "multi":
-        from .multi import MultiReader
+        from .multi import MultiReader, check_manifest
 
         with open(os.path.join(where, "manifest.json")) as f:
-            return MultiReader(where, json.load(f))
+            manifest = json.load(f)
+        check_manifest(where, manifest)
+        return MultiReader(where, manifest, [open_store(os.path.join(where, s)) for s in manifest["stores"]])
     from .npy import NpyReader
 
     return NpyReader(where)
+
+
+def write_multi_manifest(out_dir, store_dirs, check_unique_keys: bool = True) -> dict:
+    """Write ``out_dir/manifest.json`` listing ``store_dirs`` (seed 000 Option A); returns it.
+
+    Paths are stored relative to ``out_dir``; see ``multi.build_manifest`` for the checks.
+    """
+    from .multi import build_manifest, write_manifest
+
+    out_dir = os.path.abspath(os.fspath(out_dir))
+    os.makedirs(out_dir, exist_ok=True)
+    readers = [open_store(d) for d in store_dirs]
+    try:
+        manifest = build_manifest(out_dir, store_dirs, readers, check_unique_keys)
+    finally:
+        for r in readers:
+            r.close()
+    write_manifest(out_dir, manifest)
+    return manifest

@@ -1,294 +1,344 @@
-"""``saev``: export to saev's sharded activation file protocol (seed 001) and read it back.
+"""``saev``: export to saev's sharded activation files, as saev's own readers load them; read back.
 
-Normative description: docs/formats/saev.md. Layout::
+Normative description: docs/formats/saev.md. Layout (``DST`` is new or empty)::
 
-    <dump_to>/<HASH>/metadata.json  shards.json  acts000000.bin …  hallulog_examples.jsonl
+    DST/saev/shards/<HASH>/metadata.json  shards.json  acts000000.bin …  hallulog_samples.jsonl
 
-``HASH = sha256(json.dumps(metadata, sort_keys=True, separators=(",", ":")))``. Every shard is
-one C-order ``(n_examples_in_shard, len(layers), tokens_per_ex, d_model)`` array of raw bytes.
-Our token axis is ragged, so each sample is cut to a window of at most ``tokens_per_ex`` rows
-(``align="left"``: the first rows, zeros after; ``"right"``: the last rows, zeros before) and
-the sidecar ``hallulog_examples.jsonl`` records where the window came from. ``metadata.data``
-is a JSON description of the source, never a pickle; the reader refuses pickled ``data``.
+Examples are *tokens*: every real token row of every sample is one saev example
+(``content_tokens_per_example = 1``, ``cls_token = false``), so no padding row exists for an SAE
+to train on. Each shard is one C-order float32 array ``(examples_per_shard, len(layers), 1,
+d_model)``. The field names are the ones saev's code reads (``content_tokens_per_example``,
+``max_tokens_per_shard``, ``pixel_agg``), not its protocol doc's (``patches_per_ex``,
+``patches_per_shard``). ``metadata.data`` is a JSON *string* describing the source — never a
+pickle; this reader never unpickles anything.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import logging
+import math
 import os
 
 import numpy as np
 
-from ._io import atomic_write_bytes, fsync_dir, write_all
+from ._export_dir import staged_dir
+from ._io import atomic_write_bytes, write_all
 from .base import ActivationReader
 from .errors import CorruptShardError, ManifestError, StorageError
+from .registry import open_store
 
 log = logging.getLogger(__name__)
 
-__all__ = ["export_saev", "SaevReader", "metadata_hash", "PROTOCOL_F32", "PROTOCOL_F16"]
+__all__ = ["export_saev", "SaevReader", "saev_hash", "plan_shards", "SAEV_FAMILIES", "FAMILY", "PROTOCOL",
+           "SAEV_HEAD_COMMIT"]
 
-PROTOCOL_F32 = "2.1"
-#: hallulog extension: float16 shards (itemsize 2 in §4.2); a minor bump, nothing else changes
-PROTOCOL_F16 = "2.2"
-DEFAULT_PATCHES_PER_SHARD = 2_400_000
-SIDECAR = "hallulog_examples.jsonl"
+PROTOCOL = "2.1"
+#: the saev source this export was checked against (github.com/OSU-NLP-Group/saev, 2026-03-11)
+SAEV_HEAD_COMMIT = "3d73f1f7122738563404e4c50a98d897aa18a7d0"
+DTYPE = "float32"
+PIXEL_AGG = "majority"
+DEFAULT_MAX_TOKENS_PER_SHARD = 2_400_000
+SIDECAR = "hallulog_samples.jsonl"
+DATA_KIND = "hallulog.activation_store"
+#: saev head's closed list (``saev.data.shards.Metadata.family``); it has no LLM family
+SAEV_FAMILIES = ("bird-mae", "clip", "dinov2", "dinov3", "fake-clip", "pe-core", "pe-spatial", "siglip")
+#: what we write: saev's placeholder family; no saev reader looks at it, ``ckpt`` names the LLM
+FAMILY = "fake-clip"
+#: the path saev asserts: ``.../saev/shards/<hash>``
+SHARDS_SUBDIR = ("saev", "shards")
 
-#: metadata.json keys (docs/formats/saev.md, table "metadata.json"), seed 001 §2.1
+#: metadata.json keys, in saev head's ``Metadata`` order (docs table "metadata.json")
 METADATA_FIELDS = (
-    "family", "ckpt", "layers", "patches_per_ex", "cls_token", "d_model", "n_examples",
-    "patches_per_shard", "data", "dataset", "dtype", "protocol",
+    "family", "ckpt", "layers", "content_tokens_per_example", "cls_token", "d_model", "n_examples",
+    "max_tokens_per_shard", "data", "dataset", "pixel_agg", "dtype", "protocol",
 )
-#: shards.json entries (table "shards.json"), seed 001 §2.2
+#: saev's protocol.md names for the fields its code renamed (docs table "renamed fields")
+PROTOCOL_DOC_NAMES = {"content_tokens_per_example": "patches_per_ex", "max_tokens_per_shard": "patches_per_shard"}
+#: shards.json entries (table "shards.json")
 SHARD_FIELDS = ("name", "n_examples")
-#: metadata.data keys (table "data")
-DATA_FIELDS = ("kind", "source_format", "num_samples", "layer_positions", "align", "sidecar")
-#: sidecar lines (table "hallulog_examples.jsonl")
-SIDECAR_FIELDS = ("example", "sample_key", "seq_len", "prompt_len", "response_len", "label",
-                  "src_start", "tok_start", "kept")
+#: keys of the JSON object encoded in metadata.data (table "data")
+DATA_FIELDS = ("kind", "source_format", "num_samples", "layer_positions", "example", "sidecar")
+#: sidecar lines (table "hallulog_samples.jsonl")
+SIDECAR_FIELDS = ("sample", "sample_key", "example_start", "seq_len", "prompt_len", "response_len", "label")
 
 
-def metadata_hash(metadata: dict) -> str:
-    return hashlib.sha256(json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+def saev_hash(metadata: dict) -> str:
+    """saev head's ``Metadata.hash``: the first 8 hex digits of sha256 over the compact JSON.
+
+    saev serializes its ``Metadata`` dataclass with orjson's ``OPT_SORT_KEYS``, which does not
+    reorder dataclass fields: the keys stay in field order (``METADATA_FIELDS``), not sorted.
+    """
+    raw = json.dumps({k: metadata[k] for k in METADATA_FIELDS}, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:8]
 
 
 def shard_name(k: int) -> str:
     return f"acts{k:06d}.bin"
 
 
-def examples_per_shard(patches_per_shard: int, tokens_per_ex: int, n_layers: int) -> int:
-    """Seed 001 §3 (cls_token false, so tokens_per_ex = patches_per_ex)."""
-    return patches_per_shard // (tokens_per_ex * n_layers)
+def plan_shards(n_examples: int, n_layers: int, budget: int) -> tuple[int, int]:
+    """``(examples_per_shard, max_tokens_per_shard)`` for ``n_examples`` one-token examples.
 
-
-def window(seq_len: int, tokens_per_ex: int, align: str) -> tuple[int, int, int]:
-    """``(src_start, tok_start, kept)``: token ``tok_start + j`` holds source row ``src_start + j``."""
-    kept = min(seq_len, tokens_per_ex)
-    if align == "left":
-        return 0, 0, kept
-    if align == "right":
-        return seq_len - kept, tokens_per_ex - kept, kept
-    raise ValueError(f"align must be 'left' or 'right', got {align!r}")
-
-
-def export_saev(src, dump_to, tokens_per_ex: int, patches_per_shard: int = DEFAULT_PATCHES_PER_SHARD,
-                dtype: str = "float32", layers=None, align: str = "left", ckpt: str = "",
-                family: str = "llm", overwrite: bool = False) -> str:
-    """Write the store at ``src`` as a saev shard directory under ``dump_to``; returns its path.
-
-    ``layers``: model layer ids to export (default every stored layer). ``dtype``: ``float32``
-    (protocol 2.1) or ``float16`` (protocol 2.2, the hallulog extension). Each shard is written
-    to ``.tmp`` and renamed; ``shards.json`` is written last and marks the export complete.
+    At most ``budget`` tokens per shard; the examples are spread evenly over the fewest shards,
+    and ``max_tokens_per_shard`` is written as exactly ``examples_per_shard * n_layers`` so saev's
+    ``max_tokens_per_shard // (tokens_per_example * len(layers))`` gives back the same number.
     """
-    from .registry import open_store
+    per = int(budget) // int(n_layers)
+    if per < 1:
+        raise ValueError(f"max_tokens_per_shard: {budget} holds no example of 1 token x {n_layers} layers")
+    n_shards = max(1, math.ceil(n_examples / per))
+    s = max(1, math.ceil(n_examples / n_shards))
+    return s, s * int(n_layers)
 
-    reader = src if isinstance(src, ActivationReader) else open_store(src)
-    dt = np.dtype(dtype)
-    if dt not in (np.dtype("float32"), np.dtype("float16")):
-        raise ValueError(f"saev dtype must be float32 or float16, got {dtype}")
-    tokens_per_ex = int(tokens_per_ex)
-    if tokens_per_ex < 1:
-        raise ValueError("tokens_per_ex must be >= 1")
-    window(0, tokens_per_ex, align)  # validates align
+
+class _ShardStream:
+    """Appends example rows ``(k, L, D)`` float32 across fixed-size shard files."""
+
+    def __init__(self, out: str, per_shard: int, example_bytes: int):
+        self.out, self.per_shard, self.example_bytes = out, per_shard, example_bytes
+        self.shards: list[dict] = []
+        self.fd, self.filled = None, 0
+
+    def _open_next(self) -> None:
+        self._close_current()
+        self.fd = os.open(os.path.join(self.out, shard_name(len(self.shards))), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.filled = 0
+
+    def _close_current(self) -> None:
+        if self.fd is None:
+            return
+        # saev memory-maps every shard with the full shard shape: pre-size a short last shard
+        # (a sparse zero tail past shards.json's n_examples, which no saev reader indexes)
+        os.ftruncate(self.fd, self.per_shard * self.example_bytes)
+        os.fsync(self.fd)
+        os.close(self.fd)
+        self.shards.append({"name": shard_name(len(self.shards)), "n_examples": self.filled})
+        self.fd = None
+
+    def write(self, rows: np.ndarray) -> None:
+        k = 0
+        while k < len(rows):
+            if self.fd is None or self.filled == self.per_shard:
+                self._open_next()
+            take = min(len(rows) - k, self.per_shard - self.filled)
+            write_all(self.fd, np.ascontiguousarray(rows[k:k + take]))
+            self.filled += take
+            k += take
+
+    def close(self) -> list[dict]:
+        self._close_current()
+        return self.shards
+
+
+def _sources(reader: ActivationReader, layers) -> tuple[list[int], list[int]]:
+    """``(layer ids, their positions in the store)``; ``StorageError`` naming ``layers``."""
     layer_ids = list(reader.layer_ids) if layers is None else [int(x) for x in layers]
     missing = [x for x in layer_ids if x not in reader.layer_ids]
-    if missing:
-        raise StorageError(f"layers {missing} are not stored (stored: {reader.layer_ids})", reader.path)
-    positions = [reader.layer_ids.index(x) for x in layer_ids]
-    L, D, n = len(layer_ids), reader.hidden_size, len(reader)
-    per_shard = examples_per_shard(patches_per_shard, tokens_per_ex, L)
-    if per_shard < 1:
-        raise ValueError(f"patches_per_shard={patches_per_shard} holds no example of "
-                         f"{tokens_per_ex} tokens x {L} layers")
+    if missing or not layer_ids:
+        raise StorageError(f"layers: {missing or layer_ids} not stored (stored: {list(reader.layer_ids)})", reader.path)
+    return layer_ids, [reader.layer_ids.index(x) for x in layer_ids]
+
+
+def export_saev(src, dst, layers=None, max_tokens_per_shard: int = DEFAULT_MAX_TOKENS_PER_SHARD,
+                ckpt: str = "", family: str = FAMILY) -> str:
+    """Write the store at ``src`` for saev under the new directory ``dst``; returns the shards dir.
+
+    The result is ``dst/saev/shards/<hash>`` (the layout saev asserts). ``layers``: model layer
+    ids (default every stored layer). ``family`` must be one of ``SAEV_FAMILIES`` (saev type-checks
+    it). Files are built in a temporary sibling of ``dst`` and renamed at the end.
+    """
+    if family not in SAEV_FAMILIES:
+        raise ValueError(f"family: {family!r} is not one saev accepts {SAEV_FAMILIES}")
+    reader = src if isinstance(src, ActivationReader) else open_store(src)
+    layer_ids, positions = _sources(reader, layers)
+    lengths = [int(reader.meta(i)["seq_len"]) for i in range(len(reader))]
+    n_examples = sum(lengths)
+    if n_examples == 0:
+        raise StorageError("src: store has no activations (no sample has a token row)", reader.path)
+    L, D = len(layer_ids), int(reader.hidden_size)
+    per_shard, max_tokens = plan_shards(n_examples, L, max_tokens_per_shard)
+    data = {"kind": DATA_KIND, "source_format": type(reader).__name__, "num_samples": len(reader),
+            "layer_positions": positions, "example": "token", "sidecar": SIDECAR}
     metadata = {
-        "family": family, "ckpt": ckpt, "layers": layer_ids, "patches_per_ex": tokens_per_ex,
-        "cls_token": False, "d_model": D, "n_examples": n, "patches_per_shard": int(patches_per_shard),
-        "data": {"kind": "hallulog.activation_store", "source_format": type(reader).__name__,
-                 "num_samples": n, "layer_positions": positions, "align": align, "sidecar": SIDECAR},
-        "dataset": os.path.abspath(reader.path), "dtype": dt.name,
-        "protocol": PROTOCOL_F32 if dt == np.dtype("float32") else PROTOCOL_F16,
+        "family": family, "ckpt": ckpt, "layers": layer_ids, "content_tokens_per_example": 1,
+        "cls_token": False, "d_model": D, "n_examples": n_examples, "max_tokens_per_shard": max_tokens,
+        "data": json.dumps(data, sort_keys=True, separators=(",", ":")),
+        "dataset": os.path.abspath(reader.path), "pixel_agg": PIXEL_AGG, "dtype": DTYPE, "protocol": PROTOCOL,
     }
-    out = os.path.join(os.fspath(dump_to), metadata_hash(metadata))
-    if os.path.exists(os.path.join(out, "shards.json")) and not overwrite:
-        raise StorageError("an export with this exact metadata exists (pass overwrite=True to redo it)", out)
-    os.makedirs(out, exist_ok=True)
-    if os.path.exists(os.path.join(out, "shards.json")):
-        os.unlink(os.path.join(out, "shards.json"))
-    atomic_write_bytes(os.path.join(out, "metadata.json"), (json.dumps(metadata, indent=2) + "\n").encode())
-    shards = []
-    buf = np.zeros((L, tokens_per_ex, D), dt)
-    side_tmp = os.path.join(out, SIDECAR + ".tmp")
-    with open(side_tmp, "w", encoding="utf-8") as side:
-        for k, start in enumerate(range(0, n, per_shard)):
-            stop = min(n, start + per_shard)
-            path = os.path.join(out, shard_name(k))
-            fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                for i in range(start, stop):
-                    m = reader.meta(i)
-                    s0, t0, kept = window(m["seq_len"], tokens_per_ex, align)
-                    buf[...] = 0
-                    for j, a in enumerate(reader.read_pairs([i] * L, positions)):
-                        buf[j, t0:t0 + kept] = a[s0:s0 + kept]
-                    write_all(fd, buf)
-                    side.write(json.dumps({"example": i, "sample_key": m["sample_key"], "seq_len": m["seq_len"],
-                                           "prompt_len": m["prompt_len"], "response_len": m["response_len"],
-                                           "label": m["label"], "src_start": s0, "tok_start": t0,
-                                           "kept": kept}) + "\n")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(path + ".tmp", path)
-            shards.append({"name": shard_name(k), "n_examples": stop - start})
-        side.flush()
-        os.fsync(side.fileno())
-    os.replace(side_tmp, os.path.join(out, SIDECAR))
-    fsync_dir(out)
-    atomic_write_bytes(os.path.join(out, "shards.json"), (json.dumps(shards, indent=2) + "\n").encode())
-    log.info("wrote %d examples in %d saev shards to %s", n, len(shards), out)
-    return out
+    digest = saev_hash(metadata)
+    with staged_dir(dst) as tmp:
+        out = os.path.join(tmp, *SHARDS_SUBDIR, digest)
+        os.makedirs(out)
+        stream = _ShardStream(out, per_shard, L * D * 4)
+        side, start = [], 0
+        for i, t in enumerate(lengths):
+            m = reader.meta(i)
+            if t:
+                acts = np.stack(reader.read_pairs([i] * L, positions))  # (L, t, D)
+                stream.write(acts.astype(np.float32).transpose(1, 0, 2))  # (t, L, D): one example per row
+            side.append(json.dumps({"sample": i, "sample_key": m["sample_key"], "example_start": start,
+                                    "seq_len": t, "prompt_len": m["prompt_len"],
+                                    "response_len": m["response_len"], "label": m["label"]}) + "\n")
+            start += t
+        shards = stream.close()
+        atomic_write_bytes(os.path.join(out, SIDECAR), "".join(side).encode())
+        atomic_write_bytes(os.path.join(out, "metadata.json"), (json.dumps(metadata, indent=2) + "\n").encode())
+        atomic_write_bytes(os.path.join(out, "shards.json"), (json.dumps(shards, indent=2) + "\n").encode())
+    final = os.path.join(os.path.abspath(os.fspath(dst)), *SHARDS_SUBDIR, digest)
+    log.info("wrote %d token examples of %d samples in %d saev shards to %s", n_examples, len(lengths),
+             len(shards), final)
+    return final
+
+
+def _json(path: str, hint: str = ""):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise ManifestError(f"missing{': ' + hint if hint else ''}", path) from None
+    except ValueError as e:
+        raise ManifestError(f"unparsable JSON ({e})", path) from None
+
+
+def check_metadata(md: dict, path: str, check_hash: bool = True) -> dict:
+    """What saev head's ``Metadata.load`` demands, plus hallulog's own ``data``; returns ``data``."""
+    if set(md) != set(METADATA_FIELDS):
+        raise ManifestError(f"metadata keys differ from saev's: missing {sorted(set(METADATA_FIELDS) - set(md))}, "
+                            f"extra {sorted(set(md) - set(METADATA_FIELDS))}", path)
+    if not isinstance(md["data"], str):
+        raise ManifestError("metadata 'data' must be a string (saev type-checks it)", path)
+    try:
+        data = json.loads(md["data"])
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or data.get("kind") != DATA_KIND:
+        raise ManifestError("metadata 'data' is not hallulog's JSON description (a base64 pickle written by "
+                            "saev itself?); it is never unpickled", path)
+    wrong = {k: md[k] for k, v in (("dtype", DTYPE), ("protocol", PROTOCOL), ("cls_token", False),
+                                   ("content_tokens_per_example", 1), ("pixel_agg", PIXEL_AGG)) if md[k] != v}
+    if md["family"] not in SAEV_FAMILIES:
+        wrong["family"] = md["family"]
+    if wrong:
+        raise ManifestError(f"metadata values saev or this reader do not accept: {wrong}", path)
+    if check_hash and saev_hash(md) != os.path.basename(os.path.dirname(path)):
+        raise ManifestError("directory name is not the hash of metadata.json (config drift?)", path)
+    return data
 
 
 class SaevReader(ActivationReader):
-    """Reads a saev shard directory with numpy memmaps (opened lazily per process).
+    """Reads a saev export back: per-sample (``read``/``meta``) and per-example (``locate``, ``vector``).
 
-    Protocol side: ``locate(ex, layer, token) -> (file, byte offset)`` (§4.2), ``vector``,
-    ``example(ex, layer) -> (tokens_per_ex, d_model)``; ``layer`` is a *model layer id* and must
-    be in ``metadata.layers``. Store side (``ActivationReader``): ``read(i, layer_pos)`` returns
-    the ``kept`` real rows of the window (padding dropped) and ``meta(i)`` the sidecar's lengths.
+    ``path`` is the ``.../saev/shards/<hash>`` directory. Shards are memory-mapped lazily per
+    process with the full shard shape, as saev does.
     """
 
     _unpicklable = ActivationReader._unpicklable + ("_maps", "_maps_pid")
 
     def __init__(self, path, check_hash: bool = True):
-        self.path = os.fspath(path)
+        self.path = os.path.abspath(os.fspath(path))
+        if tuple(self.path.split(os.sep)[-3:-1]) != SHARDS_SUBDIR:
+            raise ManifestError("not a .../saev/shards/<hash> directory (saev asserts that layout)", self.path)
         mpath = os.path.join(self.path, "metadata.json")
         spath = os.path.join(self.path, "shards.json")
-        md = self._json(mpath)
-        shards = self._json(spath, "export not finished (shards.json is written last)")
-        missing = [k for k in METADATA_FIELDS if k not in md]
-        if missing:
-            raise ManifestError(f"metadata lacks {missing}", mpath)
-        if not isinstance(md["data"], dict):
-            raise ManifestError("metadata 'data' is not a JSON object (a base64 pickle?); "
-                                "refusing to unpickle it", mpath)
-        major = str(md["protocol"]).split(".")[0]
-        if major != "2":
-            raise ManifestError(f"protocol {md['protocol']} has a different major version than 2.x", mpath)
-        if check_hash and metadata_hash(md) != os.path.basename(os.path.normpath(self.path)):
-            raise ManifestError("directory name is not the sha256 of metadata.json (config drift?)", mpath)
-        if md["cls_token"]:
-            raise ManifestError("cls_token true is not produced by hallulog; this reader does not handle it", mpath)
-        self.metadata, self.shards = md, shards
-        self.layers = list(md["layers"])
-        self.layer_ids = self.layers
+        md = _json(mpath)
+        self.data = check_metadata(md, mpath, check_hash)
+        self.shards = _json(spath, "export not finished")
+        self.metadata = md
+        self.layers = self.layer_ids = list(md["layers"])
         self.hidden_size = self.d_model = int(md["d_model"])
-        self.tokens_per_ex = int(md["patches_per_ex"])
-        self.dtype = np.dtype(md["dtype"])
+        self.dtype = np.dtype(DTYPE)
         self.n_examples = int(md["n_examples"])
-        counts = [int(s["n_examples"]) for s in shards]
-        if sum(counts) != self.n_examples:
-            raise ManifestError(f"shards hold {sum(counts)} examples, metadata says {self.n_examples}", spath)
-        self.examples_per_shard = examples_per_shard(int(md["patches_per_shard"]), self.tokens_per_ex, len(self.layers))
-        if any(c != self.examples_per_shard for c in counts[:-1]) or (counts and counts[-1] > self.examples_per_shard):
-            raise ManifestError(f"shard sizes {counts} disagree with examples_per_shard={self.examples_per_shard}", spath)
-        ex_bytes = len(self.layers) * self.tokens_per_ex * self.d_model * self.dtype.itemsize
-        for s in shards:
+        self.examples_per_shard = int(md["max_tokens_per_shard"]) // len(self.layers)
+        counts = [int(s["n_examples"]) for s in self.shards]
+        if sum(counts) != self.n_examples or any(c != self.examples_per_shard for c in counts[:-1]) \
+                or (counts and not 0 < counts[-1] <= self.examples_per_shard):
+            raise ManifestError(f"shard sizes {counts} disagree with n_examples={self.n_examples} and "
+                                f"examples_per_shard={self.examples_per_shard}", spath)
+        full = self.examples_per_shard * len(self.layers) * self.d_model * 4
+        for k, s in enumerate(self.shards):
             p = os.path.join(self.path, s["name"])
-            if not os.path.exists(p):
-                raise CorruptShardError("shard file is missing", p)
-            if os.path.getsize(p) != int(s["n_examples"]) * ex_bytes:
-                raise CorruptShardError(f"size {os.path.getsize(p)} != {s['n_examples']} examples x {ex_bytes} bytes", p)
-        self._side = self._sidecar(os.path.join(self.path, md["data"].get("sidecar", SIDECAR)))
+            if s["name"] != shard_name(k) or not os.path.isfile(p):
+                raise CorruptShardError("shard file is missing or misnamed", p)
+            if os.path.getsize(p) != full:
+                raise CorruptShardError(f"size {os.path.getsize(p)} != the full shard shape's {full} bytes", p)
+        self._side = self._sidecar(os.path.join(self.path, self.data.get("sidecar", SIDECAR)))
+        self._starts = [r["example_start"] for r in self._side]
 
-    @staticmethod
-    def _json(path, hint: str = ""):
-        try:
-            with open(path, encoding="utf-8") as f:
-                return json.load(f)
-        except FileNotFoundError:
-            raise ManifestError(f"missing{': ' + hint if hint else ''}", path) from None
-        except ValueError as e:
-            raise ManifestError(f"unparsable JSON ({e})", path) from None
-
-    def _sidecar(self, path) -> list[dict] | None:
-        if not os.path.exists(path):
-            return None
-        rows = []
+    def _sidecar(self, path: str) -> list[dict]:
+        rows, start = [], 0
         with open(path, encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
                 try:
-                    rows.append(json.loads(line))
+                    r = json.loads(line)
                 except ValueError:
                     raise ManifestError("unparsable sidecar line", path, line=n) from None
-        if len(rows) != self.n_examples:
-            raise ManifestError(f"sidecar has {len(rows)} lines for {self.n_examples} examples", path)
+                if r.get("example_start") != start or r.get("sample") != n - 1:
+                    raise ManifestError(f"sample {n - 1} should start at example {start}", path, line=n)
+                start += int(r["seq_len"])
+                rows.append(r)
+        if start != self.n_examples:
+            raise ManifestError(f"sidecar rows sum to {start} examples, metadata says {self.n_examples}", path)
         return rows
 
-    # ---- protocol side (§4.2) -------------------------------------------------------------
+    # ---- example side (saev's view) ------------------------------------------------------------
     def layer_index(self, layer: int) -> int:
         try:
             return self.layers.index(int(layer))
         except ValueError:
             raise KeyError(f"layer {layer} is not in this export's layers {self.layers}") from None
 
-    def locate(self, ex: int, layer: int, token: int) -> tuple[str, int]:
-        """Seed 001 §4.2: the shard file and byte offset of vector ``[ex, layer, token]``."""
+    def locate(self, ex: int, layer: int) -> tuple[str, int]:
+        """The shard file and byte offset of example ``ex`` (one token) at model layer ``layer``."""
         if not 0 <= ex < self.n_examples:
             raise IndexError(f"example {ex} out of range for {self.n_examples}")
-        if not 0 <= token < self.tokens_per_ex:
-            raise IndexError(f"token {token} out of range for tokens_per_ex={self.tokens_per_ex}")
-        li = self.layer_index(layer)
-        S, L, T = self.examples_per_shard, len(self.layers), self.tokens_per_ex
-        shard, ex_in_shard = divmod(ex, S)
-        offset_in_vectors = ex_in_shard * L * T + li * T + token
-        return os.path.join(self.path, shard_name(shard)), offset_in_vectors * self.d_model * self.dtype.itemsize
+        shard, j = divmod(ex, self.examples_per_shard)
+        off = (j * len(self.layers) + self.layer_index(layer)) * self.d_model * 4
+        return os.path.join(self.path, shard_name(shard)), off
 
     def _map(self, shard: int) -> np.ndarray:
-        maps = self.__dict__.get("_maps")
-        if maps is None or self.__dict__.get("_maps_pid") != os.getpid():
-            maps = self._maps = {}
-            self._maps_pid = os.getpid()
-        m = maps.get(shard)
+        if self.__dict__.get("_maps_pid") != os.getpid():
+            self._maps, self._maps_pid = {}, os.getpid()
+        m = self._maps.get(shard)
         if m is None:
-            n = int(self.shards[shard]["n_examples"])
-            m = maps[shard] = np.memmap(os.path.join(self.path, shard_name(shard)), dtype=self.dtype, mode="r",
-                                        shape=(n, len(self.layers), self.tokens_per_ex, self.d_model))
+            m = self._maps[shard] = np.memmap(os.path.join(self.path, shard_name(shard)), dtype=np.float32, mode="r",
+                                              shape=(self.examples_per_shard, len(self.layers), 1, self.d_model))
         return m
 
-    def example(self, ex: int, layer: int) -> np.ndarray:
-        """``(tokens_per_ex, d_model)`` of example ``ex`` at model layer ``layer``, padding included."""
-        self.locate(ex, layer, 0)
+    def vector(self, ex: int, layer: int) -> np.ndarray:
+        """``(d_model,)`` of example ``ex`` at model layer ``layer``."""
+        self.locate(ex, layer)
         shard, j = divmod(ex, self.examples_per_shard)
-        return np.array(self._map(shard)[j, self.layer_index(layer)])
+        return np.array(self._map(shard)[j, self.layer_index(layer), 0])
 
-    def vector(self, ex: int, layer: int, token: int) -> np.ndarray:
-        self.locate(ex, layer, token)
-        shard, j = divmod(ex, self.examples_per_shard)
-        return np.array(self._map(shard)[j, self.layer_index(layer), token])
+    def example_of(self, ex: int) -> tuple[int, int]:
+        """``(sample, row)``: which sample and which of its rows example ``ex`` is."""
+        i = bisect.bisect_right(self._starts, ex) - 1
+        return i, ex - self._starts[i]
 
-    # ---- store side (ActivationReader) ----------------------------------------------------
+    # ---- sample side (ActivationReader) --------------------------------------------------------
     def __len__(self) -> int:
-        return self.n_examples
+        return len(self._side)
 
     def meta(self, i: int) -> dict:
-        """Lengths of the stored window: ``seq_len`` = ``kept``; the source's in ``source_*``."""
         i, _ = self._check_index(i, 0)
-        if self._side is None:
-            return {"sample_key": str(i), "seq_len": self.tokens_per_ex, "prompt_len": 0,
-                    "response_len": self.tokens_per_ex, "label": -1}
         r = self._side[i]
-        s0, kept = r["src_start"], r["kept"]
-        p = max(0, min(r["prompt_len"], s0 + kept) - s0)
-        return {"sample_key": r["sample_key"], "seq_len": kept, "prompt_len": p, "response_len": kept - p,
-                "label": r["label"], "source_seq_len": r["seq_len"], "src_start": s0, "tok_start": r["tok_start"]}
+        return {k: r[k] for k in ("sample_key", "seq_len", "prompt_len", "response_len", "label")}
 
     def read(self, i: int, layer: int) -> np.ndarray:
         i, layer = self._check_index(i, layer)
-        m = self.meta(i)
-        t0 = m.get("tok_start", 0)
-        return self.example(i, self.layers[layer])[t0:t0 + m["seq_len"]]
+        start, t = self._side[i]["example_start"], self._side[i]["seq_len"]
+        out = np.empty((t, self.d_model), np.float32)
+        k = 0
+        while k < t:
+            shard, j = divmod(start + k, self.examples_per_shard)
+            take = min(t - k, self.examples_per_shard - j)
+            out[k:k + take] = self._map(shard)[j:j + take, layer, 0]
+            k += take
+        return out
 
     def close(self) -> None:
         self.__dict__.pop("_maps", None)
+        self.__dict__.pop("_maps_pid", None)

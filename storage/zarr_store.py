@@ -260,8 +260,11 @@ class ZarrWriter(ActivationWriter):
                 kw = dict(compressors=None, filters=None)
                 if self.zarr_format == 2:
                     kw["order"] = "C"
+                # zarr v2 spec: a fixed-length bytes fill value is base64 of exactly itemsize bytes
+                # ("" is not; tensorstore refuses it), so the fill is itemsize zero bytes
                 z = arrays.create_array(name, shape=(n,), chunks=(max(n, 1),), dtype=a.dtype,
-                                        fill_value=b"" if a.dtype.kind == "S" else 0, overwrite=True, **kw)
+                                        fill_value=bytes(a.dtype.itemsize) if a.dtype.kind == "S" else 0,
+                                        overwrite=True, **kw)
                 if n:
                     z[:] = a
             text = os.path.join(self.store_path, "text")

@@ -20,7 +20,6 @@ import numpy as np
 import storage
 
 from contracts import layout
-from contracts.jsonl import iter_rows
 from orchestrator.manifest import load_manifest
 
 __all__ = ["validate", "SCHEMAS", "REPAIRS", "format_report", "schema_errors"]

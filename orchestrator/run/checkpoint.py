@@ -15,13 +15,14 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from contracts import layout
 from orchestrator.errors import ArtifactError
 
 __all__ = ["CHECKPOINT_NAME", "load_completed", "write_completed", "CheckpointWriter"]
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_NAME = "completed_prompts.json"
+CHECKPOINT_NAME = layout.CHECKPOINT
 
 
 def load_completed(artifact_root: Path) -> set[str]:

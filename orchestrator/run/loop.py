@@ -7,7 +7,6 @@ manifest, checkpoint, servers, pool, status).
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import time
 from dataclasses import dataclass, field

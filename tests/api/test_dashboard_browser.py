@@ -1,7 +1,8 @@
 """The dashboard in a real headless Chromium: the done count rises live; a screenshot is saved.
 
-The browser part lives in chromium_cdp.py (``watch_dashboard(url, ...)``) so it can also be
-pointed at a real ``python -m orchestrator run --status-port P``. Screenshots go to
+The browser part lives in dashboard_browser.py (Selenium with Debian's chromium-driver,
+``watch_dashboard(url, ...)``) so it can also be pointed at a real
+``python -m orchestrator run --status-port P``. Screenshots go to
 ``$HALLULOG_SCREENSHOT_DIR`` when set, else to the test's tmp dir; the path is printed.
 """
 
@@ -15,13 +16,12 @@ from pathlib import Path
 import pytest
 
 from api import StatusServer
-from chromium_cdp import chromium_binary, watch_dashboard
+from dashboard_browser import missing_browser, watch_dashboard
 from status_fixtures import make_board
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(chromium_binary() is None,
-                       reason="Debian chromium not installed (apt-get install -y chromium)"),
+    pytest.mark.skipif(missing_browser() is not None, reason=str(missing_browser())),
 ]
 
 
@@ -53,10 +53,9 @@ def test_dashboard_done_count_rises_live(tmp_path):
     token = "browser-token"
     try:
         with StatusServer(board.snapshot, token=token, events_interval_s=0.25) as srv:
-            feeder.start()
-            time.sleep(2.0)  # let the throughput chart gather a few buckets
-            result = watch_dashboard(srv.url + "/", token=token, rises=3, timeout_s=30,
-                                     screenshot=shot_dir / "dashboard.png")
+            result = watch_dashboard(srv.url + "/", token=token, rises=3, timeout_s=60,
+                                     screenshot=shot_dir / "dashboard.png",
+                                     on_loaded=feeder.start)
     finally:
         stop.set()
         feeder.join(5)

@@ -17,9 +17,9 @@ from tests.e2e.conftest import REPO, free_port_block, orchestrator_cmd
 pytestmark = pytest.mark.e2e
 
 
-def _chromium_cdp():
-    spec = importlib.util.spec_from_file_location("chromium_cdp",
-                                                  REPO / "tests" / "api" / "chromium_cdp.py")
+def _dashboard_browser():
+    spec = importlib.util.spec_from_file_location("dashboard_browser",
+                                                  REPO / "tests" / "api" / "dashboard_browser.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -40,7 +40,9 @@ def _poll(url: str, predicate, timeout: float, proc: subprocess.Popen) -> dict:
 
 
 def test_status_json_metrics_and_dashboard_during_a_real_run(tmp_path: Path):
-    cdp = _chromium_cdp()
+    browser = _dashboard_browser()
+    if browser.missing_browser() is not None:  # before the run starts, never mid-test
+        pytest.skip(browser.missing_browser())
     status_port = free_port_block(1)
     url = f"http://127.0.0.1:{status_port}"
     cmd = orchestrator_cmd(tmp_path / "run", "--limit", "8", "--k-samples", "1", "--max-tokens",
@@ -64,11 +66,9 @@ def test_status_json_metrics_and_dashboard_during_a_real_run(tmp_path: Path):
         assert done >= 1
         assert families["hallulog_prompts"].samples[0].value == 8
 
-        if cdp.chromium_binary() is None:
-            pytest.skip("chromium not installed (apt-get install -y chromium)")
         shot_dir = Path(os.environ.get("HALLULOG_SCREENSHOT_DIR", tmp_path))
         shot_dir.mkdir(parents=True, exist_ok=True)
-        seen = cdp.watch_dashboard(url + "/", rises=2, timeout_s=300,
+        seen = browser.watch_dashboard(url + "/", rises=2, timeout_s=300,
                                    screenshot=shot_dir / "dashboard-real-run.png")
         assert seen["values"][-1] >= seen["values"][0] + 2
         assert Path(seen["screenshot"]).stat().st_size > 10_000

@@ -82,6 +82,36 @@ def check_store(root, expected: dict, meta: dict | None = None):
     return r
 
 
+def _char_bytes(a: np.ndarray) -> np.ndarray:
+    """tensorstore's Python binding hands zarr ``|S<w>`` (its ``char`` dtype) to numpy as ``|S0``
+    (itemsize 0, strides still 1 byte): copy the bytes it decoded from its buffer and view them
+    as ``|S<w>`` again."""
+    import ctypes
+
+    n, w = a.shape
+    if n * w == 0:
+        return np.zeros(n, f"|S{max(w, 1)}")
+    ptr = a.__array_interface__["data"][0]
+    raw = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_uint8)), shape=(n * w,)).copy()
+    return raw.view(f"|S{w}")
+
+
+def tensorstore_arrays(zarr_path: str, driver: str = "zarr") -> dict[str, np.ndarray]:
+    """Every array under ``zarr_path/arrays`` opened and read by tensorstore (a second Zarr implementation)."""
+    import tensorstore as ts
+
+    out = {}
+    base = os.path.join(zarr_path, "arrays")
+    for name in sorted(os.listdir(base)):
+        if not os.path.isdir(os.path.join(base, name)):
+            continue
+        t = ts.open({"driver": driver, "kvstore": {"driver": "file", "path": os.path.join(base, name)}},
+                    read=True).result()
+        a = t.read().result()
+        out[name] = _char_bytes(a) if t.dtype.name == "char" else a
+    return out
+
+
 CHILD = textwrap.dedent("""
     import json, os, sys, time
     sys.path.insert(0, {root!r}); sys.path.insert(0, {here!r})
@@ -109,6 +139,7 @@ class StoreConformance:
     fmt: str = ""
     writer_options: dict = {}
     rollback_any_subset = False   # npy can drop any subset; packed/zarr only a tail
+    tensorstore_driver = ""       # zarr: every array must also open in tensorstore with this driver
     replaces_existing = False     # npy replaces a key written again; packed/zarr refuse
 
     def open(self, root, layer_ids=(0, 3, 7), hidden=16, dtype="float16"):
@@ -332,6 +363,22 @@ class StoreConformance:
         check_store(tmp_path / "merged", {**a, **b})
         with pytest.raises(StorageError, match="k_0"):
             write_multi_manifest(tmp_path / "dup", [tmp_path / "w0", tmp_path / "w0"])
+
+    def test_arrays_open_in_tensorstore(self, tmp_path):
+        """Valid under the Zarr spec for every array: tensorstore opens each one, values equal zarr-python's."""
+        if not self.tensorstore_driver:
+            pytest.skip("not a Zarr store, or a Zarr layout tensorstore does not read")
+        import zarr
+
+        self.fill(tmp_path, 5)
+        zpath = open_store(tmp_path).path
+        root = zarr.open_consolidated(zpath, mode="r")
+        got = tensorstore_arrays(zpath, self.tensorstore_driver)
+        assert sorted(got) == sorted(root["arrays"].array_keys())
+        for name, a in got.items():
+            want = root[f"arrays/{name}"][:]
+            assert a.dtype == want.dtype and a.shape == want.shape, name
+            np.testing.assert_array_equal(a, want)
 
     # ---- format hooks -------------------------------------------------------------------
     def assert_partial_on_disk(self, root):

@@ -1,5 +1,6 @@
 """Each docs/formats/*.md field table matches the code's constants and what the code writes."""
 
+import base64
 import json
 import os
 import re
@@ -7,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from storage import SampleMeta, multi, npy, open_store, open_writer, packed, write_multi_manifest, zarr_store
+from storage import SampleMeta, multi, npy, open_store, open_writer, packed, saelens, saev, write_multi_manifest, zarr_store
 
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "formats")
 
@@ -45,6 +46,13 @@ CASES = [
     ("npy.md", "required index fields", npy.REQUIRED_FIELDS),
     ("npy.md", "optional index fields", npy.OPTIONAL_FIELDS),
     ("npy.md", "writer location fields", npy.LOCATION_FIELDS),
+    ("saev.md", "metadata.json", saev.METADATA_FIELDS),
+    ("saev.md", "shards.json", saev.SHARD_FIELDS),
+    ("saev.md", "data", saev.DATA_FIELDS),
+    ("saev.md", "hallulog_samples.jsonl", saev.SIDECAR_FIELDS),
+    ("saev.md", "family", saev.SAEV_FAMILIES),
+    ("saelens.md", "hallulog_saelens.json", saelens.SIDECAR_FIELDS),
+    ("saelens.md", "hallulog_samples.jsonl", saelens.SAMPLE_FIELDS),
 ]
 
 
@@ -85,6 +93,12 @@ def test_written_metadata_has_exactly_the_documented_keys(tmp_path):
     g = r._zarr()
     for name, dt in zarr_store.ARRAYS.items():
         assert g[f"arrays/{name}"].dtype.str.startswith(dt)
+    for name, cells in tables("zarr.md")["arrays"].items():  # fill values valid under the v2 spec
+        fv = json.load(open(tmp_path / "z" / "activations" / "activations.zarr" / "arrays" / name / ".zarray"))["fill_value"]
+        if cells[3] == "base64 of itemsize zero bytes":
+            assert base64.b64decode(fv) == bytes(g[f"arrays/{name}"].dtype.itemsize), name
+        else:
+            assert fv == int(cells[3]), name
     zd = tmp_path / "z" / "activations"
     assert set(json.loads(open(zd / "commit.log").readline())) == set(zarr_store.RECORD_FIELDS)
     assert set(json.loads(open(zd / "activations.zarr" / "text" / "samples.jsonl").readline())) == set(
@@ -97,3 +111,29 @@ def test_written_metadata_has_exactly_the_documented_keys(tmp_path):
     # multi
     m = write_multi_manifest(tmp_path / "m", [tmp_path / "p"])
     assert set(m) == set(multi.MANIFEST_FIELDS)
+
+
+def test_export_docs_name_the_tool_versions_they_were_checked_against():
+    """Each export doc names the tool version its tests load it with; a pin bump must update the doc."""
+    from importlib.metadata import version
+
+    assert saev.SAEV_HEAD_COMMIT in open(os.path.join(DOCS, "saev.md")).read()
+    assert f"sae-lens {saelens.SAELENS_VERSION}" in open(os.path.join(DOCS, "saelens.md")).read()
+    assert version("sae-lens") == saelens.SAELENS_VERSION
+    assert f"tensorstore {version('tensorstore')}" in open(os.path.join(DOCS, "zarr.md")).read()
+
+
+def test_written_saev_export_has_exactly_the_documented_keys(tmp_path):
+    w = open_writer("packed", tmp_path / "p", layer_ids=[0, 1], hidden_size=4)
+    w.write("a_0", *_sample())
+    w.write("a_1", *_sample(t=5))
+    w.close()
+    out = saev.export_saev(tmp_path / "p", tmp_path / "s")
+    t = tables("saev.md")
+    md = json.load(open(os.path.join(out, "metadata.json")))
+    assert list(md) == list(t["metadata.json"])  # in saev's field order: its hash depends on it
+    assert list(json.loads(md["data"])) == sorted(t["data"])
+    assert [list(s) for s in json.load(open(os.path.join(out, "shards.json")))] == [list(t["shards.json"])]
+    assert [list(json.loads(l)) for l in open(os.path.join(out, saev.SIDECAR))] == [list(t["hallulog_samples.jsonl"])] * 2
+    assert md["family"] in t["family"] and md["content_tokens_per_example"] == 1
+    assert not set(md) & {v[0] for v in t["renamed fields"].values()}  # the protocol doc's names are not written

@@ -12,6 +12,7 @@ from storage import merge_stores, open_store, open_writer
 class TestZarrV2(StoreConformance):
     fmt = "zarr"
     dataloader_cases = [(0, None), (2, "fork")]  # zarr's event-loop thread after fork
+    tensorstore_driver = "zarr"
 
     def assert_partial_on_disk(self, root):
         assert os.path.isdir(os.path.join(root, "activations", "activations.zarr", "arrays", "activations", "3"))
@@ -33,6 +34,7 @@ class TestZarrV2(StoreConformance):
 class TestZarrV3Sharded(TestZarrV2):
     writer_options = {"zarr_format": 3, "sharded": True}
     dataloader_cases = [(2, "fork")]
+    tensorstore_driver = ""  # fixed-length bytes (sample_key) is no zarr v3 core data type
 
     def assert_partial_on_disk(self, root):
         assert os.path.isdir(os.path.join(root, "activations", "activations.zarr", "arrays", "activations", "c", "3"))
