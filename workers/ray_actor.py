@@ -77,6 +77,12 @@ class SlotActor:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> dict[str, Any]:
         node = socket.gethostname()
+        try:  # the Ray node, when running as an actor (hosts can hold several nodes)
+            import ray
+
+            node = f"{node}/{ray.get_runtime_context().get_node_id()[:8]}"
+        except Exception:  # plain object (tests) or no Ray: the host name is all there is
+            pass
         probe = self.root / PROBE_NAME
         try:
             seen = probe.read_text(encoding="utf-8")

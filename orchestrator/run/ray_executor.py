@@ -51,6 +51,14 @@ log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _POLL_WAIT = 0.5
+_RESTART_RETRY = 2.0
+
+
+def _restart_exhausted(exc: Exception) -> bool:
+    """True when Ray will not bring the actor back (restarts used up, or killed for good)."""
+    from ray.exceptions import ActorUnavailableError
+
+    return not isinstance(exc, ActorUnavailableError)
 
 
 class RayExecutorError(HallulogError):
@@ -111,6 +119,7 @@ class RayPool:
         self._refs: dict[Any, tuple[str, int]] = {}
         self._events: collections.deque[dict[str, Any]] = collections.deque()
         self._recovered: list[str] = []
+        self._restart_at: dict[int, float] = {}
         self._owns_ray = False
         self.stats = {"slots": 0, "slots_lost": 0, "groups_redone": 0,
                       "recovered_committed": 0, "restarts": 0}
@@ -210,7 +219,10 @@ class RayPool:
                 self.kill()
                 raise RayExecutorError(f"slot {slot}: actor died while starting "
                                        f"({type(exc).__name__})") from None
-            self._give_up(slot, exc)
+            if _restart_exhausted(exc):
+                self._give_up(slot, exc)
+            else:  # still restarting (e.g. waiting for capacity): ask again a bit later
+                self._restart_at[slot] = time.monotonic() + _RESTART_RETRY
             return
         self.nodes[slot] = info["node"]
         self.specs[slot] = WorkerSpec(**{**self.specs[slot].__dict__, "server_url": info["url"]})
@@ -248,7 +260,11 @@ class RayPool:
 
         deadline = time.monotonic() + timeout
         while not self._events:
+            self._restart_due()
             left = deadline - time.monotonic()
+            if self._restart_at and not self._refs:  # only restarts pending: wait for them
+                time.sleep(max(0.0, min(left, min(self._restart_at.values()) - time.monotonic())))
+                continue
             if left <= 0 or not self._refs:
                 if not self._refs and self._queue:
                     raise RayExecutorError("every Ray actor is lost and none can be restarted; "
@@ -310,6 +326,13 @@ class RayPool:
                   self.nodes.get(slot), type(exc).__name__, len(redo), len(lost) - len(redo))
         self._refs[self.actors[slot].start.remote()] = ("start", slot)
         self._dispatch()
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        for slot, at in list(self._restart_at.items()):
+            if at <= now:
+                del self._restart_at[slot]
+                self._refs[self.actors[slot].start.remote()] = ("start", slot)
 
     def _give_up(self, slot: int, exc: Exception) -> None:
         self._dead.add(slot)
