@@ -80,7 +80,8 @@ class SlotActor:
         try:  # the Ray node, when running as an actor (hosts can hold several nodes)
             import ray
 
-            node = f"{node}/{ray.get_runtime_context().get_node_id()[:8]}"
+            if ray.is_initialized():  # never connect from here: only report where we run
+                node = f"{node}/{ray.get_runtime_context().get_node_id()[:8]}"
         except Exception:  # plain object (tests) or no Ray: the host name is all there is
             pass
         probe = self.root / PROBE_NAME
