@@ -108,6 +108,8 @@ def status_from_artifacts(artifact_root: str | Path) -> dict:
         "servers": [],
         "errors": errors[-20:],
         "history": None,
+        "evaluation_report": (str(root / "evaluation" / "report.md")
+                              if (root / "evaluation" / "report.md").is_file() else None),
     }
 
 
@@ -136,6 +138,8 @@ def format_status(snapshot: dict) -> str:
     lines.append(f"generations {s.get('generations', 0)}"
                  + (f"  tokens {s['tokens']}" if s.get("tokens") is not None else "")
                  + f"  elapsed {_dur(s.get('elapsed_s'))}  ETA {_eta(s.get('eta_s'))}")
+    if s.get("evaluation_report"):
+        lines.append(f"evaluation report {s['evaluation_report']}")
     workers = s.get("workers") or []
     if workers:
         lines.append("workers:")

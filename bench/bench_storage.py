@@ -8,9 +8,12 @@ Shapes: L layers x H hidden, float16, token lengths uniform in [16, 256] (seeded
   2. k random (sample, layer) reads: mean / median / p95 latency per format (seed 000 check);
   3. batches of b samples x 2 random layers: bytes/s / memcpy of the same extents from
      page-cached memory (np.copyto out of an mmap of the packed shards), page cached;
-  4. the same through ActivationPairsDataset + DataLoader with 0/2/4 workers (fork);
-  5. cold cache (echo 3 > /proc/sys/vm/drop_caches) where the machine allows it.
-Not part of the test suite.
+  4. the same through ActivationPairsDataset + DataLoader with 0/2/4 workers (fork), page cached
+     and cold (every store file dropped from the page cache with posix_fadvise(DONTNEED));
+  5. cold cache for the plain batch reads (same fadvise).
+Ingest here is the format alone (one commit per 6-sample group); bench/bench_ingest.py measures
+the worker's real persist path. Every figure is the median of --repeats runs. The last line is
+one JSON object with every figure. Not part of the test suite.
 """
 
 from __future__ import annotations
@@ -60,9 +63,11 @@ def write_store(fmt, root, data, ks):
     os.makedirs(root)
     index = open(os.path.join(root, "activation_index.jsonl"), "w")
     w = open_writer(fmt, root, layer_ids=list(range(data.L)), hidden_size=data.H)
-    for k in ks:
+    for j, k in enumerate(ks):
         acts, meta = data.sample(k)
         loc = w.write(f"{k:016x}_0", acts, meta)
+        if j % 6 == 5:  # a prompt group: primary + 5 samples
+            w.commit()
         index.write(json.dumps({"activation_key": f"{k:016x}_0", "layers": list(range(data.L)),
                                 "prompt_token_count": meta.prompt_len, "response_token_count": meta.response_len,
                                 "row0_position": 0, "num_rows": acts.shape[1], "label": meta.label, **loc}) + "\n")
@@ -111,14 +116,16 @@ def warm(root):
                     pass
 
 
-def drop_caches():
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return None
-    except OSError as e:
-        return f"{type(e).__name__}: {e}"
+def drop_cache(root):
+    """Drop every file of ``root`` from the page cache (posix_fadvise DONTNEED; no root needed)."""
+    for dp, _, fs in os.walk(root):
+        for f in fs:
+            fd = os.open(os.path.join(dp, f), os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
 
 class Memcpy:
@@ -149,17 +156,20 @@ def batch_rate(reader, batches):
     return nbytes / (time.perf_counter() - t)
 
 
-def loader_rate(root, workers, nbatches, b, seed=0):
+def loader_rate(root, workers, nbatches, b, seed=0, cold=False):
     import torch
 
     ds = ActivationPairsDataset(root, seed=seed)
+    if cold:
+        drop_cache(root)
     sampler = torch.utils.data.RandomSampler(ds, replacement=True, num_samples=b * (nbatches + 1),
                                              generator=torch.Generator().manual_seed(seed))
     dl = torch.utils.data.DataLoader(ds, batch_size=b, sampler=sampler, num_workers=workers,
                                      collate_fn=collate_pairs, multiprocessing_context="fork" if workers else None,
                                      prefetch_factor=2 if workers else None)
     it = iter(dl)
-    next(it)  # start-up excluded
+    if not cold:
+        next(it)  # start-up excluded
     nbytes, t = 0, time.perf_counter()
     for batch in it:
         nbytes += int(batch["seq_len"].sum()) * batch["acts"].shape[1] * batch["acts"].shape[3] * 2
@@ -175,7 +185,13 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--batches", type=int, default=30)
     ap.add_argument("--dir", default="/tmp/hallulog_bench")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--formats", default=",".join(FORMATS))
     a = ap.parse_args()
+    fmts = tuple(a.formats.split(","))
+    med = statistics.median
+    out = {"bench": "storage", "samples": a.samples, "layers": a.layers, "hidden": a.hidden,
+           "batch": a.batch, "cpus": os.cpu_count(), "repeats": a.repeats}
     n, L, H = a.samples, a.layers, a.hidden
     data = Data(n, L, H)
     total = data.nbytes(range(n))
@@ -191,7 +207,8 @@ def main():
     print(f"\n## ingest (dd-style sequential write + fdatasync: {dd / MB:.0f} MB/s)")
     print("| format | MB/s | / dd | on-disk MB | 2 procs MB/s | 2 procs / 1 proc |")
     print("|---|---|---|---|---|---|")
-    for fmt in FORMATS:
+    out["dd_MBps"] = dd / MB
+    for fmt in fmts:
         root = f"{a.dir}/{fmt}"
         s = timed(write_store, fmt, root, data, range(n))
         disk = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(root) for f in fs)
@@ -201,10 +218,11 @@ def main():
         shutil.rmtree(f"{a.dir}/par_{fmt}_1"), shutil.rmtree(f"{a.dir}/par_{fmt}_2")
         hb = data.nbytes(range(half))
         rows[fmt] = {"ingest": total / s}
+        out.setdefault("ingest_vs_dd", {})[fmt] = round(total / s / dd, 3)
         print(f"| {fmt} | {total / s / MB:.0f} | {total / s / dd:.2f} | {disk / MB:.0f} | {hb / s2 / MB:.0f} | {s1 / s2:.2f} |")
 
-    readers = {fmt: open_store(f"{a.dir}/{fmt}") for fmt in FORMATS}
-    for fmt in FORMATS:
+    readers = {fmt: open_store(f"{a.dir}/{fmt}") for fmt in fmts}
+    for fmt in fmts:
         warm(f"{a.dir}/{fmt}")
     mem = Memcpy(f"{a.dir}/packed")
     rng = np.random.default_rng(0)
@@ -230,42 +248,50 @@ def main():
         s = rng.integers(0, n, a.batch)
         ls = np.stack([rng.choice(L, 2, replace=False) for _ in s])
         batches.append((np.repeat(s, 2), ls.reshape(-1)))
-    base = statistics.median(batch_rate(mem, batches) for _ in range(3))
+    base = med(batch_rate(mem, batches) for _ in range(a.repeats))
+    out["memcpy_MBps"] = base / MB
     print(f"\n## batches of {a.batch} samples x 2 layers, page cached (memcpy limit {base / MB:.0f} MB/s)")
     print("| format | MB/s | / memcpy |")
     print("|---|---|---|")
     for fmt, r in readers.items():
-        rate = statistics.median(batch_rate(r, batches) for _ in range(3 if fmt != "zarr" else 1))
+        rate = med(batch_rate(r, batches) for _ in range(a.repeats if fmt != "zarr" else 1))
         rows[fmt]["batch"] = rate
+        out.setdefault("reader_vs_memcpy", {})[fmt] = round(rate / base, 3)
         print(f"| {fmt} | {rate / MB:.0f} | {rate / base:.2f} |")
 
     # 4. DataLoader
     print(f"\n## ActivationPairsDataset + DataLoader (fork), batch {a.batch}, page cached; / memcpy {base / MB:.0f} MB/s")
-    print("| format | workers 0 | workers 2 | workers 4 |")
-    print("|---|---|---|---|")
-    for fmt in FORMATS:
-        cells = []
-        for w in (0, 2, 4):
-            rate = loader_rate(f"{a.dir}/{fmt}", w, 4 if fmt == "zarr" else 15, a.batch)
-            cells.append(f"{rate / MB:.0f} MB/s ({rate / base:.2f})")
-        print(f"| {fmt} | " + " | ".join(cells) + " |")
+    print("| format | cache | workers 0 | workers 2 | workers 4 |")
+    print("|---|---|---|---|---|")
+    for fmt in fmts:
+        for cold in (False, True):
+            cells = []
+            for w in (0, 2, 4):
+                reps = 1 if fmt == "zarr" else a.repeats
+                rate = med(loader_rate(f"{a.dir}/{fmt}", w, 4 if fmt == "zarr" else 15, a.batch, cold=cold)
+                           for _ in range(reps))
+                if not cold:
+                    warm(f"{a.dir}/{fmt}")
+                out.setdefault("loader_cold_vs_memcpy" if cold else "loader_vs_memcpy", {}) \
+                    .setdefault(fmt, {})[str(w)] = round(rate / base, 3)
+                cells.append(f"{rate / MB:.0f} MB/s ({rate / base:.2f})")
+            warm(f"{a.dir}/{fmt}")
+            print(f"| {fmt} | {'cold' if cold else 'cached'} | " + " | ".join(cells) + " |")
 
     # 5. cold cache
-    why = drop_caches()
-    print("\n## cold cache (batches, first pass after drop_caches)")
-    if why:
-        print(f"not measured: dropping the page cache failed here ({why})")
-    else:
-        print("| format | MB/s | / page-cached memcpy |")
-        print("|---|---|---|")
-        for fmt in FORMATS:
-            drop_caches()
-            r = open_store(f"{a.dir}/{fmt}")
-            rate = batch_rate(r, batches[:10])
-            print(f"| {fmt} | {rate / MB:.0f} | {rate / base:.2f} |")
-    best = max(FORMATS, key=lambda f: rows[f]["batch"])
+    print("\n## cold cache (batches, first pass after posix_fadvise DONTNEED of every store file)")
+    print("| format | MB/s | / page-cached memcpy |")
+    print("|---|---|---|")
+    for fmt in fmts:
+        drop_cache(f"{a.dir}/{fmt}")
+        r = open_store(f"{a.dir}/{fmt}")
+        rate = batch_rate(r, batches[:10])
+        out.setdefault("reader_cold_vs_memcpy", {})[fmt] = round(rate / base, 3)
+        print(f"| {fmt} | {rate / MB:.0f} | {rate / base:.2f} |")
+    best = max(fmts, key=lambda f: rows[f]["batch"])
     print(f"\nfastest random-batch reader: {best}")
     shutil.rmtree(a.dir)
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,10 @@ generates exactly ``--max-tokens`` tokens (``ignore_eos``), so token counts are 
 strategies. Both servers are up during the measurement and the strategies alternate round by round
 (medians reported), so a shared machine's load drifts into all of them alike; startup times are
 reported.
-Prints a table; ``--json`` also writes the numbers.
+Also: the capture bytes each strategy moved through the spool (file sizes), its capture MB/s,
+and a sequential write of the same bytes into the spool directory (no fsync: the connector does
+not sync either) as the disk bound, so the ratio says whether bytes or the engine limit capture.
+Prints a table; the last line is one JSON object (``--json`` also writes it to a file).
 """
 
 from __future__ import annotations
@@ -92,7 +95,10 @@ def stop_server(proc) -> None:
         pass
 
 
-def take(path: str) -> int:
+SPOOL_BYTES: dict[str, int] = {}  # strategy -> bytes of capture files taken
+
+
+def take(path: str, strategy: str | None = None) -> int:
     """Read a capture file as the worker does (wait on the lock, load, delete); its row count."""
     import fcntl
 
@@ -105,13 +111,16 @@ def take(path: str) -> int:
     with safe_open(path, "pt") as f:
         rows = f.get_slice("hidden_states").get_shape()[0]
         f.get_tensor("hidden_states")
+    if strategy:
+        SPOOL_BYTES[strategy] = SPOOL_BYTES.get(strategy, 0) + os.path.getsize(path)
     os.remove(path)
     if os.path.exists(lock):
         os.remove(lock)
     return rows
 
 
-def generate(url: str, jobs, max_tokens: int, streams: int, capture: bool, spooled: bool):
+def generate(url: str, jobs, max_tokens: int, streams: int, capture: bool, spooled: bool,
+             strategy: str | None = None):
     """Run chat generations; returns (wall seconds, completion tokens, [(prompt ids, response ids)])."""
 
     def one(job):
@@ -128,7 +137,7 @@ def generate(url: str, jobs, max_tokens: int, streams: int, capture: bool, spool
         resp = r.json()
         prompt, response = resp["prompt_token_ids"], resp["choices"][0]["token_ids"]
         if spooled:  # an extraction server writes a file for every request
-            rows = take(resp["kv_transfer_params"]["hidden_states_path"])
+            rows = take(resp["kv_transfer_params"]["hidden_states_path"], strategy)
             if capture and rows != len(prompt) + len(response) - 1:
                 raise AssertionError(f"capture has {rows} rows, expected {len(prompt) + len(response) - 1}")
         return prompt, response
@@ -139,13 +148,13 @@ def generate(url: str, jobs, max_tokens: int, streams: int, capture: bool, spool
     return time.monotonic() - t0, sum(len(r) for _, r in pairs), pairs
 
 
-def prefill_capture(url: str, pairs, streams: int) -> float:
+def prefill_capture(url: str, pairs, streams: int, strategy: str | None = None) -> float:
     def one(pair):
         ids = pair[0] + pair[1]
         r = httpx.post(url + "/v1/completions", json={
             "model": MODEL, "prompt": ids, "max_tokens": 1, "temperature": 0}, timeout=600)
         r.raise_for_status()
-        rows = take(r.json()["kv_transfer_params"]["hidden_states_path"])
+        rows = take(r.json()["kv_transfer_params"]["hidden_states_path"], strategy)
         if rows != len(ids):
             raise AssertionError(f"prefill capture has {rows} rows, expected {len(ids)}")
 
@@ -153,6 +162,23 @@ def prefill_capture(url: str, pairs, streams: int) -> float:
     with ThreadPoolExecutor(streams) as pool:
         list(pool.map(one, pairs))
     return time.monotonic() - t0
+
+
+def disk_write_rate(directory: Path, nbytes: int) -> float:
+    """Bytes/s of one sequential write of ``nbytes`` into ``directory`` (then the file is removed)."""
+    import numpy as np
+
+    buf = np.random.default_rng(0).integers(0, 255, min(nbytes, 64 << 20), dtype=np.uint8)
+    path = directory / "disk_probe.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    t0 = time.perf_counter()
+    done = 0
+    while done < nbytes:
+        done += os.write(fd, memoryview(buf)[: min(len(buf), nbytes - done)])
+    wall = time.perf_counter() - t0
+    os.close(fd)
+    os.unlink(path)
+    return nbytes / wall
 
 
 def main() -> None:
@@ -204,10 +230,12 @@ def main() -> None:
         for _ in range(args.rounds):
             for streams, jobs in workloads.items():
                 wall_p, tok_p, pairs = generate(plain_url, jobs, args.max_tokens, streams, capture=False, spooled=False)
-                wall_a, tok_a, _ = generate(capture_url, jobs, args.max_tokens, streams, capture=True, spooled=True)
-                wall_cap = prefill_capture(capture_url, pairs, streams)
-                wall_c, tok_c, pairs_c = generate(capture_url, jobs, args.max_tokens, streams, capture=False, spooled=True)
-                wall_c += prefill_capture(capture_url, pairs_c, streams)
+                wall_a, tok_a, _ = generate(capture_url, jobs, args.max_tokens, streams, capture=True,
+                                            spooled=True, strategy=f"a/{streams}")
+                wall_cap = prefill_capture(capture_url, pairs, streams, f"b/{streams}")
+                wall_c, tok_c, pairs_c = generate(capture_url, jobs, args.max_tokens, streams, capture=False,
+                                                  spooled=True, strategy=f"c/{streams}")
+                wall_c += prefill_capture(capture_url, pairs_c, streams, f"c/{streams}")
                 record("plain", streams, wall_p, tok_p)
                 record("a: include_output_tokens", streams, wall_a, tok_a)
                 record("b: plain gen + prefill capture", streams, wall_p + wall_cap, tok_p)
@@ -229,6 +257,22 @@ def main() -> None:
         })
     results["runs"].sort(key=lambda r: r["streams"])
     leftovers = sorted(os.listdir(spool))
+    # the disk bound: the same bytes as strategy a's capture files, written sequentially
+    top = max(args.streams)
+    a_bytes = SPOOL_BYTES.get(f"a/{top}", 0) // max(args.rounds, 1)
+    disk = disk_write_rate(spool, max(a_bytes, 1 << 20))
+    results["disk_write_MBps"] = round(disk / 1e6, 1)
+    for run in results["runs"]:
+        key = {"a": "a", "b": "b", "c": "c"}.get(run["strategy"][:1])
+        if key and f"{key}/{run['streams']}" in SPOOL_BYTES and run["strategy"][:1] != " ":
+            nbytes = SPOOL_BYTES[f"{key}/{run['streams']}"] / args.rounds
+            run["capture_MB"] = round(nbytes / 1e6, 1)
+            run["capture_MBps"] = round(nbytes / run["wall_s"] / 1e6, 1)
+            run["capture_vs_disk"] = round(nbytes / run["wall_s"] / disk, 3)
+    best = max((r for r in results["runs"] if r["streams"] == top and r["strategy"][:1] in "abc"),
+               key=lambda r: r["vs_plain"])
+    results["best"] = {"strategy": best["strategy"], "streams": top, "vs_plain": best["vs_plain"],
+                       "capture_vs_disk": best.get("capture_vs_disk")}
 
     print(f"model {args.model_dir} ({args.dtype}), {args.max_tokens} tokens per generation, "
           f"layer ids 0..{args.num_layers}, median of {args.rounds} rounds")
@@ -238,9 +282,18 @@ def main() -> None:
     for run in results["runs"]:
         print(f"{run['strategy']:34} {run['streams']:>7} {run['requests']:>5} {run['wall_s']:>8.2f} "
               f"{run['gen_per_s']:>7.2f} {run['tok_per_s']:>8.1f} {run['vs_plain']:>9.2f}")
+    print(f"disk write (same bytes as a's files, sequential, no fsync): {results['disk_write_MBps']} MB/s")
+    for run in results["runs"]:
+        if "capture_MBps" in run:
+            print(f"  {run['strategy']:34} {run['streams']:>3} streams: {run['capture_MB']} MB of capture files, "
+                  f"{run['capture_MBps']} MB/s = {run['capture_vs_disk']:.2f} of the disk write")
+    print(f"best at {top} streams: {best['strategy']}: {best['vs_plain']:.2f} of plain generation")
     print(f"spool files left: {len(leftovers)}")
+    results.update(bench="vllm_capture", model_dir=args.model_dir, dtype=args.dtype,
+                   max_tokens=args.max_tokens, cpus=os.cpu_count())
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+    print(json.dumps(results))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,9 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              "worker stores instead of writing a manifest over them.")
     parser.add_argument("--validate-only", action="store_true",
                         help="Only validate existing artifacts, then exit.")
+    parser.add_argument("--deep", action="store_true",
+                        help="With --validate-only: also audit every stored activation against "
+                             "its token ids (docs/alignment.md); mismatches fail the exit code.")
     parser.add_argument("--retry-failed", action="store_true",
                         help="Reprocess the prompts in errors.jsonl or found incomplete.")
     parser.add_argument("--log-level", default="WARNING",
@@ -60,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="Report from the files of a run (finished or not).")
     status_p.add_argument("--token", help="Bearer token of the status API.")
     status_p.add_argument("--json", action="store_true", help="Print the raw JSON.")
+    from orchestrator.postrun.evaluate import add_evaluate_parser
+
+    add_evaluate_parser(sub)
     _add_merge_arguments(sub)
     return parser
 
@@ -123,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "status":
         return _status(args, parser)
+    if args.command == "evaluate":
+        from orchestrator.postrun.evaluate import run_evaluate
+
+        return run_evaluate(args)
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.command == "merge":
@@ -155,7 +165,12 @@ def _run_command(config: RunConfig, args: argparse.Namespace) -> int:
     if args.consolidate_only:
         return commands.consolidate_only(config, merge=args.merge)
     if args.validate_only:
-        return commands.validate_only(config)
+        rc = commands.validate_only(config)
+        if args.deep:
+            from orchestrator.postrun.evaluate import run_deep_audit
+
+            rc = max(rc, 0 if run_deep_audit(config.artifact_root)["ok"] else 1)
+        return rc
     if args.retry_failed:
         return commands.retry_failed(config)
     result = run(config)

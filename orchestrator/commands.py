@@ -26,7 +26,15 @@ def format_result(result: RunResult) -> str:
           f"{result.consolidation['activations']} activations in "
           f"{result.consolidation['seconds']:.2f} s; validation "
           f"{'OK' if result.validation and result.validation['ok'] else 'FAILED'}"]
-         if result.consolidation else []))
+         if result.consolidation else [])
+        + _evaluation_line(result.artifact_root))
+
+
+def _evaluation_line(root) -> list[str]:
+    from orchestrator.postrun.evaluate import report_path
+
+    path = report_path(root)
+    return [f"evaluation report: {path}"] if path else []
 
 
 def _print_validation(report: dict) -> None:

@@ -90,12 +90,15 @@ class HiddenStateRecorder:
         self._armed = True
 
     def collect(self) -> torch.Tensor:
+        return torch.stack(self.collect_layers(), dim=2)
+
+    def collect_layers(self) -> list[torch.Tensor]:
+        """The recorded outputs, one ``[batch, seq, hidden]`` per layer id (no copy); disarms."""
         self._armed = False
-        if any(out is None for out in self._outputs):
+        outputs, self._outputs = self._outputs, [None] * len(self.layer_ids)
+        if any(out is None for out in outputs):
             raise RuntimeError("a capture hook did not fire during the forward pass")
-        stacked = torch.stack(self._outputs, dim=2)  # type: ignore[arg-type]
-        self._outputs = [None] * len(self.layer_ids)
-        return stacked
+        return outputs  # type: ignore[return-value]
 
     def remove(self) -> None:
         for handle in self._handles:

@@ -4,12 +4,19 @@ Every request is split into sequences (one per ``n``) that go into one queue. Th
 takes every waiting sequence up to ``max_batch_size``, waits up to ``batch_wait_ms`` for more,
 then runs one left-padded prefill and a KV-cached decode loop over the batch. Each row has its own
 sampling parameters, ``torch.Generator``, stop conditions and token budget; finished rows leave
-the batch (their KV cache rows are dropped) so the remaining rows decode faster. Sequences that
-arrive meanwhile are prefilled between two decode steps and join the running batch (continuous
-batching; the caches are left-padded to one width, position ids being explicit per row).
+the batch so the remaining rows decode faster. Sequences that arrive meanwhile are prefilled
+between two decode steps and join the running batch (continuous batching). The KV cache is a
+preallocated ``serving.kvslots.SlotKVCache``: a decode step writes in place, a joining sequence
+is written into a free row and a finished one replaced by the last row, so no step rebuilds the
+cache (position ids are explicit per row). Models whose cache is not a plain full-attention one
+run batch-at-a-time on a ``DynamicCache``.
 
 Logprobs are vLLM's default ``raw_logprobs``: ``log_softmax`` of the raw logits, before
-temperature and top-p. The raw logit of each chosen token is kept as well.
+temperature and top-p. The raw logit of each chosen token is kept as well. Per step the batch's
+chosen and top-k logprobs are computed as tensors and moved to Python in one call each.
+
+Captured hidden states go from the hooks' outputs straight into one growing buffer per sequence
+(``[tokens, layers, hidden]``), which is what the spool file is written from.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from serving.capture import HiddenStateRecorder, SpoolWriter
+from serving.kvslots import SlotKVCache
 from serving.metrics import ServingMetrics
 from serving.model_loader import LoadedModel
 
@@ -87,7 +95,27 @@ class _Sequence:
     text: str = ""
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    states: list[torch.Tensor] = field(default_factory=list)
+    states: torch.Tensor | None = None  # [capacity, layers, hidden] capture buffer
+    n_states: int = 0
+
+    def capture(self, outputs: list[torch.Tensor], row: int, tokens: int, max_model_len: int) -> None:
+        """Append the last ``tokens`` positions of ``row`` of every layer output to the buffer."""
+        first = outputs[0]
+        need = self.n_states + tokens
+        if self.states is None or need > self.states.shape[0]:
+            cap = max(need, len(self.prompt_ids) + min(self.params.max_tokens, 64))
+            if self.states is not None:
+                cap = max(cap, 2 * self.states.shape[0])
+            cap = min(cap, max(max_model_len, need))
+            grown = torch.empty((cap, len(outputs), first.shape[-1]), dtype=first.dtype,
+                                device="cpu")
+            if self.states is not None:
+                grown[: self.n_states] = self.states[: self.n_states]
+            self.states = grown
+        seq_len = first.shape[1]
+        torch.stack([out[row, seq_len - tokens:] for out in outputs], dim=1,
+                    out=self.states[self.n_states : need])
+        self.n_states = need
 
 
 class Engine:
@@ -122,6 +150,7 @@ class Engine:
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
         self._queue: queue.Queue[_Sequence] = queue.Queue()
         self._joinable = _supports_joining(self.model)
+        self._num_cache_layers = self.model.config.num_hidden_layers
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="serving-engine", daemon=True)
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="capture-writer")
@@ -212,14 +241,14 @@ class Engine:
         ``batch`` is kept equal to the unfinished sequences taken so far (joiners included), so the
         caller can fail every one of them on error.
         """
-        run = self._prefill(batch)
+        run = _Run(self._new_cache())
+        self._admit(run, batch)
         while True:
             finished = self._sample_step(run.active, run.logits)
             for seq in finished:
                 self._finish(seq)
-            keep = [i for i, seq in enumerate(run.active) if seq.finish_reason is None]
-            if len(keep) < len(run.active):
-                run.select(keep)
+            if finished:
+                run.drop_finished()
             newcomers = self._take_waiting(self.max_batch_size - len(run.active))
             batch[:] = run.active + newcomers  # what is still owed an answer
             if not run.active and not newcomers:
@@ -227,16 +256,22 @@ class Engine:
             if run.active:
                 next_ids = torch.tensor([[seq.out_ids[-1]] for seq in run.active],
                                         device=self.device)
-                run.mask = torch.cat([run.mask, run.mask.new_ones((len(run.active), 1))], dim=1)
                 run.positions = run.positions + 1
-                run.logits = self._forward(next_ids, run.mask, run.positions, run.cache,
+                run.logits = self._forward(next_ids, run.step_mask(), run.positions, run.cache,
                                            run.active, None)
+                run.advance()
             if newcomers:
-                joined = self._prefill(newcomers)
-                run = joined if not run.active else run.merge(joined)
+                self._admit(run, newcomers)
             if self.metrics:
                 self.metrics.running.set(len(run.active))
                 self.metrics.waiting.set(self._queue.qsize())
+
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        if self._joinable:
+            return SlotKVCache(self._num_cache_layers, self.max_batch_size)
+        return DynamicCache(config=self.model.config)
 
     def _take_waiting(self, room: int) -> list[_Sequence]:
         """Sequences that can join the running batch now (never waits)."""
@@ -248,7 +283,8 @@ class Engine:
                 break
         return taken
 
-    def _prefill(self, batch: list[_Sequence]) -> _RunningBatch:
+    def _admit(self, run: _Run, batch: list[_Sequence]) -> None:
+        """Prefill ``batch`` (left-padded, on its own cache) and add its rows to ``run``."""
         from transformers import DynamicCache
 
         lengths = [len(seq.prompt_ids) for seq in batch]
@@ -262,9 +298,10 @@ class Engine:
         input_ids, mask, positions = (t.to(self.device) for t in (input_ids, mask, positions))
         if self.metrics:
             self.metrics.prompt_tokens.inc(sum(lengths))
-        cache = DynamicCache(config=self.model.config)
+        slots = isinstance(run.cache, SlotKVCache)
+        cache = DynamicCache(config=self.model.config) if slots else run.cache
         logits = self._forward(input_ids, mask, positions, cache, batch, lengths)
-        return _RunningBatch(list(batch), cache, mask, positions[:, -1:], logits)
+        run.add(batch, cache, mask, positions[:, -1:], logits)
 
     def _forward(self, input_ids, mask, positions, cache, active, prompt_lengths):
         """One forward pass; records capture states of the rows that asked; returns last logits."""
@@ -282,40 +319,38 @@ class Engine:
             logits_to_keep=1,
         )
         if capturing:
-            states = self.recorder.collect()  # [rows, seq, layers, hidden]
+            outputs = self.recorder.collect_layers()  # per layer [rows, seq, hidden], no copy
             for row, seq in enumerate(active):
                 if seq.params.capture:
                     tokens = prompt_lengths[row] if prompt_lengths else 1
-                    seq.states.append(states[row, states.shape[1] - tokens:].to("cpu"))
+                    seq.capture(outputs, row, tokens, self.loaded.max_model_len)
         return out.logits[:, -1, :].float()
 
     def _sample_step(self, active: list[_Sequence], logits: torch.Tensor) -> list[_Sequence]:
         """Choose one token per row, record logprobs, apply stop rules; return rows that finished."""
-        logprobs = torch.log_softmax(logits, dim=-1)
-        want_top = max((seq.params.top_logprobs or 0 for seq in active), default=0)
-        top_values = top_ids = None
-        if want_top:
-            top_values, top_ids = torch.topk(logprobs, want_top, dim=-1)
-            top_values, top_ids = top_values.cpu(), top_ids.cpu()
-        finished = []
         chosen = self._choose_rows(logits, active)
-        chosen_t = torch.tensor(chosen, device=logits.device).unsqueeze(1)
-        chosen_lp = logprobs.gather(1, chosen_t).squeeze(1).cpu().tolist()
-        chosen_logit = logits.gather(1, chosen_t).squeeze(1).cpu().tolist()
+        want_lp = any(seq.params.top_logprobs is not None for seq in active)
+        if want_lp:
+            logprobs = torch.log_softmax(logits, dim=-1)
+            chosen_t = torch.tensor(chosen, device=logits.device).unsqueeze(1)
+            chosen_lp = logprobs.gather(1, chosen_t).squeeze(1).clamp_(min=LOGPROB_FLOOR).tolist()
+            chosen_logit = logits.gather(1, chosen_t).squeeze(1).tolist()
+            want_top = max((seq.params.top_logprobs or 0 for seq in active), default=0)
+            top_ids = top_values = None
+            if want_top:
+                values, ids = torch.topk(logprobs, want_top, dim=-1)
+                top_values = values.clamp_(min=LOGPROB_FLOOR).tolist()
+                top_ids = ids.tolist()
         if self.metrics:
             self.metrics.generation_tokens.inc(len(active))
+        finished = []
         for row, seq in enumerate(active):
             token = chosen[row]
             seq.out_ids.append(token)
             k = seq.params.top_logprobs
             if k is not None:
-                top = []
-                if k:
-                    top = list(zip(top_ids[row, :k].tolist(),
-                                   (max(v, LOGPROB_FLOOR) for v in top_values[row, :k].tolist())))
-                seq.logprobs.append(
-                    TokenLogprob(token, max(chosen_lp[row], LOGPROB_FLOOR), chosen_logit[row], top)
-                )
+                top = list(zip(top_ids[row][:k], top_values[row][:k])) if k else []
+                seq.logprobs.append(TokenLogprob(token, chosen_lp[row], chosen_logit[row], top))
             if self._check_stop(seq):
                 finished.append(seq)
         return finished
@@ -397,8 +432,8 @@ class Engine:
         if not (seq.params.capture and self.recorder is not None):
             seq.future.set_result(output)
             return
-        states = torch.cat(seq.states, dim=0)
-        seq.states = []
+        states = seq.states[: seq.n_states]  # a view of the capture buffer
+        seq.states, seq.n_states = None, 0
         tokens = (seq.prompt_ids + seq.out_ids)[: states.shape[0]]
         self._writer.submit(self._write_capture, seq.future, output, states, tokens)
 
@@ -413,18 +448,63 @@ class Engine:
             future.set_exception(exc)
 
 
-@dataclass
-class _RunningBatch:
-    """The rows being decoded, their KV cache, attention mask and next-token logits."""
+class _Run:
+    """The rows being decoded (in cache row order), their cache, positions and next logits."""
 
-    active: list[_Sequence]
-    cache: object  # transformers DynamicCache
-    mask: torch.Tensor  # [rows, columns], 0 for left padding
-    positions: torch.Tensor  # [rows, 1], position id of each row's last token
-    logits: torch.Tensor  # [rows, vocab]
+    def __init__(self, cache):
+        self.cache = cache  # SlotKVCache, or a DynamicCache (batch-at-a-time models)
+        self.active: list[_Sequence] = []
+        self.positions: torch.Tensor | None = None  # [rows, 1] position id of each row's last token
+        self.logits: torch.Tensor | None = None  # [rows, vocab]
+        self.mask: torch.Tensor | None = None  # DynamicCache only: [rows, columns], 0 = padding
 
-    def select(self, keep: list[int]) -> None:
-        """Keep only rows ``keep``, then drop the columns that are padding in every row."""
+    @property
+    def slots(self) -> bool:
+        return isinstance(self.cache, SlotKVCache)
+
+    def add(self, seqs, prefill_cache, mask, positions, logits) -> None:
+        if self.slots:
+            self.cache.admit(prefill_cache, mask)
+        else:  # batch-at-a-time: the prefill's cache is the run's cache
+            self.mask = mask
+        if self.active:
+            self.positions = torch.cat([self.positions, positions])
+            self.logits = torch.cat([self.logits, logits])
+        else:
+            self.positions, self.logits = positions, logits
+        self.active = self.active + list(seqs)
+
+    def step_mask(self) -> torch.Tensor:
+        if self.slots:
+            return self.cache.step_mask(1)
+        self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.active), 1))], dim=1)
+        return self.mask
+
+    def advance(self) -> None:
+        if self.slots:
+            self.cache.advance(1)
+
+    def drop_finished(self) -> None:
+        """Remove the rows whose sequence finished."""
+        done = [i for i, seq in enumerate(self.active) if seq.finish_reason is not None]
+        if not done:
+            return
+        if not self.slots:
+            self._select([i for i, seq in enumerate(self.active) if seq.finish_reason is None])
+            return
+        order = list(range(len(self.active)))
+        for row in reversed(done):  # highest first: the row moved in is never a finished one
+            self.cache.remove(row)
+            order[row] = order[-1]
+            order.pop()
+        self.active = [self.active[i] for i in order]
+        if order:
+            index = torch.tensor(order, device=self.logits.device)
+            self.positions, self.logits = self.positions[index], self.logits[index]
+        self.cache.trim()
+
+    def _select(self, keep: list[int]) -> None:
+        """DynamicCache: keep rows ``keep``, then drop the columns that are padding in every row."""
         self.active = [self.active[i] for i in keep]
         if not keep:
             return
@@ -438,26 +518,6 @@ class _RunningBatch:
             self.mask = self.mask[:, first:]
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
-
-    def merge(self, other: _RunningBatch) -> _RunningBatch:
-        """Append ``other``'s rows, left-padding the shorter cache (position ids are explicit)."""
-        width = max(self.mask.shape[1], other.mask.shape[1])
-
-        def pad(t: torch.Tensor, dim_from_end: int) -> torch.Tensor:
-            missing = width - t.shape[-dim_from_end]
-            if not missing:
-                return t
-            spec = [0, 0] * (dim_from_end - 1) + [missing, 0]
-            return torch.nn.functional.pad(t, spec)
-
-        for mine, theirs in zip(self.cache.layers, other.cache.layers):
-            mine.keys = torch.cat([pad(mine.keys, 2), pad(theirs.keys, 2)], dim=0)
-            mine.values = torch.cat([pad(mine.values, 2), pad(theirs.values, 2)], dim=0)
-        self.mask = torch.cat([pad(self.mask, 1), pad(other.mask, 1)], dim=0)
-        self.positions = torch.cat([self.positions, other.positions], dim=0)
-        self.logits = torch.cat([self.logits, other.logits], dim=0)
-        self.active = self.active + other.active
-        return self
 
 
 def _supports_joining(model: torch.nn.Module) -> bool:

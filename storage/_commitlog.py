@@ -8,15 +8,28 @@ import os
 from ._io import write_all
 from .errors import StorageError
 
-__all__ = ["append_record", "tail_to_drop"]
+__all__ = ["append_records", "record_line", "tail_to_drop"]
 
 
-def append_record(fd: int, record: dict) -> int:
-    """Append one record durably (fdatasync); return the byte offset where its line starts."""
+def record_line(record: dict) -> bytes:
+    return (json.dumps(record, sort_keys=True) + "\n").encode()
+
+
+def append_records(fd: int, lines: list[bytes]) -> list[int]:
+    """Append ``lines`` with one write and one fdatasync; return the byte offset of each line.
+
+    One write keeps a group's lines together: after a crash the log ends at a line boundary or
+    in a torn last line (no newline), which recovery cuts off.
+    """
     start = os.lseek(fd, 0, os.SEEK_END)
-    write_all(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
+    starts = []
+    pos = start
+    for line in lines:
+        starts.append(pos)
+        pos += len(line)
+    write_all(fd, b"".join(lines))
     os.fdatasync(fd)
-    return start
+    return starts
 
 
 def tail_to_drop(records: list[dict], keep: set[str], fmt: str, path: str) -> int | None:

@@ -41,7 +41,14 @@ class SampleMeta:
 
 
 class ActivationWriter(abc.ABC):
-    """Append-only writer of one store (one per worker process). See docs/contracts.md."""
+    """Append-only writer of one store (one per worker process). See docs/contracts.md.
+
+    Durability is group commit: ``write`` stores a sample's bytes but syncs nothing;
+    ``commit()`` makes every sample written since the last commit durable, with one fsync per
+    file it touched, and only then are they committed (``committed_keys``). A crash before
+    ``commit()`` returns loses exactly the uncommitted samples (recovery removes them).
+    ``close()`` commits what is pending, then finalizes.
+    """
 
     layer_ids: list[int]
     hidden_size: int
@@ -66,22 +73,27 @@ class ActivationWriter(abc.ABC):
 
     @abc.abstractmethod
     def write(self, key: str, acts: np.ndarray, meta: SampleMeta) -> dict:
-        """Store one sample durably; return the location fields for activation_index.jsonl."""
+        """Store one sample (not yet durable); return the location fields for
+        activation_index.jsonl. The key is refused if already written."""
+
+    def commit(self) -> None:
+        """Make every sample written so far durable and committed (one fsync per file)."""
 
     @abc.abstractmethod
     def committed_keys(self) -> set[str]:
-        """Keys of every durably stored sample."""
+        """Keys of every committed (durable) sample; written but uncommitted ones are not."""
 
     @abc.abstractmethod
     def rollback(self, keep: set[str]) -> None:
-        """Drop every stored sample whose key is not in ``keep``."""
+        """Drop every uncommitted sample and every committed one whose key is not in ``keep``."""
 
     @abc.abstractmethod
     def close(self) -> None:
         """Finalize the store (indexes, manifest); the store is readable afterwards."""
 
     def _commit(self, key: str, record: dict) -> None:
-        """The commit point of one sample; formats override. Tests interpose here to crash."""
+        """Called by ``commit()`` for each sample once its bytes are durable, before the commit
+        point is written; formats override. Tests interpose here to crash."""
 
     def __enter__(self):
         return self

@@ -1,8 +1,20 @@
-"""The PyTorch side: a Dataset for the probe-training read pattern and its collate function."""
+"""The PyTorch side: a Dataset for the probe-training read pattern and its collate function.
+
+The DataLoader path reads whole batches: ``DataLoader`` calls ``__getitems__(indices)`` with the
+sampler's index batch, which issues ONE ``read_pairs_into`` for every (sample, layer) extent of
+the batch straight into the padded ``(B, k, T_max, H)`` output (no per-item tensors, no second
+copy in ``collate_pairs``). Inside a DataLoader worker that output is allocated in shared memory,
+so handing it to the main process copies nothing. In the main process (``num_workers=0``) the
+outputs come from a small pool of buffers that are reused once the caller has dropped every view
+of them: a fresh 50 MB buffer would cost a page fault and a kernel zeroing per page, which is more
+than the read itself. File handles are opened lazily in each process (after fork);
+``pin_memory=True`` allocates the output pinned (main process, CUDA builds only).
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -13,6 +25,8 @@ from .registry import open_store
 
 __all__ = ["ActivationPairsDataset", "collate_pairs"]
 
+_SCALARS = ("label", "seq_len", "prompt_len", "response_len", "index")
+
 
 class ActivationPairsDataset(Dataset):
     """index -> one sample at ``layers_per_sample`` distinct random layers, all tokens.
@@ -22,21 +36,26 @@ class ActivationPairsDataset(Dataset):
     The reader opens its files lazily in each DataLoader worker and is dropped from pickles.
 
     Item: ``acts`` (k, T, H) tensor, ``layers`` (k,) layer ids, ``layer_pos`` (k,) positions,
-    ``label``, ``seq_len``, ``prompt_len``, ``response_len``, ``index``.
+    ``label``, ``seq_len``, ``prompt_len``, ``response_len``, ``index``. With a DataLoader and
+    ``collate_pairs`` a batch is read at once (``__getitems__``).
     """
 
-    def __init__(self, store, layers_per_sample: int = 2, seed: int = 0, layer_positions=None):
+    def __init__(self, store, layers_per_sample: int = 2, seed: int = 0, layer_positions=None,
+                 pin_memory: bool = False):
         self.store_path = store.path if isinstance(store, ActivationReader) else os.fspath(store)
         self._reader = store if isinstance(store, ActivationReader) else None
         self.layers_per_sample = int(layers_per_sample)
         self.seed = int(seed)
         self.epoch = 0
+        self.pin_memory = bool(pin_memory)
         r = self.reader
         self.layer_positions = np.arange(r.num_layers) if layer_positions is None else np.asarray(layer_positions)
         if self.layers_per_sample > len(self.layer_positions):
             raise ValueError(f"{self.layers_per_sample} layers per sample but the store has {len(self.layer_positions)}")
         self.layer_ids = np.asarray(r.layer_ids)
         self._len = len(r)
+        self._meta_cols = None
+        self._pool: list[tuple[torch.Tensor, int]] = []  # (flat buffer, its idle use count)
 
     @property
     def reader(self) -> ActivationReader:
@@ -53,6 +72,27 @@ class ActivationPairsDataset(Dataset):
     def layers_for(self, index: int) -> np.ndarray:
         rng = np.random.default_rng((self.seed, self.epoch, int(index)))
         return rng.choice(self.layer_positions, size=self.layers_per_sample, replace=False)
+
+    def _meta_columns(self) -> dict[str, np.ndarray]:
+        """Per-sample metadata as int64 columns, built once per process (cheap to index)."""
+        if self._meta_cols is None:
+            r = self.reader
+            ix = getattr(r, "ix", None)
+            if isinstance(ix, dict) and "seq_len" in ix:  # packed: the index arrays as they are
+                cols = {"seq_len": ix["seq_len"], "prompt_len": ix["prompt_len"],
+                        "response_len": ix["response_len"], "label": ix["label"]}
+            else:
+                metas = [r.meta(i) for i in range(len(r))]
+                cols = {k: np.array([m[k] for m in metas]) for k in ("seq_len", "prompt_len",
+                                                                     "response_len", "label")}
+            self._meta_cols = {k: np.asarray(v, np.int64) for k, v in cols.items()}
+        return self._meta_cols
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_meta_cols"] = None
+        state["_pool"] = []
+        return state
 
     def __getitem__(self, index: int) -> dict:
         r = self.reader
@@ -71,10 +111,106 @@ class ActivationPairsDataset(Dataset):
             "index": torch.tensor(int(index), dtype=torch.int64),
         }
 
+    def __getitems__(self, indices: Sequence[int]) -> "PairsBatch":
+        """A whole batch, read with one batched call into the padded output (see module doc)."""
+        r = self.reader
+        n = len(self)
+        index = np.array([int(i) for i in indices], np.int64)
+        if index.size and not (index.min() >= -n and index.max() < n):
+            raise IndexError(f"sample index out of range for {n} samples in {self.store_path}")
+        index %= max(n, 1)
+        cols = self._meta_columns()
+        seq = cols["seq_len"][index]
+        pos = np.stack([self.layers_for(i) for i in index]) if len(index) else \
+            np.empty((0, self.layers_per_sample), np.int64)
+        b, k = pos.shape
+        t_max = int(seq.max()) if b else 0
+        acts = self._output((b, k, t_max, r.hidden_size), r.dtype)
+        a = acts.numpy()
+        outs = []
+        for j in range(b):
+            t = int(seq[j])
+            outs.extend(a[j, q, :t] for q in range(k))
+            if t < t_max:
+                a[j, :, t:] = 0
+        r.read_pairs_into(np.repeat(index, k), pos.reshape(-1), outs)
+        mask = torch.from_numpy(np.arange(t_max)[None, :] < seq[:, None])
+        pos = pos.astype(np.int64)
+        collated = {"acts": acts, "mask": mask,
+                    "layers": torch.from_numpy(self.layer_ids[pos].astype(np.int64)),
+                    "layer_pos": torch.from_numpy(pos)}
+        for key in _SCALARS:
+            collated[key] = torch.from_numpy(index.copy() if key == "index" else cols[key][index])
+        return PairsBatch(collated)
 
-def collate_pairs(batch: list[dict]) -> dict:
+
+    _POOL_SIZE = 3  # a batch being built, the one the caller holds, one in flight
+
+    def _output(self, shape, dtype) -> torch.Tensor:
+        """The padded output: shared memory in a worker, else a reused buffer of the pool."""
+        if torch.utils.data.get_worker_info() is not None:
+            return _empty(shape, dtype, False)
+        need = int(np.prod(shape))
+        for flat, idle in self._pool:
+            if flat.numel() >= need and _use_count(flat) <= idle:
+                return flat[:need].view(shape)  # a view: the caller's reference shows in the count
+        cap = need
+        if shape and len(self) and shape[0]:
+            t_store = int(self._meta_columns()["seq_len"].max())
+            cap = max(need, shape[0] * shape[1] * t_store * shape[3])
+        flat = _empty((cap,), dtype, self.pin_memory)
+        if len(self._pool) >= self._POOL_SIZE:
+            self._pool.pop(0)
+        self._pool.append((flat, _use_count(flat)))
+        return flat[:need].view(shape)
+
+
+def _use_count(t: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+class PairsBatch(Sequence):
+    """What ``__getitems__`` returns: the collated batch, which ``collate_pairs`` passes through.
+
+    Also a sequence of per-item dicts (views into the batch, built on access), so another
+    ``collate_fn`` still gets the items it expects.
+    """
+
+    def __init__(self, collated: dict):
+        self.collated = collated
+
+    def __len__(self) -> int:
+        return len(self.collated["index"])
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[i] for i in range(*j.indices(len(self)))]
+        c = self.collated
+        t = int(c["seq_len"][j])
+        item = {"acts": c["acts"][j, :, :t], "layers": c["layers"][j], "layer_pos": c["layer_pos"][j]}
+        item.update({key: c[key][j] for key in _SCALARS})
+        return item
+
+
+def _empty(shape, dtype: np.dtype, pin: bool) -> torch.Tensor:
+    """An uninitialised CPU tensor: in shared memory inside a DataLoader worker (no copy when the
+    batch goes to the main process), pinned when asked and possible, else ordinary memory."""
+    tdtype = torch.from_numpy(np.empty(0, dtype)).dtype
+    if torch.utils.data.get_worker_info() is not None:
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        storage = torch.UntypedStorage._new_shared(nbytes)
+        return torch.empty(0, dtype=tdtype).set_(storage, 0, shape)
+    if pin and torch.cuda.is_available():
+        return torch.empty(shape, dtype=tdtype, pin_memory=True)
+    return torch.empty(shape, dtype=tdtype)
+
+
+def collate_pairs(batch) -> dict:
     """Pad ``acts`` to the longest sample: ``acts`` (B, k, T_max, H) with zeros past each
-    ``seq_len``, ``mask`` (B, T_max) bool (True = real token); scalars stacked to (B,)."""
+    ``seq_len``, ``mask`` (B, T_max) bool (True = real token); scalars stacked to (B,).
+    A batch read by ``ActivationPairsDataset.__getitems__`` is already collated: returned as is."""
+    if isinstance(batch, PairsBatch):
+        return batch.collated
     t_max = max(int(b["seq_len"]) for b in batch)
     k, _, h = batch[0]["acts"].shape
     # padding in numpy (slice assignment is memcpy);
@@ -90,6 +226,6 @@ def collate_pairs(batch: list[dict]) -> dict:
     out = {"acts": acts, "mask": mask}
     for key in ("layers", "layer_pos"):
         out[key] = torch.stack([b[key] for b in batch])
-    for key in ("label", "seq_len", "prompt_len", "response_len", "index"):
+    for key in _SCALARS:
         out[key] = torch.stack([b[key] for b in batch])
     return out

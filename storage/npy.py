@@ -36,7 +36,8 @@ LOCATION_FIELDS = ("file_path", "shape", "dtype", "size_bytes")
 
 
 class NpyWriter(ActivationWriter):
-    """Writes ``{root}/activations/{key}.npy`` via ``.tmp`` + fsync + rename."""
+    """Writes ``{root}/activations/{key}.npy`` via ``.tmp``; ``commit`` fdatasyncs each pending
+    ``.tmp`` once, renames them into place and fsyncs the directory once."""
 
     def __init__(self, path, layer_ids, hidden_size, dtype="float16"):
         self.path = os.fspath(path)
@@ -44,6 +45,7 @@ class NpyWriter(ActivationWriter):
         self.hidden_size = int(hidden_size)
         self.dtype = np.dtype(dtype)
         os.makedirs(self.path, exist_ok=True)
+        self._pending: dict[str, tuple[str, str]] = {}  # key -> (tmp, final), written, not synced
         for name in os.listdir(self.path):
             if name.endswith(".tmp"):
                 log.warning("%s: removing uncommitted %s", self.path, name)
@@ -53,16 +55,17 @@ class NpyWriter(ActivationWriter):
         acts = self._check(key, acts, meta)
         final = os.path.join(self.path, key + ".npy")
         tmp = final + ".tmp"
+        if key in self._pending:
+            raise StorageError(f"key {key} is already written in this group", self.path)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             header = io.BytesIO()
             np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(acts))
             write_all(fd, header.getvalue())
             write_all(fd, acts)
-            os.fdatasync(fd)
         finally:
-            os.close(fd)
-        self._commit(key, {"tmp": tmp, "final": final})
+            os.close(fd)  # reopened by commit(): a long conversion never holds many fds
+        self._pending[key] = (tmp, final)
         return {
             "file_path": f"activations/{key}.npy",
             "shape": list(acts.shape),
@@ -70,21 +73,35 @@ class NpyWriter(ActivationWriter):
             "size_bytes": int(acts.nbytes),
         }
 
+    def commit(self) -> None:
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        for tmp, _final in pending.values():
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        for key, (tmp, final) in pending.items():
+            self._commit(key, {"tmp": tmp, "final": final})
+        fsync_dir(self.path)
+
     def _commit(self, key: str, record: dict) -> None:
         os.replace(record["tmp"], record["final"])
-        fsync_dir(self.path)
 
     def committed_keys(self) -> set[str]:
         return {n[:-4] for n in os.listdir(self.path) if n.endswith(".npy")}
 
     def rollback(self, keep: set[str]) -> None:
+        self._pending = {}
         for name in os.listdir(self.path):
             if name.endswith(".tmp") or (name.endswith(".npy") and name[:-4] not in keep):
                 os.unlink(os.path.join(self.path, name))
         fsync_dir(self.path)
 
     def close(self) -> None:
-        pass
+        self.commit()
 
 
 def index_line(key: str, meta: dict, layer_ids, hidden_size: int, dtype: np.dtype) -> dict:

@@ -3,9 +3,10 @@
 Normative description: docs/formats/packed.md. Every (sample, layer) slice is one contiguous
 extent, so a read is one ``pread`` straight into the output buffer.
 
-Writer: samples are appended to ``shard_NNNNNN.bin``; after the bytes are fdatasync'ed one JSON
-line is appended to ``commit.log`` and fdatasync'ed (the commit point). Reopening replays the
-log, truncates everything after the last committed sample and carries on. ``close()`` writes
+Writer: ``write`` appends a sample's bytes to ``shard_NNNNNN.bin`` and syncs nothing; ``commit``
+fdatasyncs the shard once, then appends the JSON lines of every sample written since the last
+commit to ``commit.log`` in one write and fdatasyncs it (the commit point of the group). Reopening
+replays the log, truncates everything after the last committed sample and carries on. ``close()`` writes
 the index arrays (``.npy``) and ``manifest.json``, each to ``.tmp`` then renamed, manifest last.
 """
 
@@ -20,7 +21,7 @@ import zlib
 
 import numpy as np
 
-from ._commitlog import append_record, tail_to_drop
+from ._commitlog import append_records, record_line, tail_to_drop
 from ._io import atomic_save_npy, atomic_write_json, fsync_dir, pread_into, write_all
 from .base import ActivationWriter, ExtentReader, SampleMeta
 from .errors import CorruptShardError, ManifestError, StorageError
@@ -89,6 +90,10 @@ class PackedWriter(ActivationWriter):
         self._records: list[dict] = []
         self._line_starts: list[int] = []  # byte offset of each record line in commit.log
         self._keys: set[str] = set()
+        self._pending: list[tuple[str, dict]] = []  # written, not yet committed
+        self._pending_keys: set[str] = set()
+        self._staged: list[bytes] = []  # commit.log lines of the commit in progress
+        self._dirty = False  # the open shard has bytes not yet fdatasync'ed
         self._shard = 0
         self._shard_size = 0
         self._shard_fd: int | None = None
@@ -196,8 +201,11 @@ class PackedWriter(ActivationWriter):
                 fsync_dir(self.path)
         return self._shard_fd
 
-    def _close_shard(self) -> None:
+    def _close_shard(self, sync: bool = False) -> None:
         if self._shard_fd is not None:
+            if sync and self._dirty:
+                os.fdatasync(self._shard_fd)
+            self._dirty = False
             os.close(self._shard_fd)
             self._shard_fd = None
 
@@ -205,24 +213,25 @@ class PackedWriter(ActivationWriter):
         if self._closed:
             raise StorageError("writer is closed", self.path)
         acts = self._check(key, acts, meta)
-        if key in self._keys:
+        if key in self._keys or key in self._pending_keys:
             raise StorageError(f"key {key} is already stored; rollback() it before writing it again", self.path)
         nbytes = acts.nbytes
         if self._shard_size > 0 and self._shard_size + nbytes > self.shard_bytes:
-            self._close_shard()
+            self._close_shard(sync=True)  # pending samples in it stay durable
             self._shard += 1
             self._shard_size = 0
         fd = self._open_shard()
         offset = self._shard_size
         os.lseek(fd, offset, os.SEEK_SET)
         write_all(fd, acts)
-        os.fdatasync(fd)
+        self._dirty = True
         record = {
             "key": key, "shard": self._shard, "offset": offset, "seq_len": int(acts.shape[1]),
             "prompt_len": meta.prompt_len, "response_len": meta.response_len, "label": meta.label,
             "crc32": zlib.crc32(acts.reshape(-1).view(np.uint8)),
         }
-        self._commit(key, record)
+        self._pending.append((key, record))
+        self._pending_keys.add(key)
         self._shard_size = offset + nbytes
         return {
             "file_path": f"activations/{shard_name(self._shard)}",
@@ -232,25 +241,43 @@ class PackedWriter(ActivationWriter):
             "size_bytes": nbytes,
         }
 
+    def commit(self) -> None:
+        if not self._pending:
+            return
+        if self._shard_fd is not None and self._dirty:
+            os.fdatasync(self._shard_fd)
+            self._dirty = False
+        pending, self._pending, self._pending_keys = self._pending, [], set()
+        self._staged = []
+        for key, record in pending:
+            self._commit(key, record)
+        self._line_starts.extend(append_records(self._log_fd, self._staged))
+        self._staged = []
+        for key, record in pending:
+            self._records.append(record)
+            self._keys.add(key)
+
     def _commit(self, key: str, record: dict) -> None:
-        self._line_starts.append(append_record(self._log_fd, record))
-        self._records.append(record)
-        self._keys.add(key)
+        self._staged.append(record_line(record))
 
     def committed_keys(self) -> set[str]:
         return set(self._keys)
 
     def rollback(self, keep: set[str]) -> None:
         drop_at = tail_to_drop(self._records, keep, "packed", self.path)
-        if drop_at is None:
+        if drop_at is None and not self._pending:
             return
         self._close_shard()
-        log_path = os.path.join(self.path, COMMIT_LOG)
-        os.truncate(log_path, self._line_starts[drop_at])
-        os.fsync(self._log_fd)
-        log.info("%s: rolled back %d samples", self.path, len(self._records) - drop_at)
-        del self._records[drop_at:]
-        del self._line_starts[drop_at:]
+        if self._pending:
+            log.info("%s: dropped %d uncommitted samples", self.path, len(self._pending))
+            self._pending, self._pending_keys = [], set()
+        if drop_at is not None:
+            log_path = os.path.join(self.path, COMMIT_LOG)
+            os.truncate(log_path, self._line_starts[drop_at])
+            os.fsync(self._log_fd)
+            log.info("%s: rolled back %d samples", self.path, len(self._records) - drop_at)
+            del self._records[drop_at:]
+            del self._line_starts[drop_at:]
         self._keys = {r["key"] for r in self._records}
         self._truncate_shards()
 
@@ -258,6 +285,7 @@ class PackedWriter(ActivationWriter):
     def close(self) -> None:
         if self._closed:
             return
+        self.commit()
         self._closed = True
         self._close_shard()
         os.close(self._log_fd)

@@ -9,15 +9,15 @@ Normative description: docs/formats/zarr.md. Layout under the writer's directory
         arrays/{seq_len, prompt_len, response_len, sample_key, hallu_label, split}
         text/samples.jsonl
 
-Chunk files are written through zarr; durability uses one ``syncfs(2)`` of the store's file
-system per sample (zarr writes many files, fsync-ing each and its directories costs more), then
-the commit line is appended and fdatasync'ed. Per-sample arrays, attrs and consolidated
-metadata are written by ``close()``.
+Chunk files are written through zarr and synced by ``commit()`` (group commit): every chunk file
+of the samples written since the last commit is fdatasync'ed once, then their new directories
+and, if the array was resized, its metadata file; then their commit lines are appended in one
+write and fdatasync'ed. Per-sample arrays, attrs and consolidated metadata are written by
+``close()``.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -27,7 +27,7 @@ import warnings
 
 import numpy as np
 
-from ._commitlog import append_record, tail_to_drop
+from ._commitlog import append_records, record_line, tail_to_drop
 from ._io import atomic_write_bytes, fsync_dir
 from .base import ActivationReader, ActivationWriter, SampleMeta
 from .errors import CorruptShardError, ManifestError, StorageError
@@ -65,19 +65,29 @@ LOCATION_FIELDS = ("file_path", "zarr_index", "shape", "dtype", "size_bytes")
 #: text/samples.jsonl fields (table "text/samples.jsonl")
 TEXT_FIELDS = ("i", "sample_key", "prompt_len", "response_len", "label")
 
-_libc = None
+
+def _fsync_tree(top: str) -> None:
+    """fdatasync every file under ``top``, then fsync its directories, deepest first."""
+    dirs = []
+    for dirpath, _dirnames, filenames in os.walk(top):
+        dirs.append(dirpath)
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+    for d in reversed(dirs):
+        fsync_dir(d)
 
 
-def _syncfs(path: str) -> None:
-    global _libc
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
-        if getattr(_libc, "syncfs", None) is None or _libc.syncfs(fd) != 0:
-            os.sync()
-    finally:
-        os.close(fd)
+def _fsync_file(path: str) -> None:
+    if os.path.exists(path):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def choose_t_chunk(hidden_size: int, itemsize: int, target: int = TARGET_CHUNK_BYTES) -> int:
@@ -112,6 +122,9 @@ class ZarrWriter(ActivationWriter):
         self._records: list[dict] = []
         self._line_starts: list[int] = []
         self._keys: set[str] = set()
+        self._pending: list[tuple[str, dict]] = []  # written, not yet committed
+        self._staged: list[bytes] = []
+        self._resized = False
         self._closed = False
         os.makedirs(self.path, exist_ok=True)
         log_path = os.path.join(self.path, COMMIT_LOG)
@@ -190,9 +203,9 @@ class ZarrWriter(ActivationWriter):
         if self._closed:
             raise StorageError("writer is closed", self.path)
         acts = self._check(key, acts, meta)
-        if key in self._keys:
+        if key in self._keys or any(key == k for k, _ in self._pending):
             raise StorageError(f"key {key} is already stored; rollback() it before writing it again", self.path)
-        i = len(self._records)
+        i = len(self._records) + len(self._pending)
         t = acts.shape[1]
         n_cap, L, t_max, H = self._acts.shape
         if i >= n_cap or t > t_max:
@@ -202,37 +215,63 @@ class ZarrWriter(ActivationWriter):
                 self._acts.resize((max(i + 1, 2 * n_cap, 16), L, t_new, H))
             finally:
                 w.__exit__(None, None, None)
+            self._resized = True
         if t:
             self._acts[i, :, :t, :] = acts
-        _syncfs(self.store_path)
         rec = {"key": key, "i": i, "seq_len": int(t), "prompt_len": meta.prompt_len,
                "response_len": meta.response_len, "label": meta.label}
-        self._commit(key, rec)
+        self._pending.append((key, rec))
         return {"file_path": f"activations/{STORE_NAME}", "zarr_index": i, "shape": list(acts.shape),
                 "dtype": self.dtype.name, "size_bytes": int(acts.nbytes)}
 
+    def commit(self) -> None:
+        if not self._pending:
+            return
+        root = self._chunk_root()
+        for _key, rec in self._pending:
+            top = os.path.join(root, str(rec["i"]))
+            if os.path.isdir(top):
+                _fsync_tree(top)
+        if self._resized:
+            meta = ".zarray" if self.zarr_format == 2 else "zarr.json"
+            _fsync_file(os.path.join(self.store_path, "arrays", "activations", meta))
+            self._resized = False
+        for d in (root, os.path.dirname(root)) if self.zarr_format == 3 else (root,):
+            if os.path.isdir(d):
+                fsync_dir(d)
+        pending, self._pending = self._pending, []
+        self._staged = []
+        for key, rec in pending:
+            self._commit(key, rec)
+        self._line_starts.extend(append_records(self._log_fd, self._staged))
+        self._staged = []
+        for key, rec in pending:
+            self._records.append(rec)
+            self._keys.add(key)
+
     def _commit(self, key: str, record: dict) -> None:
-        self._line_starts.append(append_record(self._log_fd, record))
-        self._records.append(record)
-        self._keys.add(key)
+        self._staged.append(record_line(record))
 
     def committed_keys(self) -> set[str]:
         return set(self._keys)
 
     def rollback(self, keep: set[str]) -> None:
         drop_at = tail_to_drop(self._records, keep, "zarr", self.path)
-        if drop_at is None:
+        if drop_at is None and not self._pending:
             return
-        os.truncate(os.path.join(self.path, COMMIT_LOG), self._line_starts[drop_at])
-        os.fsync(self._log_fd)
-        del self._records[drop_at:]
-        del self._line_starts[drop_at:]
+        self._pending = []
+        if drop_at is not None:
+            os.truncate(os.path.join(self.path, COMMIT_LOG), self._line_starts[drop_at])
+            os.fsync(self._log_fd)
+            del self._records[drop_at:]
+            del self._line_starts[drop_at:]
         self._keys = {r["key"] for r in self._records}
-        self._truncate(drop_at)
+        self._truncate(len(self._records))
 
     def close(self) -> None:
         if self._closed:
             return
+        self.commit()
         self._closed = True
         os.close(self._log_fd)
         import zarr
@@ -282,7 +321,8 @@ class ZarrWriter(ActivationWriter):
             zarr.consolidate_metadata(self.store_path)
         finally:
             w.__exit__(None, None, None)
-        _syncfs(self.store_path)
+        # the array was resized and the metadata rewritten: make the finalized store durable
+        _fsync_tree_meta(self.store_path)
 
 
 class ZarrReader(ActivationReader):
@@ -400,3 +440,16 @@ class ZarrReader(ActivationReader):
                     p = self.chunk_path(i, layer, b)
                     if not self._chunk_ok(p):
                         raise CorruptShardError(f"chunk of sample {i} is missing or has the wrong size", p)
+
+
+def _fsync_tree_meta(store_path: str) -> None:
+    """fsync every file of the store but the chunks (already durable), then its directories."""
+    dirs = []
+    for dirpath, dirnames, filenames in os.walk(store_path):
+        if os.path.basename(dirpath) == "activations" and os.path.dirname(dirpath).endswith("arrays"):
+            dirnames[:] = []  # chunk directories: synced at commit
+        dirs.append(dirpath)
+        for name in filenames:
+            _fsync_file(os.path.join(dirpath, name))
+    for d in reversed(dirs):
+        fsync_dir(d)

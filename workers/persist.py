@@ -75,6 +75,7 @@ class WorkerDir:
                 prompt_len=gen.prompt_rows, response_len=gen.response_rows, label=label))
             activation_rows.append({**gen.activation_row, **location,
                                     "worker_id": self.worker_id, "commit_id": commit_id})
+        self.writer.commit()  # group commit: one fsync per store file for the whole group
         self._append("generations.jsonl", [{**g.row, "commit_id": commit_id}
                                            for g in generations])
         self._append("activation_index.jsonl", activation_rows)

@@ -176,3 +176,44 @@ def test_a_failing_forward_pass_fails_every_waiting_request():
             assert "simulated" in str(future.exception(timeout=30))
     finally:
         engine.stop()
+
+
+def test_slots_are_reused_and_buffers_regrow(tmp_path, monkeypatch):
+    """Two slots, six sequences of different lengths: finished rows are refilled by waiting ones;
+    tiny headroom/growth force the cache to reallocate (long joiners, columns running out)."""
+    import serving.kvslots as kvslots
+
+    monkeypatch.setattr(kvslots, "HEADROOM", 1)
+    monkeypatch.setattr(kvslots, "GROWTH", 2)
+    jobs = [
+        (PROMPTS[2], SamplingParams(max_tokens=2, temperature=0, capture=True)),
+        (PROMPTS[1], SamplingParams(max_tokens=9, temperature=0, top_logprobs=2, capture=True)),
+        (PROMPTS[0], SamplingParams(max_tokens=4, temperature=1.0, seed=3, capture=True)),
+        (PROMPTS[1] + PROMPTS[3], SamplingParams(max_tokens=7, temperature=0, top_logprobs=1)),
+        (PROMPTS[3], SamplingParams(max_tokens=1, temperature=0, capture=True)),
+        (PROMPTS[0], SamplingParams(max_tokens=11, temperature=0, capture=True)),
+    ]
+    engine = make_engine(tmp_path)
+    try:
+        alone = [engine.submit(p, params).result(60) for p, params in jobs]
+    finally:
+        engine.stop()
+    engine = Engine(tiny_loaded(eos=frozenset({63})), spool=SpoolWriter(tmp_path / "spool"),
+                    capture_layers=[0, 1, 2], metrics=ServingMetrics("tiny"), max_batch_size=2)
+    futures = [engine.submit(p, params) for p, params in jobs]
+    head = engine._queue.get_nowait()
+    with torch.inference_mode():
+        engine._generate([head])
+    engine.stop()
+    together = [f.result(5) for f in futures]
+    assert max(_observed_batches(engine.metrics)) == 2
+    for a, b in zip(alone, together):
+        assert a.token_ids == b.token_ids
+        if a.logprobs:
+            assert max(abs(x.logprob - y.logprob) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+            assert [t for t, _ in a.logprobs[0].top] == [t for t, _ in b.logprobs[0].top]
+        if a.hidden_states_path:
+            sa, sb = load_file(a.hidden_states_path), load_file(b.hidden_states_path)
+            assert torch.equal(sa["token_ids"], sb["token_ids"])
+            torch.testing.assert_close(sa["hidden_states"], sb["hidden_states"], rtol=1e-4,
+                                       atol=1e-5)

@@ -37,8 +37,14 @@ def make_sample(seed: int, L: int, H: int, dtype="float16", t: int | None = None
 
 
 def persist(writer, root, key, acts, meta):
-    """What the worker does: activations first (durable), then the index line."""
+    """What the worker does: activations first (written, then committed), then the index line."""
     loc = writer.write(key, acts, meta)
+    writer.commit()
+    append_index(writer, root, key, acts, meta, loc)
+    return loc
+
+
+def append_index(writer, root, key, acts, meta, loc):
     line = {"activation_key": key, "layers": list(writer.layer_ids), "sequence_mode": "all",
             "prompt_token_count": meta.prompt_len, "response_token_count": meta.response_len,
             "row0_position": 0, "num_rows": acts.shape[1], "label": meta.label, **loc}
@@ -46,7 +52,6 @@ def persist(writer, root, key, acts, meta):
         f.write(json.dumps(line) + "\n")
         f.flush()
         os.fsync(f.fileno())
-    return loc
 
 
 def index_keys(root) -> list[str]:
@@ -248,6 +253,52 @@ class StoreConformance:
             for l in out.values():
                 f.write(json.dumps(l) + "\n")
 
+    # ---- group commit -------------------------------------------------------------------
+    def test_group_commit(self, tmp_path):
+        """``write`` stages, ``commit`` commits the whole group; a crash before it loses the group."""
+        w = self.open(tmp_path)
+        data, lines = {}, []
+        for k in range(3):
+            acts, meta = make_sample(k, 3, 16)
+            lines.append((f"k_{k}", acts, meta, w.write(f"k_{k}", acts, meta)))
+            data[f"k_{k}"] = acts
+        assert w.committed_keys() == set()
+        with pytest.raises(StorageError, match="k_1"):
+            w.write("k_1", *make_sample(1, 3, 16))
+        w.commit()
+        assert w.committed_keys() == set(data)
+        for line in lines:
+            append_index(w, tmp_path, *line)
+        for k in range(3, 5):  # a group written, never committed: the process "dies"
+            w.write(f"k_{k}", *make_sample(k, 3, 16))
+        del w
+        w = self.open(tmp_path)
+        assert w.committed_keys() == set(data)
+        w.rollback(set(data))
+        w.close()
+        self._index_for(tmp_path, data)
+        check_store(tmp_path, data)
+
+    def test_rollback_drops_uncommitted(self, tmp_path):
+        w = self.open(tmp_path)
+        data, _ = self.fill(tmp_path, 2, writer=w)
+        w.write("k_9", *make_sample(9, 3, 16))
+        w.rollback(set(data))
+        assert w.committed_keys() == set(data)
+        acts, meta = make_sample(10, 3, 16)
+        persist(w, tmp_path, "k_10", acts, meta)
+        w.close()
+        self._index_for(tmp_path, {**data, "k_10": acts})
+        check_store(tmp_path, {**data, "k_10": acts})
+
+    def _index_for(self, root, data):
+        """Keep only ``data``'s lines in the worker index (npy reads it)."""
+        p = os.path.join(root, "activation_index.jsonl")
+        if os.path.exists(p):
+            lines = [l for l in open(p) if json.loads(l)["activation_key"] in data]
+            with open(p, "w") as f:
+                f.writelines(lines)
+
     # ---- crash safety -------------------------------------------------------------------
     def _spawn(self, store, mode):
         code = CHILD.format(root=ROOT, here=os.path.dirname(os.path.abspath(__file__)), fmt=self.fmt,
@@ -354,6 +405,29 @@ class StoreConformance:
                     assert not b["acts"][j, q, t:].any()
                 seen += 1
         assert seen == 10
+
+    def test_getitems_matches_items(self, tmp_path):
+        """The batched read (``__getitems__``) gives exactly ``collate_pairs`` of the items."""
+        import torch
+        from storage import ActivationPairsDataset, collate_pairs
+
+        self.fill(tmp_path, 6)
+        ds = ActivationPairsDataset(tmp_path, seed=3)
+        idx = [4, 0, 4, 5, -1]
+        got = collate_pairs(ds.__getitems__(idx))
+        want = collate_pairs([ds[i % 6] for i in idx])
+        assert got.keys() == want.keys()
+        for key in want:
+            assert got[key].dtype == want[key].dtype, key
+            assert torch.equal(got[key], want[key]), key
+        items = ds.__getitems__(idx)
+        assert torch.equal(items[1]["acts"], ds[0]["acts"]) and len(items) == len(idx)
+        # pooled output buffers: a batch (or a view of it) the caller holds is never overwritten
+        view = collate_pairs(ds.__getitems__([1, 2]))["acts"][1]
+        held = [collate_pairs(ds.__getitems__([j % 6, (j + 1) % 6])) for j in range(5)]
+        assert torch.equal(view, ds[2]["acts"])
+        for j, h in enumerate(held):
+            assert torch.equal(h["acts"][0, :, :int(h["seq_len"][0])], ds[j % 6]["acts"])
 
     def test_multi_store(self, tmp_path):
         a, _ = self.fill(tmp_path / "w0", 3)

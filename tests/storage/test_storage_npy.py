@@ -33,6 +33,7 @@ def test_reads_seed_003_lines_with_response_mode(tmp_path):
     w = open_writer("npy", tmp_path, layer_ids=[0, 1, 2], hidden_size=4, dtype="float32")
     acts = np.arange(3 * 6 * 4, dtype="float32").reshape(3, 6, 4)
     loc = w.write("abcd_0", acts, __import__("storage").SampleMeta(1, 5, -1))
+    w.commit()
     line = {"prompt_id": "abcd", "sample_id": 0, "activation_key": "abcd_0", "layers": [0, 1, 2],
             "sequence_mode": "response", "prompt_token_count": 12, "response_token_count": 5,
             "row0_position": 11, "num_rows": 6, "worker_id": 0, **loc}

@@ -93,3 +93,18 @@ def test_reopen_with_other_shape_refused(tmp_path):
     open_writer("packed", tmp_path, layer_ids=[0, 1], hidden_size=4).close()
     with pytest.raises(Exception, match="created with"):
         open_writer("packed", tmp_path, layer_ids=[0, 1], hidden_size=8)
+
+
+def test_group_commit_syncs_each_file_once(tmp_path, monkeypatch):
+    """A group of samples costs one fdatasync of the shard and one of the commit log."""
+    w = open_writer("packed", tmp_path, layer_ids=[0, 1], hidden_size=8)
+    calls = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (calls.append(fd), real(fd))[1])
+    monkeypatch.setattr(os, "sync", lambda: pytest.fail("whole-filesystem sync"))
+    for k in range(6):
+        w.write(f"k_{k}", *make_sample(k, 2, 8))
+    assert calls == []
+    w.commit()
+    assert len(calls) == 2 and len(set(calls)) == 2
+    w.close()

@@ -1,0 +1,121 @@
+"""Streaming readers of ``consolidated/``: exports, activation index, run manifest.
+
+Only ``consolidated/`` (and, for the audit, ``run_manifest.json`` and the model directory) is
+read; the server is never contacted. Files are read line by line; what is kept per prompt is a
+handful of numbers (see ``features.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Iterator
+
+from orchestrator.errors import ArtifactError
+
+__all__ = ["EvaluationInputError", "Run", "iter_jsonl", "iter_joined"]
+
+log = logging.getLogger(__name__)
+
+EXPORTS = {
+    "logprob": "logprob_inputs.jsonl",
+    "selfcheck": "selfcheck_samples.jsonl",
+    "semantic_entropy": "semantic_entropy_inputs.jsonl",
+    "semantic_energy": "semantic_energy_inputs.jsonl",
+    "geometry": "geometry_inputs.jsonl",
+}
+
+
+class EvaluationInputError(ArtifactError):
+    """The run lacks something an evaluation needs; the message says what and how to get it."""
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, row) of a JSONL file, streamed; a torn last line is skipped."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.endswith(b"\n"):
+                log.warning("%s:%d: torn last line ignored", path, lineno)
+                return
+            if not raw.strip():
+                continue
+            try:
+                yield lineno, json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ArtifactError(f"{path}:{lineno}: malformed JSON ({exc.msg})") from None
+
+
+class Run:
+    """An artifact root seen through its ``consolidated/`` directory."""
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+        self.consolidated = self.root / "consolidated"
+        self.exports = self.consolidated / "exports"
+        if not self.consolidated.is_dir():
+            raise EvaluationInputError(
+                f"{self.root}: no consolidated/ directory; run `python -m orchestrator run "
+                f"--artifact-root {self.root} --consolidate-only` first")
+        if not self.exports.is_dir() or not (self.exports / EXPORTS["logprob"]).is_file():
+            raise EvaluationInputError(
+                f"{self.exports}: method exports are missing; write them with `python -m "
+                f"orchestrator run --artifact-root {self.root} --consolidate-only`")
+
+    def export_path(self, name: str) -> Path:
+        return self.exports / EXPORTS[name]
+
+    def has_export(self, name: str) -> bool:
+        return self.export_path(name).is_file()
+
+    def manifest(self) -> dict[str, Any]:
+        path = self.root / "run_manifest.json"
+        if not path.is_file():
+            return {}
+        try:
+            return json.loads(path.read_text())
+        except ValueError as exc:
+            raise ArtifactError(f"{path}: unparsable JSON ({exc})") from None
+
+    def has_activations(self) -> bool:
+        return (self.consolidated / "activation_index.jsonl").is_file() and \
+            (self.consolidated / "activations").exists()
+
+    def iter_activation_index(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        path = self.consolidated / "activation_index.jsonl"
+        if not path.is_file():
+            return iter(())
+        return iter_jsonl(path)
+
+    def iter_prompt_index(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        return iter_jsonl(self.consolidated / "prompt_index.jsonl")
+
+
+def iter_joined(run: Run, names: list[str]) -> Iterator[dict[str, dict[str, Any]]]:
+    """One dict ``{export name: row}`` per prompt, reading the exports in lockstep.
+
+    The exports are written together, one line per prompt in the same order
+    (orchestrator/exports.py); a line whose prompt_id differs from its neighbours' is an error
+    naming the file and line (re-export with ``--consolidate-only``).
+    """
+    present = [n for n in names if run.has_export(n)]
+    iters = {n: iter_jsonl(run.export_path(n)) for n in present}
+    while True:
+        rows: dict[str, dict[str, Any]] = {}
+        lines: dict[str, int] = {}
+        for n, it in iters.items():
+            nxt = next(it, None)
+            if nxt is not None:
+                lines[n], rows[n] = nxt
+        if not rows:
+            return
+        if len(rows) != len(iters):
+            short = sorted(set(iters) - set(rows))
+            raise ArtifactError(f"{run.export_path(short[0])}: ends before the other exports; "
+                                "re-export with --consolidate-only")
+        pids = {r.get("prompt_id") for r in rows.values()}
+        if len(pids) != 1:
+            n = present[-1]
+            raise ArtifactError(f"{run.export_path(n)}:{lines[n]}: prompt_id differs from the "
+                                "same line of the other exports; re-export with --consolidate-only")
+        yield rows

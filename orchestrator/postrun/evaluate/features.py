@@ -1,0 +1,154 @@
+"""One streaming pass over the exports → compact per-prompt scores and probe row positions.
+
+The five exports are read in lockstep, ``chunk`` prompts at a time (the embedding model
+encodes a chunk's texts in one call); per prompt only the label, one float per text method and
+four row indices are kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import baselines, energy, selfcheck
+from . import semantic_entropy as se_mod
+from .data import Run, iter_joined
+
+__all__ = ["TEXT_METHODS", "EMBEDDING_METHODS", "Features", "collect"]
+
+log = logging.getLogger(__name__)
+
+TEXT_METHODS = {
+    **{m: "logprob" for m in baselines.LOGPROB_METHODS},
+    "selfcheck_unigram": "selfcheck", "selfcheck_unigram_max": "selfcheck",
+    "selfcheck_embedding": "selfcheck",
+    "se_discrete_exact": "semantic_entropy", "se_weighted_exact": "semantic_entropy",
+    "se_discrete_embedding": "semantic_entropy", "se_weighted_embedding": "semantic_entropy",
+    "semantic_energy_exact": "semantic_energy", "semantic_energy_embedding": "semantic_energy",
+}
+EMBEDDING_METHODS = {"selfcheck_embedding", "se_discrete_embedding", "se_weighted_embedding",
+                     "semantic_energy_embedding"}
+ROW_KINDS = ("last", "tbg", "slt", "exact")
+
+
+@dataclass
+class Features:
+    prompt_ids: list[str] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    scores: dict[str, list[float]] = field(default_factory=dict)
+    activation_keys: list[str | None] = field(default_factory=list)
+    rows: dict[str, list[int]] = field(default_factory=lambda: {k: [] for k in ROW_KINDS})
+    sequence_modes: set[str] = field(default_factory=set)
+    unlabeled: int = 0
+    logit_sources: set[str] = field(default_factory=set)
+
+    def arrays(self):
+        return (np.asarray(self.labels, np.int64),
+                {m: np.asarray(v, np.float64) for m, v in self.scores.items()},
+                {k: np.asarray(v, np.int64) for k, v in self.rows.items()})
+
+
+def _rows(geo: dict | None, tokens: list[str] | None) -> dict[str, int]:
+    out = dict.fromkeys(ROW_KINDS, -1)
+    if not geo or not geo.get("activation_key"):
+        return out
+    n, row0 = int(geo.get("num_rows") or 0), int(geo.get("row0_position") or 0)
+    answer = geo.get("answer_token_positions") or []
+    p = int(geo["prompt_end_position"]) + 1 if geo.get("prompt_end_position") is not None else None
+
+    def row_of(pos):
+        return pos - row0 if pos is not None and row0 <= pos < row0 + n else -1
+
+    if n:
+        out["last"] = n - 1
+    if p is not None:
+        out["tbg"] = row_of(p - 1)
+        if len(answer) >= 2:
+            out["slt"] = row_of(p + len(answer) - 2)
+        e = baselines.exact_answer_index(tokens or [])
+        if e is not None:
+            out["exact"] = row_of(p + e)
+    return out
+
+
+def collect(run: Run, methods: set[str], embedder=None, chunk: int = 256) -> Features:
+    """Scores of every text method in ``methods`` and probe rows, for each labelled prompt."""
+    feats = Features(scores={m: [] for m in methods if m in TEXT_METHODS})
+    names = ["logprob", "selfcheck", "semantic_entropy", "semantic_energy", "geometry"]
+    buf: list[dict] = []
+    for rows in iter_joined(run, names):
+        lab = rows["logprob"].get("label")
+        if lab not in (0, 1):
+            feats.unlabeled += 1
+            continue
+        buf.append(rows)
+        if len(buf) >= chunk:
+            _process(buf, feats, methods, embedder)
+            buf = []
+    if buf:
+        _process(buf, feats, methods, embedder)
+    return feats
+
+
+def _process(buf: list[dict], feats: Features, methods: set[str], embedder) -> None:
+    want = set(feats.scores)
+    embs = None
+    if embedder is not None and want & EMBEDDING_METHODS:
+        texts = []
+        for rows in buf:
+            sc = rows.get("selfcheck") or {}
+            texts.append((sc.get("primary") or {}).get("text", ""))
+            texts.extend(s.get("text", "") for s in sc.get("samples") or [])
+        flat = embedder.encode(texts)
+        embs, k = [], 0
+        for rows in buf:
+            m = 1 + len((rows.get("selfcheck") or {}).get("samples") or [])
+            embs.append(flat[k:k + m])
+            k += m
+    for j, rows in enumerate(buf):
+        lp = rows["logprob"]
+        feats.prompt_ids.append(lp["prompt_id"])
+        feats.labels.append(int(lp["label"]))
+        geo = rows.get("geometry")
+        feats.activation_keys.append(geo.get("activation_key") if geo else None)
+        if geo and geo.get("sequence_mode"):
+            feats.sequence_modes.add(geo["sequence_mode"])
+        for k, v in _rows(geo, lp.get("tokens")).items():
+            feats.rows[k].append(v)
+        s: dict[str, float] = {}
+        s.update(baselines.logprob_scores(lp.get("token_logprobs")))
+        sc = rows.get("selfcheck")
+        if sc:
+            prim = (sc.get("primary") or {}).get("text", "")
+            samples = [x.get("text", "") for x in sc.get("samples") or []]
+            s["selfcheck_unigram"], s["selfcheck_unigram_max"] = \
+                selfcheck.unigram_scores(prim, samples)
+            if embs is not None:
+                s["selfcheck_embedding"] = selfcheck.embedding_score(embs[j][0], embs[j][1:])
+        se_row = rows.get("semantic_entropy")
+        if se_row:
+            samples = se_row.get("samples") or []
+            texts = [x.get("text", "") for x in samples]
+            mlp = [x.get("mean_logprob") for x in samples]
+            ex = se_mod.cluster_exact(texts)
+            s["se_discrete_exact"] = se_mod.discrete_entropy(ex)
+            s["se_weighted_exact"] = se_mod.weighted_entropy(ex, mlp)
+            if embs is not None:
+                emb_ids = se_mod.cluster_embedding(embs[j][1:])
+                s["se_discrete_embedding"] = se_mod.discrete_entropy(emb_ids)
+                s["se_weighted_embedding"] = se_mod.weighted_entropy(emb_ids, mlp)
+        en = rows.get("semantic_energy")
+        if en:
+            feats.logit_sources.add(en.get("logit_source"))
+            gens = en.get("samples") or []
+            energies = [energy.answer_energy(g.get("token_logits")) for g in gens]
+            texts = [g.get("text", "") for g in gens]
+            s["semantic_energy_exact"] = energy.semantic_energy(se_mod.cluster_exact(texts),
+                                                                energies)
+            if embs is not None and len(embs[j]) == len(gens):
+                s["semantic_energy_embedding"] = energy.semantic_energy(
+                    se_mod.cluster_embedding(embs[j]), energies)
+        for m in want:
+            feats.scores[m].append(s.get(m, float("nan")))

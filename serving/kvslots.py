@@ -1,0 +1,137 @@
+"""A preallocated KV cache with one row per running sequence (continuous batching without rebuilds).
+
+Every layer owns two buffers ``[row_capacity, kv_heads, capacity, head_dim]``. The running batch is
+rows ``0..rows-1`` and columns ``lo..hi-1``; a decode step writes column ``hi`` of every row in
+place (no ``torch.cat``) and attention reads the view ``[:rows, :, lo:hi+1]``. Rows are
+left-padded: a row's tokens end at column ``hi - 1``; ``mask`` marks each row's real columns and
+position ids are explicit per row, so rows of different lengths share the columns.
+
+- A sequence joins by writing its prompt's KV (prefilled on its own) into the next free row at
+  columns ``hi - width .. hi - 1`` — the other rows are not touched (``admit``).
+- A finished row is replaced by the last row (one row copied, ``remove``); columns that are
+  padding in every remaining row are dropped by moving ``lo`` (no copy).
+- Only when a buffer is full (columns or rows) is it reallocated, with room to spare, so the copy
+  is amortised over many steps.
+
+Only for models whose every cache layer is a plain full-attention ``DynamicLayer``
+(``serving.engine._supports_joining``).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+HEADROOM = 64  # free columns left of ``lo`` after a reallocation, for prompts longer than the batch
+GROWTH = 256  # free columns right of ``hi`` after a reallocation (decode steps before the next one)
+
+
+class _SlotLayer(DynamicLayer):
+    def __init__(self, owner: SlotKVCache):
+        super().__init__()
+        self.owner = owner
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # buffers come from admit()
+        pass
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        o = self.owner
+        q = key_states.shape[-2]
+        self.keys[: o.rows, :, o.hi : o.hi + q] = key_states
+        self.values[: o.rows, :, o.hi : o.hi + q] = value_states
+        return self.keys[: o.rows, :, o.lo : o.hi + q], self.values[: o.rows, :, o.lo : o.hi + q]
+
+    def get_seq_length(self) -> int:
+        return self.owner.hi - self.owner.lo
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+
+class SlotKVCache(Cache):
+    """The running batch's KV cache; see the module docstring."""
+
+    def __init__(self, num_layers: int, max_rows: int):
+        super().__init__(layers=[_SlotLayer(self) for _ in range(num_layers)])
+        self.max_rows = max_rows
+        self.rows = 0
+        self.lo = self.hi = 0
+        self.capacity = 0
+        self.row_capacity = 0
+        self.mask: torch.Tensor | None = None  # [row_capacity, capacity], 1 = a real token
+
+    # ---- buffers --------------------------------------------------------------------------
+    def _reallocate(self, rows: int, left: int, right: int, like: torch.Tensor) -> None:
+        """New buffers for ``rows`` rows: ``left`` free columns, the live ones, ``right`` free."""
+        width = self.hi - self.lo
+        row_cap = self.row_capacity
+        if rows > row_cap:  # grow by doubling, up to the batch limit
+            row_cap = max(rows, min(self.max_rows, 2 * row_cap))
+        cap = left + width + right
+        _, heads, _, dim = like.shape
+        for layer in self.layers:
+            keys = torch.zeros((row_cap, heads, cap, dim), dtype=like.dtype, device=like.device)
+            values = torch.zeros_like(keys)
+            if self.rows and width:
+                keys[: self.rows, :, left : left + width] = layer.keys[: self.rows, :, self.lo : self.hi]
+                values[: self.rows, :, left : left + width] = layer.values[: self.rows, :, self.lo : self.hi]
+            layer.keys, layer.values = keys, values
+        mask = torch.zeros((row_cap, cap), dtype=torch.bool, device=like.device)
+        if self.rows and width:
+            mask[: self.rows, left : left + width] = self.mask[: self.rows, self.lo : self.hi]
+        self.mask = mask
+        self.lo, self.hi = left, left + width
+        self.capacity, self.row_capacity = cap, row_cap
+
+    def admit(self, prefill: Cache, prefill_mask: torch.Tensor) -> None:
+        """Append the rows of a prefilled (left-padded) cache as new rows of the running batch."""
+        n, width = prefill_mask.shape
+        like = prefill.layers[0].keys
+        if self.rows == 0:  # an empty batch: restart the columns where the buffer has room
+            self.lo = self.hi = min(max(width, HEADROOM), self.capacity)
+        new_lo = min(self.lo, self.hi - width)
+        if self.rows + n > self.row_capacity or new_lo < 0 or self.hi + 1 > self.capacity:
+            self._reallocate(self.rows + n, max(width - (self.hi - self.lo), 0) + HEADROOM, GROWTH, like)
+            new_lo = min(self.lo, self.hi - width)
+        start, end = self.rows, self.rows + n
+        for mine, theirs in zip(self.layers, prefill.layers):
+            mine.keys[start:end, :, self.hi - width : self.hi] = theirs.keys
+            mine.values[start:end, :, self.hi - width : self.hi] = theirs.values
+        self.mask[start:end] = False
+        self.mask[start:end, self.hi - width : self.hi] = prefill_mask
+        if new_lo < self.lo:
+            self.mask[:start, new_lo : self.lo] = False
+            self.lo = new_lo
+        self.rows = end
+
+    def step_mask(self, q: int = 1) -> torch.Tensor:
+        """Before a decode forward of ``q`` tokens per row: the attention mask ``[rows, width + q]``."""
+        if self.hi + q > self.capacity:
+            self._reallocate(self.rows, HEADROOM, max(GROWTH, self.hi - self.lo, q),
+                             self.layers[0].keys)
+        self.mask[: self.rows, self.hi : self.hi + q] = True
+        return self.mask[: self.rows, self.lo : self.hi + q]
+
+    def advance(self, q: int = 1) -> None:
+        """After the forward: the ``q`` columns written are part of the cache."""
+        self.hi += q
+
+    def remove(self, row: int) -> None:
+        """Drop ``row``: the last row moves into its place (the caller mirrors that order)."""
+        last = self.rows - 1
+        if row != last:
+            for layer in self.layers:
+                layer.keys[row, :, self.lo : self.hi] = layer.keys[last, :, self.lo : self.hi]
+                layer.values[row, :, self.lo : self.hi] = layer.values[last, :, self.lo : self.hi]
+            self.mask[row, self.lo : self.hi] = self.mask[last, self.lo : self.hi]
+        self.rows = last
+
+    def trim(self) -> None:
+        """Move ``lo`` past the columns that are padding in every row (no copy)."""
+        if self.rows == 0:
+            self.lo = self.hi
+            return
+        used = self.mask[: self.rows, self.lo : self.hi].any(dim=0)
+        if used.numel():
+            self.lo += int(used.int().argmax())  # all-False cannot happen: every row has a token
