@@ -27,95 +27,22 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 
 from serving.capture import HiddenStateRecorder, SpoolWriter
 from serving.kvslots import SlotKVCache
+from serving.running_batch import RunningBatch, supports_joining
+from serving.sequences import SamplingParams, SequenceOutput, SequenceState, TokenLogprob
 from serving.metrics import ServingMetrics
 from serving.model_loader import LoadedModel
+
+__all__ = ["Engine", "SamplingParams", "SequenceOutput", "TokenLogprob"]
 
 logger = logging.getLogger(__name__)
 
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy, as in vLLM
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf; vLLM clamps the same way
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per-sequence generation parameters."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    top_logprobs: int | None = None
-    """None: no logprobs; k >= 0: the chosen token's logprob and the k most likely tokens."""
-    capture: bool = False
-    """Save the hidden states of every token fed to the model (prompt + all generated but last)."""
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-
-
-@dataclass
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    logit: float
-    top: list[tuple[int, float]]
-
-
-@dataclass
-class SequenceOutput:
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str
-    finish_reason: str  # "stop" | "length"
-    stop_reason: int | str | None
-    logprobs: list[TokenLogprob] | None
-    hidden_states_path: str | None = None
-
-
-@dataclass
-class _Sequence:
-    prompt_ids: list[int]
-    params: SamplingParams
-    future: concurrent.futures.Future
-    generator: torch.Generator | None
-    out_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    states: torch.Tensor | None = None  # [capacity, layers, hidden] capture buffer
-    n_states: int = 0
-
-    def capture(self, outputs: list[torch.Tensor], row: int, tokens: int, max_model_len: int) -> None:
-        """Append the last ``tokens`` positions of ``row`` of every layer output to the buffer."""
-        first = outputs[0]
-        need = self.n_states + tokens
-        if self.states is None or need > self.states.shape[0]:
-            cap = max(need, len(self.prompt_ids) + min(self.params.max_tokens, 64))
-            if self.states is not None:
-                cap = max(cap, 2 * self.states.shape[0])
-            cap = min(cap, max(max_model_len, need))
-            grown = torch.empty((cap, len(outputs), first.shape[-1]), dtype=first.dtype,
-                                device="cpu")
-            if self.states is not None:
-                grown[: self.n_states] = self.states[: self.n_states]
-            self.states = grown
-        seq_len = first.shape[1]
-        torch.stack([out[row, seq_len - tokens:] for out in outputs], dim=1,
-                    out=self.states[self.n_states : need])
-        self.n_states = need
 
 
 class Engine:
@@ -148,8 +75,8 @@ class Engine:
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else min(loaded.eos_token_ids, default=0)
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
-        self._queue: queue.Queue[_Sequence] = queue.Queue()
-        self._joinable = _supports_joining(self.model)
+        self._queue: queue.Queue[SequenceState] = queue.Queue()
+        self._joinable = supports_joining(self.model)
         self._num_cache_layers = self.model.config.num_hidden_layers
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="serving-engine", daemon=True)
@@ -186,7 +113,7 @@ class Engine:
                 generator.seed()
             else:
                 generator.manual_seed(params.seed)
-        seq = _Sequence(list(prompt_ids), params, concurrent.futures.Future(), generator)
+        seq = SequenceState(list(prompt_ids), params, concurrent.futures.Future(), generator)
         self._queue.put(seq)
         if self.metrics:
             self.metrics.waiting.set(self._queue.qsize())
@@ -214,7 +141,7 @@ class Engine:
                 if self.metrics:
                     self.metrics.running.set(0)
 
-    def _next_batch(self) -> list[_Sequence]:
+    def _next_batch(self) -> list[SequenceState]:
         try:
             batch = [self._queue.get(timeout=0.1)]
         except queue.Empty:
@@ -235,13 +162,13 @@ class Engine:
                 break
         return batch
 
-    def _generate(self, batch: list[_Sequence]) -> None:
+    def _generate(self, batch: list[SequenceState]) -> None:
         """Run ``batch`` to completion; waiting sequences join it between decode steps.
 
         ``batch`` is kept equal to the unfinished sequences taken so far (joiners included), so the
         caller can fail every one of them on error.
         """
-        run = _Run(self._new_cache())
+        run = RunningBatch(self._new_cache())
         self._admit(run, batch)
         while True:
             finished = self._sample_step(run.active, run.logits)
@@ -273,9 +200,9 @@ class Engine:
             return SlotKVCache(self._num_cache_layers, self.max_batch_size)
         return DynamicCache(config=self.model.config)
 
-    def _take_waiting(self, room: int) -> list[_Sequence]:
+    def _take_waiting(self, room: int) -> list[SequenceState]:
         """Sequences that can join the running batch now (never waits)."""
-        taken: list[_Sequence] = []
+        taken: list[SequenceState] = []
         while len(taken) < room and self._joinable:
             try:
                 taken.append(self._queue.get_nowait())
@@ -283,7 +210,7 @@ class Engine:
                 break
         return taken
 
-    def _admit(self, run: _Run, batch: list[_Sequence]) -> None:
+    def _admit(self, run: RunningBatch, batch: list[SequenceState]) -> None:
         """Prefill ``batch`` (left-padded, on its own cache) and add its rows to ``run``."""
         from transformers import DynamicCache
 
@@ -326,7 +253,7 @@ class Engine:
                     seq.capture(outputs, row, tokens, self.loaded.max_model_len)
         return out.logits[:, -1, :].float()
 
-    def _sample_step(self, active: list[_Sequence], logits: torch.Tensor) -> list[_Sequence]:
+    def _sample_step(self, active: list[SequenceState], logits: torch.Tensor) -> list[SequenceState]:
         """Choose one token per row, record logprobs, apply stop rules; return rows that finished."""
         chosen = self._choose_rows(logits, active)
         want_lp = any(seq.params.top_logprobs is not None for seq in active)
@@ -356,7 +283,7 @@ class Engine:
         return finished
 
     @classmethod
-    def _choose_rows(cls, logits: torch.Tensor, active: list[_Sequence]) -> list[int]:
+    def _choose_rows(cls, logits: torch.Tensor, active: list[SequenceState]) -> list[int]:
         """One token per row: greedy rows by argmax; sampled rows share one batched softmax and
         sort, then draw with their own generator (so a row's draw never depends on the batch)."""
         chosen = torch.argmax(logits, dim=-1).tolist()
@@ -394,7 +321,7 @@ class Engine:
             return int(order[pick])
         return int(torch.multinomial(probs, 1, generator=generator))
 
-    def _check_stop(self, seq: _Sequence) -> bool:
+    def _check_stop(self, seq: SequenceState) -> bool:
         token = seq.out_ids[-1]
         params = seq.params
         if token in self.loaded.eos_token_ids:
@@ -418,7 +345,7 @@ class Engine:
             seq.finish_reason = "length"
         return seq.finish_reason is not None
 
-    def _finish(self, seq: _Sequence) -> None:
+    def _finish(self, seq: SequenceState) -> None:
         if not seq.params.stop or seq.stop_reason is None:
             seq.text = self.tokenizer.decode(seq.out_ids, skip_special_tokens=True)
         output = SequenceOutput(
@@ -446,87 +373,3 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - reported to the request
             logger.exception("writing a capture file failed")
             future.set_exception(exc)
-
-
-class _Run:
-    """The rows being decoded (in cache row order), their cache, positions and next logits."""
-
-    def __init__(self, cache):
-        self.cache = cache  # SlotKVCache, or a DynamicCache (batch-at-a-time models)
-        self.active: list[_Sequence] = []
-        self.positions: torch.Tensor | None = None  # [rows, 1] position id of each row's last token
-        self.logits: torch.Tensor | None = None  # [rows, vocab]
-        self.mask: torch.Tensor | None = None  # DynamicCache only: [rows, columns], 0 = padding
-
-    @property
-    def slots(self) -> bool:
-        return isinstance(self.cache, SlotKVCache)
-
-    def add(self, seqs, prefill_cache, mask, positions, logits) -> None:
-        if self.slots:
-            self.cache.admit(prefill_cache, mask)
-        else:  # batch-at-a-time: the prefill's cache is the run's cache
-            self.mask = mask
-        if self.active:
-            self.positions = torch.cat([self.positions, positions])
-            self.logits = torch.cat([self.logits, logits])
-        else:
-            self.positions, self.logits = positions, logits
-        self.active = self.active + list(seqs)
-
-    def step_mask(self) -> torch.Tensor:
-        if self.slots:
-            return self.cache.step_mask(1)
-        self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.active), 1))], dim=1)
-        return self.mask
-
-    def advance(self) -> None:
-        if self.slots:
-            self.cache.advance(1)
-
-    def drop_finished(self) -> None:
-        """Remove the rows whose sequence finished."""
-        done = [i for i, seq in enumerate(self.active) if seq.finish_reason is not None]
-        if not done:
-            return
-        if not self.slots:
-            self._select([i for i, seq in enumerate(self.active) if seq.finish_reason is None])
-            return
-        order = list(range(len(self.active)))
-        for row in reversed(done):  # highest first: the row moved in is never a finished one
-            self.cache.remove(row)
-            order[row] = order[-1]
-            order.pop()
-        self.active = [self.active[i] for i in order]
-        if order:
-            index = torch.tensor(order, device=self.logits.device)
-            self.positions, self.logits = self.positions[index], self.logits[index]
-        self.cache.trim()
-
-    def _select(self, keep: list[int]) -> None:
-        """DynamicCache: keep rows ``keep``, then drop the columns that are padding in every row."""
-        self.active = [self.active[i] for i in keep]
-        if not keep:
-            return
-        index = torch.tensor(keep, device=self.mask.device)
-        self.cache.batch_select_indices(index)
-        self.mask, self.positions, self.logits = (
-            self.mask[index], self.positions[index], self.logits[index]
-        )
-        first = int(self.mask.any(dim=0).int().argmax())
-        if first > 0:
-            self.mask = self.mask[:, first:]
-            for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
-
-
-def _supports_joining(model: torch.nn.Module) -> bool:
-    """Rows can join a running batch only when every cache layer is a plain growing KV cache."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
-    try:
-        cache = DynamicCache(config=model.config)
-    except Exception:  # noqa: BLE001 - unknown config: stay with batch-at-a-time
-        return False
-    return all(type(layer) is DynamicLayer for layer in cache.layers)

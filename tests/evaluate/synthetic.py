@@ -16,7 +16,7 @@ from safetensors.numpy import save_file
 
 from storage import SampleMeta, open_writer
 
-from orchestrator.exports import write_exports
+from orchestrator.postrun.exports import write_exports
 
 VOCAB, HIDDEN, LAYERS = 64, 16, (0, 1, 2, 3)
 WORDS = ["paris", "london", "rome", "berlin", "madrid", "oslo", "vienna", "lisbon"]

@@ -1,0 +1,99 @@
+"""The rows the engine is decoding: their cache (slots, or a DynamicCache for models whose cache
+layers cannot take joining rows), positions and next logits, kept in cache row order."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from serving.kvslots import SlotKVCache
+
+if TYPE_CHECKING:
+    from serving.sequences import SequenceState
+
+__all__ = ["RunningBatch", "supports_joining"]
+
+
+class RunningBatch:
+    """The rows being decoded (in cache row order), their cache, positions and next logits."""
+
+    def __init__(self, cache):
+        self.cache = cache  # SlotKVCache, or a DynamicCache (batch-at-a-time models)
+        self.active: list[SequenceState] = []
+        self.positions: torch.Tensor | None = None  # [rows, 1] position id of each row's last token
+        self.logits: torch.Tensor | None = None  # [rows, vocab]
+        self.mask: torch.Tensor | None = None  # DynamicCache only: [rows, columns], 0 = padding
+
+    @property
+    def slots(self) -> bool:
+        return isinstance(self.cache, SlotKVCache)
+
+    def add(self, seqs, prefill_cache, mask, positions, logits) -> None:
+        if self.slots:
+            self.cache.admit(prefill_cache, mask)
+        else:  # batch-at-a-time: the prefill's cache is the run's cache
+            self.mask = mask
+        if self.active:
+            self.positions = torch.cat([self.positions, positions])
+            self.logits = torch.cat([self.logits, logits])
+        else:
+            self.positions, self.logits = positions, logits
+        self.active = self.active + list(seqs)
+
+    def step_mask(self) -> torch.Tensor:
+        if self.slots:
+            return self.cache.step_mask(1)
+        self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.active), 1))], dim=1)
+        return self.mask
+
+    def advance(self) -> None:
+        if self.slots:
+            self.cache.advance(1)
+
+    def drop_finished(self) -> None:
+        """Remove the rows whose sequence finished."""
+        done = [i for i, seq in enumerate(self.active) if seq.finish_reason is not None]
+        if not done:
+            return
+        if not self.slots:
+            self._select([i for i, seq in enumerate(self.active) if seq.finish_reason is None])
+            return
+        order = list(range(len(self.active)))
+        for row in reversed(done):  # highest first: the row moved in is never a finished one
+            self.cache.remove(row)
+            order[row] = order[-1]
+            order.pop()
+        self.active = [self.active[i] for i in order]
+        if order:
+            index = torch.tensor(order, device=self.logits.device)
+            self.positions, self.logits = self.positions[index], self.logits[index]
+        self.cache.trim()
+
+    def _select(self, keep: list[int]) -> None:
+        """DynamicCache: keep rows ``keep``, then drop the columns that are padding in every row."""
+        self.active = [self.active[i] for i in keep]
+        if not keep:
+            return
+        index = torch.tensor(keep, device=self.mask.device)
+        self.cache.batch_select_indices(index)
+        self.mask, self.positions, self.logits = (
+            self.mask[index], self.positions[index], self.logits[index]
+        )
+        first = int(self.mask.any(dim=0).int().argmax())
+        if first > 0:
+            self.mask = self.mask[:, first:]
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
+
+
+def supports_joining(model: torch.nn.Module) -> bool:
+    """Rows can join a running batch only when every cache layer is a plain growing KV cache."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    try:
+        cache = DynamicCache(config=model.config)
+    except Exception:  # noqa: BLE001 - unknown config: stay with batch-at-a-time
+        return False
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
