@@ -119,3 +119,41 @@ def pread_into(fd: int, out: np.ndarray, offset: int, path: str) -> None:
                 f"truncated: wanted {len(mv)} bytes at offset {offset}, file ends after {done}", path
             )
         done += n
+
+
+def fsync_tree(top: str) -> None:
+    """fdatasync every file under ``top``, then fsync its directories, deepest first."""
+    dirs = []
+    for dirpath, _dirnames, filenames in os.walk(top):
+        dirs.append(dirpath)
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+    for d in reversed(dirs):
+        fsync_dir(d)
+
+
+def fsync_file(path: str) -> None:
+    """fsync ``path`` when it exists."""
+    if os.path.exists(path):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def fsync_tree_meta(store_path: str) -> None:
+    """Zarr: fsync every file of the store but the chunks (already durable), then its directories."""
+    dirs = []
+    for dirpath, dirnames, filenames in os.walk(store_path):
+        if os.path.basename(dirpath) == "activations" and os.path.dirname(dirpath).endswith("arrays"):
+            dirnames[:] = []  # chunk directories: synced at commit
+        dirs.append(dirpath)
+        for name in filenames:
+            fsync_file(os.path.join(dirpath, name))
+    for d in reversed(dirs):
+        fsync_dir(d)

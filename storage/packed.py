@@ -12,7 +12,6 @@ the index arrays (``.npy``) and ``manifest.json``, each to ``.tmp`` then renamed
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -26,60 +25,11 @@ from ._io import (atomic_save_npy, atomic_write_json, fsync_dir, malformed_is_ma
                   pread_into, write_all)
 from .base import ActivationWriter, ExtentReader, SampleMeta
 from .errors import CorruptShardError, ManifestError, StorageError
+from .packed_layout import (FORMAT, SCHEMA_VERSION, MANIFEST, COMMIT_LOG, DEFAULT_SHARD_BYTES, MANIFEST_FIELDS, SHARD_FIELDS, INDEX_ARRAYS, LOCATION_FIELDS, HEADER_FIELDS, RECORD_FIELDS, shard_name, _hash_content, _hashed_head)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PackedWriter", "PackedReader", "FORMAT", "SCHEMA_VERSION"]
-
-FORMAT = "hallulog.packed"
-SCHEMA_VERSION = 1
-MANIFEST = "manifest.json"
-COMMIT_LOG = "commit.log"
-DEFAULT_SHARD_BYTES = 2 << 30
-
-#: manifest.json keys (docs/formats/packed.md, table "manifest.json")
-MANIFEST_FIELDS = (
-    "schema_version", "format", "dtype", "layer_ids", "hidden_size", "num_samples",
-    "num_tokens", "shard_bytes", "shards", "index_arrays", "content_hash", "created_unix",
-)
-#: one entry of manifest["shards"] (table "shards[]")
-SHARD_FIELDS = ("file", "num_samples", "size_bytes")
-#: index arrays: name -> dtype (table "index arrays")
-INDEX_ARRAYS = {
-    "token_offsets": "<i8",
-    "shard_index": "<i4",
-    "byte_offsets": "<i8",
-    "prompt_len": "<i4",
-    "response_len": "<i4",
-    "label": "|i1",
-    "crc32": "<u4",
-    "sample_key": "|S",
-}
-#: keys of the dict PackedWriter.write returns (table "writer location fields")
-LOCATION_FIELDS = ("file_path", "byte_offset", "shape", "dtype", "size_bytes")
-#: commit.log first line (table "commit.log header")
-HEADER_FIELDS = ("schema_version", "format", "dtype", "layer_ids", "hidden_size", "shard_bytes")
-#: commit.log record lines (table "commit.log records")
-RECORD_FIELDS = ("key", "shard", "offset", "seq_len", "prompt_len", "response_len", "label", "crc32")
-
-
-def shard_name(k: int) -> str:
-    return f"shard_{k:06d}.bin"
-
-
-def _hash_content(head: dict, arrays: dict[str, np.ndarray]) -> str:
-    h = hashlib.sha256(json.dumps(head, sort_keys=True, separators=(",", ":")).encode())
-    for name in INDEX_ARRAYS:
-        a = np.ascontiguousarray(arrays[name])
-        h.update(name.encode() + a.dtype.str.encode() + str(a.shape).encode())
-        h.update(a.tobytes())
-    return "sha256:" + h.hexdigest()
-
-
-def _hashed_head(m: dict) -> dict:
-    keys = ("schema_version", "format", "dtype", "layer_ids", "hidden_size", "num_samples", "num_tokens", "shards")
-    return {k: m[k] for k in keys}
-
+__all__ = ["PackedWriter", "PackedReader", "FORMAT", "SCHEMA_VERSION", "SHARD_FIELDS", "LOCATION_FIELDS"]
 
 class PackedWriter(ActivationWriter):
     def __init__(self, path, layer_ids, hidden_size, dtype="float16", shard_bytes=DEFAULT_SHARD_BYTES):

@@ -28,7 +28,9 @@ import warnings
 import numpy as np
 
 from ._commitlog import append_records, record_line, tail_to_drop
-from ._io import atomic_write_bytes, fsync_dir, malformed_is_manifest_error
+from ._io import (atomic_write_bytes, fsync_dir, fsync_file as _fsync_file,
+                  fsync_tree as _fsync_tree, fsync_tree_meta as _fsync_tree_meta,
+                  malformed_is_manifest_error)
 from .base import ActivationReader, ActivationWriter, SampleMeta
 from .errors import CorruptShardError, ManifestError, StorageError
 
@@ -64,30 +66,6 @@ RECORD_FIELDS = ("key", "i", "seq_len", "prompt_len", "response_len", "label")
 LOCATION_FIELDS = ("file_path", "zarr_index", "shape", "dtype", "size_bytes")
 #: text/samples.jsonl fields (table "text/samples.jsonl")
 TEXT_FIELDS = ("i", "sample_key", "prompt_len", "response_len", "label")
-
-
-def _fsync_tree(top: str) -> None:
-    """fdatasync every file under ``top``, then fsync its directories, deepest first."""
-    dirs = []
-    for dirpath, _dirnames, filenames in os.walk(top):
-        dirs.append(dirpath)
-        for name in filenames:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
-    for d in reversed(dirs):
-        fsync_dir(d)
-
-
-def _fsync_file(path: str) -> None:
-    if os.path.exists(path):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def choose_t_chunk(hidden_size: int, itemsize: int, target: int = TARGET_CHUNK_BYTES) -> int:
@@ -443,16 +421,3 @@ class ZarrReader(ActivationReader):
                     p = self.chunk_path(i, layer, b)
                     if not self._chunk_ok(p):
                         raise CorruptShardError(f"chunk of sample {i} is missing or has the wrong size", p)
-
-
-def _fsync_tree_meta(store_path: str) -> None:
-    """fsync every file of the store but the chunks (already durable), then its directories."""
-    dirs = []
-    for dirpath, dirnames, filenames in os.walk(store_path):
-        if os.path.basename(dirpath) == "activations" and os.path.dirname(dirpath).endswith("arrays"):
-            dirnames[:] = []  # chunk directories: synced at commit
-        dirs.append(dirpath)
-        for name in filenames:
-            _fsync_file(os.path.join(dirpath, name))
-    for d in reversed(dirs):
-        fsync_dir(d)

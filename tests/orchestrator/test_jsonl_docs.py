@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import queue
 import re
 import uuid
 from pathlib import Path
@@ -137,10 +136,14 @@ def _run_worker(root: Path, fmt: str) -> None:
                       dtype="float16", capture_mode="generation", k_samples=K,
                       primary_temperature=0.0, sample_temperature=0.7, sample_top_p=0.95,
                       max_tokens=8, seed=0, groups_in_flight=1, request_timeout=5.0)
-    results: queue.Queue = queue.Queue()
+    events: list[dict] = []
+
+    class Channel:  # the worker's end of its pipe, recording what it sends
+        def send(self, event: dict) -> None:
+            events.append(event)
 
     async def main() -> None:
-        worker = _Worker(spec, None, results)
+        worker = _Worker(spec, Channel())  # type: ignore[arg-type]
         await worker.client.close()
         worker.client = FakeBackend(layout.spool_dir(root, 0))  # type: ignore[assignment]
         try:
@@ -150,9 +153,6 @@ def _run_worker(root: Path, fmt: str) -> None:
             worker.out.close()
 
     asyncio.run(main())
-    events = []
-    while not results.empty():
-        events.append(results.get())
     done = {e["prompt_id"] for e in events if e["event"] == "done"}
     assert done == {TRIVIA.prompt_id, JUDGED.prompt_id}, events
 
