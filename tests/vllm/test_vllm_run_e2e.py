@@ -51,7 +51,7 @@ def _cmdline(pid: int) -> bytes:
 def vllm_run(tmp_path_factory):
     """A vLLM-backed run whose EngineCore is SIGSTOPped once, mid-run."""
     root = tmp_path_factory.mktemp("vllm_run")
-    cmd = orchestrator_cmd(root, "--backend", "vllm", "--limit", "4", "--k-samples", "1",
+    cmd = orchestrator_cmd(root, "--backend", "vllm", "--limit", "8", "--k-samples", "1",
                            "--max-tokens", "12", "--storage-format", "npy",
                            "--groups-in-flight", "1", "--watchdog-stall-seconds", "20",
                            "--server-startup-timeout", "900", "--request-timeout", "300")
@@ -99,8 +99,8 @@ def test_vllm_run_produces_the_same_artifacts(vllm_run):
     prompts = worker_rows(root, "prompt_index.jsonl")
     gens = worker_rows(root, "generations.jsonl")
     acts = {r["activation_key"]: r for r in worker_rows(root, "activation_index.jsonl")}
-    assert len({p["prompt_id"] for p in prompts}) == len(prompts) == 4
-    assert len(gens) == 8
+    assert len({p["prompt_id"] for p in prompts}) == len(prompts) == 8
+    assert len(gens) == 16
     for g in gens:
         assert g["token_ids"] and len(g["logprobs"]) == len(g["token_ids"])
         assert all(len(t["top_logprobs"]) == 5 for t in g["logprobs"])
