@@ -77,10 +77,9 @@ class JudgeGrader:
         return Verdict(label, self.name, verdict, abstained, "\n".join(raws) if raws else None,
                        {"task": self.task, **details} if details or raws else None)
 
-    async def _grade_precisewikiqa(self, row: dict, answer: str) -> Verdict:
-        raws: list[str] = []
-        ref = reference_of(row)
-        gold = ref.get("value") or (ref.get("aliases") or [None])[0]
+    async def _abstention_gate(self, row: dict, answer: str, raws: list[str]) -> Verdict | None:
+        """Step 1 of precisewikiqa and longwiki: the verdict when the answer is empty, declined
+        or the judge's reply unparseable; None when the answer goes on to step 2."""
         if not answer or not answer.strip():
             return self._verdict(None, "abstained", True, raws, reason="empty answer")
         step1 = await self._abstention_step(row, answer, raws)
@@ -88,6 +87,15 @@ class JudgeGrader:
             return self._verdict(None, "unparseable", False, raws, step="abstention")
         if step1 == jp.ABSTAINED:
             return self._verdict(None, "abstained", True, raws)
+        return None
+
+    async def _grade_precisewikiqa(self, row: dict, answer: str) -> Verdict:
+        raws: list[str] = []
+        ref = reference_of(row)
+        gold = ref.get("value") or (ref.get("aliases") or [None])[0]
+        declined = await self._abstention_gate(row, answer, raws)
+        if declined is not None:
+            return declined
         if not gold:
             return self._verdict(None, "no_reference", False, raws)
         text = await self.ask(jp.render(jp.CORRECTNESS_PROMPT, question=question_of(row),
@@ -105,13 +113,9 @@ class JudgeGrader:
         raws: list[str] = []
         ref = reference_of(row)
         document = ref.get("document") or ref.get("value")
-        if not answer or not answer.strip():
-            return self._verdict(None, "abstained", True, raws, reason="empty answer")
-        step1 = await self._abstention_step(row, answer, raws)
-        if step1 is None:
-            return self._verdict(None, "unparseable", False, raws, step="abstention")
-        if step1 == jp.ABSTAINED:
-            return self._verdict(None, "abstained", True, raws)
+        declined = await self._abstention_gate(row, answer, raws)
+        if declined is not None:
+            return declined
         if not document:
             return self._verdict(None, "no_reference", False, raws)
         text = await self.ask(jp.render(jp.LONGWIKI_CLAIMS_PROMPT, question=question_of(row),
