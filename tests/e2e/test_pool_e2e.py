@@ -170,29 +170,49 @@ def _wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _server_pid(root: Path) -> int | None:
+    try:  # "<group id> <url>", see orchestrator/run/servers.py
+        return int((root / "servers" / "server_0.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def test_worker_killed_while_idle_in_receive_is_replaced_and_takes_work(tmp_path: Path):
     """Two workers on one server, one prompt: worker 0 takes it, worker 1 waits in its
     channel's receive. SIGKILL worker 1 there (the old shared queue hung its replacement),
-    then SIGKILL worker 0 with the group in flight: the replacement of worker 1 runs it."""
+    then SIGKILL worker 0 with the group in flight: the replacement of worker 1 runs it.
+
+    The server is SIGSTOPped while the workers are killed, so worker 0 cannot finish (and end
+    the run) before the kills land; the watchdog's stall limit is far above the pause."""
     proc = subprocess.Popen(orchestrator_cmd(tmp_path, "--limit", "1", "--k-samples", "1",
                                              "--max-tokens", "4", "--num-workers", "2",
-                                             "--groups-in-flight", "2", "--log-level", "INFO"),
+                                             "--groups-in-flight", "2", "--log-level", "INFO",
+                                             "--watchdog-stall-seconds", "600"),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = None
     try:
         idle = _wait_for(lambda: proc.poll() is None and _worker_pid(proc.pid, 1), 900,
                          "worker 1")
         busy = _wait_for(lambda: _worker_pid(proc.pid, 0), 60, "worker 0")
+        server = _wait_for(lambda: _server_pid(tmp_path), 60, "server_0's pid file")
+        os.killpg(server, signal.SIGSTOP)
         time.sleep(1.0)
         os.kill(idle, signal.SIGKILL)
         _wait_for(lambda: _worker_pid(proc.pid, 1) not in (None, idle), 120,
                   "worker 1's replacement")
-        # On a fast machine worker 0 may have committed by now; then only the idle kill is
-        # exercised (the busy-worker path is covered by the two-server test above).
+        # Worker 0 may have committed in the instant before the server stopped; then only the
+        # idle kill is exercised (the busy-worker path is covered by the two-server test above).
         busy_killed = _committed(tmp_path) == 0
         if busy_killed:
             os.kill(busy, signal.SIGKILL)
+        os.killpg(server, signal.SIGCONT)
         out, err = proc.communicate(timeout=1200)
     finally:
+        if server is not None:
+            try:
+                os.killpg(server, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err[-4000:]

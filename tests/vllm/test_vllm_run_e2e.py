@@ -68,9 +68,9 @@ def vllm_run(tmp_path_factory):
         deadline = time.monotonic() + 1200
         while time.monotonic() < deadline and proc.poll() is None:
             if pidfile.exists():
-                try:
-                    server_pid = int(pidfile.read_text())
-                except ValueError:
+                try:  # "<group id> <url>", see orchestrator/run/servers.py
+                    server_pid = int(pidfile.read_text().split()[0])
+                except (ValueError, IndexError):
                     time.sleep(0.5)
                     continue
                 children = engine_child_pids(server_pid)
@@ -95,7 +95,7 @@ def vllm_run(tmp_path_factory):
 def test_vllm_run_produces_the_same_artifacts(vllm_run):
     root, code, out, err, _, _ = vllm_run
     assert code == 0, err[-5000:]
-    assert "4/4 prompts done" in out
+    assert "8/8 prompts done" in out
     prompts = worker_rows(root, "prompt_index.jsonl")
     gens = worker_rows(root, "generations.jsonl")
     acts = {r["activation_key"]: r for r in worker_rows(root, "activation_index.jsonl")}
