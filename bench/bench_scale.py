@@ -16,6 +16,9 @@ phase. The last line is one JSON object.
     python bench/bench_scale.py                 # 10^4 and 10^5 generations
     python bench/bench_scale.py --sizes 12000   # one size
     python bench/bench_scale.py --million       # adds 10^6
+    python bench/bench_scale.py --sizes 100000 --kill-at 0.5
+        # SIGKILL the orchestrator half way, resume it: prints how many committed prompts the
+        # resumed session redid (0 is right) and validates the result
     python bench/bench_scale.py --synthetic --sizes 100000 --baseline ../older-checkout
         # post-run phases only, on a directory written by the real writer (workers.persist),
         # with this checkout and with the baseline's code on a copy: ratios per phase
@@ -29,7 +32,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
+import signal
 import shutil
 import subprocess
 import sys
@@ -162,8 +167,50 @@ def _requests_served(url: str) -> float:
     return 0.0
 
 
+def _committed_prompts(root: Path) -> int:
+    """Prompts committed so far: lines of the workers' ``prompt_index.jsonl`` files."""
+    total = 0
+    for path in root.glob("worker_*/prompt_index.jsonl"):
+        with open(path, "rb") as f:
+            total += sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    return total
+
+
+def _session(cmd: list[str], env: dict[str, str], *, kill_when: int | None = None,
+             root: Path | None = None) -> tuple[int, int, str]:
+    """One orchestrator session: (committed prompts when killed, peak tree RSS, output).
+
+    With ``kill_when``, the orchestrator is SIGKILLed (its workers die with it: PDEATHSIG) as
+    soon as that many prompts are committed; otherwise it must finish cleanly.
+    """
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    sampler = TreeSampler(proc.pid)
+    sampler.start()
+    killed_at = 0
+    if kill_when is not None:
+        assert root is not None
+        while proc.poll() is None:
+            killed_at = _committed_prompts(root)
+            if killed_at >= kill_when:
+                proc.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.5)
+        if proc.wait() != -signal.SIGKILL:
+            raise RuntimeError(f"the run ended ({proc.returncode}) before the SIGKILL")
+        output = proc.stdout.read() if proc.stdout else ""
+    else:
+        output, _ = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"run failed ({proc.returncode}):\n{output[-4000:]}")
+    sampler.stop.set()
+    sampler.join()
+    return killed_at, sampler.peak_rss, output
+
+
 def bench_size(generations: int, *, k: int, servers: int, workers: int, groups_in_flight: int,
-               base_port: int, storage_format: str, keep: bool) -> dict:
+               base_port: int, storage_format: str, keep: bool,
+               kill_at: float | None = None) -> dict:
     prompts = -(-generations // (k + 1))
     tmp = Path(tempfile.mkdtemp(prefix=f"bench_scale_{generations}_"))
     root, model = tmp / "run", tmp / "fake-model"
@@ -192,17 +239,26 @@ def bench_size(generations: int, *, k: int, servers: int, workers: int, groups_i
                "--progress", "false", "--checkpoint-every", "100", "--log-level", "WARNING"]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        sampler = TreeSampler(proc.pid)
-        sampler.start()
-        output, _ = proc.communicate()
+        peak_rss, resume = 0, None
+        if kill_at is not None:  # first session: SIGKILLed once that share is committed
+            killed_at, rss, _ = _session(cmd, env, kill_when=int(kill_at * prompts),
+                                         root=root)
+            peak_rss = rss
+            resume = {"killed_with_committed_prompts": killed_at}
+        committed_before = _committed_prompts(root)
+        _, rss, output = _session(cmd, env)
+        peak_rss = max(peak_rss, rss)
         wall = time.monotonic() - started
-        sampler.stop.set()
-        sampler.join()
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if proc.returncode != 0:
-            raise RuntimeError(f"run failed ({proc.returncode}):\n{output[-4000:]}")
+        if resume is not None:
+            m = re.search(r"(\d+)/(\d+) prompts done \((\d+) this session, (\d+) before\)",
+                          output)
+            if not m:
+                raise RuntimeError(f"resumed run printed no summary:\n{output[-2000:]}")
+            this_session, before_count = int(m.group(3)), int(m.group(4))
+            resume.update(committed_on_disk_at_resume=committed_before,
+                          resumed_this_session=this_session, resumed_before=before_count,
+                          redone_prompts=this_session + before_count - prompts)
         run_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         served = [_requests_served(u) for u in urls]
         total_req = sum(served) or 1.0
@@ -216,13 +272,14 @@ def bench_size(generations: int, *, k: int, servers: int, workers: int, groups_i
             "run_cpu_ms_per_generation": round(1000 * run_cpu / made, 3),
             "postrun_cpu_ms_per_generation": round(1000 * post_cpu / made, 3),
             "cpu_ms_per_generation": round(1000 * (run_cpu + post_cpu) / made, 3),
-            "run_peak_rss_mb": round(sampler.peak_rss / 2**20, 1),
+            "run_peak_rss_mb": round(peak_rss / 2**20, 1),
             "postrun_peak_rss_mb": max(p["peak_rss_mb"] for p in phases.values()),
             "server_request_share": [round(s / total_req, 3) for s in served],
             "phases": {n: {"wall_s": p["wall_s"], "cpu_s": p["cpu_s"],
                            "peak_rss_mb": p["peak_rss_mb"], "base_rss_mb": p["base_rss_mb"]}
                        for n, p in phases.items()},
             "validation": phases["validate"]["result"],
+            **({"sigkill_resume": resume} if resume is not None else {}),
         }
     finally:
         for b in backends:
@@ -303,6 +360,9 @@ def main() -> None:
     p.add_argument("--storage-format", default="packed", choices=["packed", "npy", "zarr"])
     p.add_argument("--base-port", type=int, default=9200)
     p.add_argument("--keep", action="store_true", help="keep the run directories")
+    p.add_argument("--kill-at", type=float, default=None, metavar="FRACTION",
+                   help="SIGKILL the orchestrator once this share of the prompts is committed, "
+                        "then resume it; reports how many committed prompts were redone")
     p.add_argument("--synthetic", action="store_true",
                    help="post-run phases only, on run directories written by the real writer "
                         "(no orchestrator, no backend)")
@@ -343,13 +403,19 @@ def main() -> None:
     for n in sizes:
         r = bench_size(n, k=args.k_samples, servers=args.servers, workers=args.workers,
                        groups_in_flight=args.groups_in_flight, base_port=args.base_port,
-                       storage_format=args.storage_format, keep=args.keep)
+                       storage_format=args.storage_format, keep=args.keep,
+                       kill_at=args.kill_at)
         results.append(r)
         print(f"{r['generations']:>8} generations: {r['generations_per_s']:.0f} gen/s, "
               f"CPU {r['cpu_ms_per_generation']:.2f} ms/gen "
               f"(run {r['run_cpu_ms_per_generation']:.2f} + post-run {r['postrun_cpu_ms_per_generation']:.2f}), peak RSS run "
               f"{r['run_peak_rss_mb']:.0f} MB / post-run {r['postrun_peak_rss_mb']:.0f} MB, "
               f"server shares {r['server_request_share']}")
+        if "sigkill_resume" in r:
+            kr = r["sigkill_resume"]
+            print(f"    SIGKILL with {kr['killed_with_committed_prompts']} prompts committed; "
+                  f"resume found {kr['resumed_before']} done, ran {kr['resumed_this_session']}, "
+                  f"redid {kr['redone_prompts']}")
         for name, ph in r["phases"].items():
             print(f"    {name:<13} {ph['wall_s']:>8.2f} s  cpu {ph['cpu_s']:>7.2f} s  "
                   f"peak rss {ph['peak_rss_mb']:>7.1f} MB "

@@ -13,14 +13,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal
 
+import orjson
+
 from contracts.errors import MalformedLineError
 
 __all__ = ["Line", "iter_lines", "iter_rows", "committed_size", "cut_torn_tail", "truncate_to",
-           "dumps", "spaced", "JsonlAppender", "MalformedLineError"]
+           "dumps", "encode_line", "encode_spaced_line", "parse_line", "spaced", "JsonlAppender", "MalformedLineError"]
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +64,7 @@ def iter_lines(path: str | Path, *, malformed: Literal["raise", "skip"] = "raise
             if raw.isspace():
                 continue
             try:
-                row = json.loads(raw)
+                row = parse_line(raw)
                 problem = None if isinstance(row, dict) else "not a JSON object"
             except (ValueError, UnicodeDecodeError) as exc:
                 problem = f"malformed JSON ({getattr(exc, 'msg', exc)})"
@@ -73,6 +76,16 @@ def iter_lines(path: str | Path, *, malformed: Literal["raise", "skip"] = "raise
             log.warning("%s:%d: %s; line skipped", path, lineno, problem)
             if on_malformed is not None:
                 on_malformed(lineno, problem)
+
+
+def parse_line(raw: bytes) -> Any:
+    """One JSON value: orjson (3-4x the stdlib), the stdlib where orjson refuses (NaN or
+    Infinity as Python writes them, ints beyond 64 bits) or the line is malformed (so errors
+    read as the stdlib's)."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
 
 
 def iter_rows(path: str | Path, *, malformed: Literal["raise", "skip"] = "raise"
@@ -131,7 +144,29 @@ def cut_torn_tail(path: str | Path) -> int:
 
 def dumps(row: dict[str, Any]) -> str:
     """One compact JSON line, newline included."""
-    return json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n"
+    return encode_line(row).decode("utf-8")
+
+
+def encode_line(row: dict[str, Any]) -> bytes:
+    """One compact JSON line as UTF-8 bytes, newline included.
+
+    orjson (about 10x the stdlib on worker rows): compact separators, non-ASCII kept, the
+    shortest float repr, and a non-finite float written as ``null`` (JSON has no NaN or
+    Infinity). What orjson cannot encode (a non-``str`` key, an int beyond 64 bits) goes
+    through the stdlib with the same separators.
+    """
+    try:
+        return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
+    except (orjson.JSONEncodeError, TypeError):
+        return (json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n"
+                ).encode("utf-8")
+
+
+def encode_spaced_line(row: dict[str, Any]) -> bytes:
+    """``json.dumps(row, ensure_ascii=False)`` plus a newline, as UTF-8 bytes (the spaced form
+    of the consolidated files and exports): orjson's line re-spaced by :func:`spaced`, the
+    stdlib where that is not certain (a string with a backslash)."""
+    return spaced(encode_line(row)) or (json.dumps(row, ensure_ascii=False) + "\n").encode()
 
 
 _SPACE_OUTSIDE = (b" ", b"\t", b"\r")
@@ -141,20 +176,25 @@ def spaced(raw: bytes) -> bytes | None:
     """A compact line (:func:`dumps`) as ``json.dumps(row, ensure_ascii=False)`` writes it
     (``", "`` and ``": "`` separators), without parsing; None when that is not certain.
 
-    Only lines without a backslash qualify: then every ``"`` delimits a string, so the text
-    between strings is structure, where each ``,``/``:`` gains its space.
+    The line is cut into JSON strings and the text between them (a plain split on ``"`` when
+    there is no backslash, else a regex that knows escapes); in the text between strings, the
+    structure, each ``,``/``:`` gains its space.
     """
-    if b"\\" in raw:
-        return None
-    parts = raw.split(b'"')
+    parts = raw.split(b'"') if b"\\" not in raw else _JSON_STRING.split(raw)
     if len(parts) % 2 == 0:
         return None
+    if b"\\" in raw:  # the regex keeps the quotes in the strings; drop them to rejoin alike
+        parts[1::2] = [p[1:-1] for p in parts[1::2]]
     # the text between strings, joined by NUL (never raw in JSON text), edited in one go
     outside = b"\0".join(parts[0::2])
-    if any(ws in outside[:-1] for ws in _SPACE_OUTSIDE) or b"\0" in raw:
-        return None  # not compact: leave it to the parser
+    if any(ws in outside[:-1] for ws in _SPACE_OUTSIDE) or b"\0" in raw or b'"' in outside:
+        return None  # not compact (or a stray quote): leave it to the parser
     parts[0::2] = outside.replace(b",", b", ").replace(b":", b": ").split(b"\0")
     return b'"'.join(parts)
+
+
+#: one JSON string, escapes included, as a capturing group (re.split keeps it)
+_JSON_STRING = re.compile(rb'("(?:[^"\\]|\\.)*")', re.DOTALL)
 
 
 class JsonlAppender:
@@ -184,7 +224,7 @@ class JsonlAppender:
 
     def append(self, rows: Iterable[dict[str, Any]]) -> int:
         """Buffer rows (not yet durable); returns how many."""
-        data = "".join(dumps(r) for r in rows).encode("utf-8")
+        data = b"".join(encode_line(r) for r in rows)
         if data:
             self._pending += data
             self._dirty = True

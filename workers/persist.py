@@ -92,7 +92,7 @@ class WorkerDir:
             raise PersistBroken(f"{self.root}: an earlier rollback failed ({self.broken})")
         commit_id = uuid.uuid4().hex
         marks = {name: f.tell() for name, f in self._files.items()}
-        keys_before = self.writer.committed_keys()
+        written: set[str] = set()  # keys this group added (a refused duplicate is not one)
         try:
             activation_rows = []
             for gen in generations:
@@ -102,6 +102,7 @@ class WorkerDir:
                 label = -1 if gen.label is None else int(gen.label)
                 location = self.writer.write(key, gen.acts, storage.SampleMeta(
                     prompt_len=gen.prompt_rows, response_len=gen.response_rows, label=label))
+                written.add(key)
                 activation_rows.append({**gen.activation_row, **location,
                                         "worker_id": self.worker_id, "commit_id": commit_id})
             self.writer.commit()  # group commit: one fsync per store file for the whole group
@@ -110,18 +111,22 @@ class WorkerDir:
             self._append("activation_index.jsonl", activation_rows)
             self._append("prompt_index.jsonl", [{**prompt_row, "commit_id": commit_id}])
         except Exception as exc:
-            self._rollback(marks, keys_before, exc)
+            self._rollback(marks, written, exc)
             if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
                 # os.write/fsync name no file: say which directory failed (e.g. a full disk)
                 raise OSError(exc.errno, exc.strerror, str(self.root)) from exc
             raise
 
-    def _rollback(self, marks: dict[str, int], keys_before: set[str], cause: Exception) -> None:
-        """Undo a group that failed part way; on failure mark the directory broken."""
+    def _rollback(self, marks: dict[str, int], written: set[str], cause: Exception) -> None:
+        """Undo a group that failed part way; on failure mark the directory broken.
+
+        The store's committed keys are only listed here, on failure: listing them per group
+        would cost O(run so far) for every commit.
+        """
         try:
             for name in (layout.PROMPT_INDEX, layout.ACTIVATION_INDEX, layout.GENERATIONS):
                 self._files[name].rollback(marks[name])
-            self.writer.rollback(keys_before)
+            self.writer.rollback(self.writer.committed_keys() - written)
         except Exception as exc:
             self.broken = f"{type(exc).__name__}: {exc}"
             log.error("%s: could not roll back a failed group (%s) after %s", self.root, exc,

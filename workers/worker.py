@@ -27,7 +27,8 @@ from typing import Any
 from contracts.process import die_with_parent
 from contracts.ids import activation_key, sample_seed
 from contracts.prompt_group import PromptGroup
-from workers.capture import CaptureError, discard_capture, load_capture, select_rows
+from workers.capture import (CaptureError, CapturedRows, discard_capture, load_capture,
+                             select_rows)
 from workers.client import BackendClient, Completion
 from workers.persist import GenerationRecord, PersistBroken, WorkerDir
 
@@ -244,51 +245,73 @@ class _Worker:
     async def _capture_all(self, group: PromptGroup, completions: list[Completion],
                            requests: list[dict[str, Any]]
                            ) -> tuple[list[GenerationRecord], list[dict[str, Any]]]:
+        """Every sample's record, with its activations where capture worked.
+
+        The capture files of the whole group are loaded in one worker-thread call: a thread
+        hop per sample costs more than loading a light-profile file.
+        """
+        paths = await asyncio.gather(*[self._capture_path(c) for c in completions],
+                                     return_exceptions=True)
+        captured = await asyncio.to_thread(self._load_rows, completions, paths)
         records, errors = [], []
-        for sample_id, (comp, params) in enumerate(zip(completions, requests)):
+        for sample_id, (comp, params, rows) in enumerate(zip(completions, requests, captured)):
             label, grader = grade_answer(group, comp.text)
             record = GenerationRecord(row=self._generation_row(group, sample_id, comp, params,
                                                                label, grader), label=label)
-            try:
-                await self._capture_one(group, sample_id, comp, record)
-            except Exception as exc:  # activations are optional: keep the generation
+            if isinstance(rows, BaseException):  # activations are optional: keep the generation
                 log.warning("capture failed for %s sample %d: %s", group.prompt_id, sample_id,
-                            exc)
-                errors.append(_error_record(self.spec, exc, group.prompt_id, sample_id,
+                            rows)
+                errors.append(_error_record(self.spec, rows, group.prompt_id, sample_id,
                                             "capture_failed"))
-                record.acts = None
-            record.row["activation_key"] = (record.activation_row.get("activation_key")
-                                            if record.acts is not None else None)
+                record.row["activation_key"] = None
+            else:
+                self._attach(record, group, sample_id, comp, rows)
+                record.row["activation_key"] = record.activation_row["activation_key"]
             records.append(record)
         return records, errors
 
-    async def _capture_one(self, group: PromptGroup, sample_id: int, comp: Completion,
-                           record: GenerationRecord) -> None:
-        spec = self.spec
-        prompt_ids, response_ids = comp.prompt_token_ids, comp.token_ids
-        if not prompt_ids or not response_ids:
+    async def _capture_path(self, comp: Completion) -> str:
+        """The capture file of one completion (a prefill request in ``prefill`` mode)."""
+        if not comp.prompt_token_ids or not comp.token_ids:
             raise CaptureError("backend returned no prompt/completion token ids")
-        if spec.capture_mode == "generation":
+        if self.spec.capture_mode == "generation":
             path = comp.hidden_states_path
-            expected = prompt_ids + response_ids[:-1]
         else:
-            path = await self.client.prefill_capture(prompt_ids + response_ids)
-            expected = prompt_ids + response_ids
+            path = await self.client.prefill_capture(comp.prompt_token_ids + comp.token_ids)
         if not path:
             raise CaptureError("backend returned no kv_transfer_params.hidden_states_path")
+        return path
 
-        def load_and_slice():
-            hidden = load_capture(path, expected)
-            if hidden.shape[1] != len(spec.layer_ids) or hidden.shape[2] != spec.hidden_size:
-                raise CaptureError(f"{path}: capture has {hidden.shape[1]} layer ids x "
-                                   f"{hidden.shape[2]}, expected {len(spec.layer_ids)} x "
-                                   f"{spec.hidden_size}")
-            return select_rows(hidden, prompt_len=len(prompt_ids),
-                               response_len=len(response_ids),
-                               sequence_mode=spec.sequence_mode, layer_index=None,
-                               dtype=spec.dtype)
+    def _load_rows(self, completions: list[Completion], paths: list[str | BaseException]
+                   ) -> list[CapturedRows | BaseException]:
+        """Thread body: load and slice every capture file of a group; errors per sample."""
+        out: list[CapturedRows | BaseException] = []
+        for comp, path in zip(completions, paths):
+            if isinstance(path, BaseException):
+                out.append(path)
+                continue
+            try:
+                out.append(self._load_one(comp, path))
+            except Exception as exc:
+                out.append(exc)
+        return out
 
-        rows = await asyncio.to_thread(load_and_slice)
+    def _load_one(self, comp: Completion, path: str) -> CapturedRows:
+        spec = self.spec
+        prompt_ids, response_ids = comp.prompt_token_ids, comp.token_ids
+        expected = (prompt_ids + response_ids[:-1] if spec.capture_mode == "generation"
+                    else prompt_ids + response_ids)
+        hidden = load_capture(path, expected)
+        if hidden.shape[1] != len(spec.layer_ids) or hidden.shape[2] != spec.hidden_size:
+            raise CaptureError(f"{path}: capture has {hidden.shape[1]} layer ids x "
+                               f"{hidden.shape[2]}, expected {len(spec.layer_ids)} x "
+                               f"{spec.hidden_size}")
+        return select_rows(hidden, prompt_len=len(prompt_ids), response_len=len(response_ids),
+                           sequence_mode=spec.sequence_mode, layer_index=None, dtype=spec.dtype)
+
+    def _attach(self, record: GenerationRecord, group: PromptGroup, sample_id: int,
+                comp: Completion, rows: CapturedRows) -> None:
+        spec = self.spec
         record.acts = rows.acts
         record.prompt_rows, record.response_rows = rows.prompt_rows, rows.response_rows
         record.activation_row = {
@@ -296,7 +319,8 @@ class _Worker:
             "activation_key": activation_key(group.prompt_id, sample_id),
             "layers": list(spec.layer_ids), "sequence_mode": spec.sequence_mode,
             "capture_mode": spec.capture_mode,
-            "prompt_token_count": len(prompt_ids), "response_token_count": len(response_ids),
+            "prompt_token_count": len(comp.prompt_token_ids),
+            "response_token_count": len(comp.token_ids),
             "row0_position": rows.row0_position, "num_rows": int(rows.acts.shape[1]),
             "prompt_rows": rows.prompt_rows, "response_rows": rows.response_rows,
         }

@@ -29,7 +29,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import storage
 from contracts import layout
-from contracts.jsonl import iter_lines, iter_rows, spaced
+from contracts.jsonl import encode_spaced_line, iter_lines, iter_rows, spaced
 from orchestrator.errors import ArtifactError
 from orchestrator.postrun.commits import KeptCommits, RunCursor, pick_commits, scan_worker
 from orchestrator.postrun.exports import ExportWriter, stamp_exports
@@ -63,7 +63,7 @@ def _link_or_copy(src: Path, dst: Path) -> str:
 
 
 def _line(row: dict[str, Any]) -> bytes:
-    return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+    return encode_spaced_line(row)
 
 
 def _with_label(raw: bytes, label: int) -> bytes | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from contracts import layout
-from contracts.jsonl import iter_rows
+from contracts.jsonl import encode_spaced_line, iter_rows
 
 __all__ = ["write_exports", "ExportWriter", "stamp_exports", "EXPORT_FILES"]
 
@@ -87,7 +87,7 @@ class ExportWriter:
         self.written = dict.fromkeys(EXPORT_FILES, 0)
 
     def _emit(self, name: str, row: dict[str, Any]) -> None:
-        self._files[name].write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
+        self._files[name].write(encode_spaced_line(row))
         self.written[name] += 1
 
     def add(self, prompt: dict[str, Any] | None, gens: list[dict[str, Any]],

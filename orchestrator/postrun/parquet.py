@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contracts import layout
+from contracts.jsonl import dumps
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ def _generation_extra(row: dict[str, Any]) -> str | None:
         more = {k: v for k, v in params.items() if k not in _PARAMS_KNOWN}
         if more:
             rest["request_params"] = more
-    return json.dumps(rest, ensure_ascii=False) if rest else None
+    return dumps(rest).rstrip("\n") if rest else None  # orjson: one of these per generation
 
 
 _ACTIVATION_FIELDS = ("prompt_id", "sample_id", "activation_key", "layers", "sequence_mode",

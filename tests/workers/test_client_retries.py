@@ -96,10 +96,20 @@ def test_4xx_is_not_retried(server):
 def test_a_dead_server_is_retried_then_raises_a_connection_error():
     import socket
 
-    import httpx
+    import aiohttp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens there once closed
-    with pytest.raises(httpx.ConnectError):
+    with pytest.raises(aiohttp.ClientConnectorError):
         _chat(f"http://127.0.0.1:{port}")
+
+
+def test_a_reply_with_non_finite_floats_still_parses():
+    """Python servers write -Infinity/NaN (json.dumps allows them); orjson refuses: fallback."""
+    from contracts.jsonl import parse_line as _parse_json
+
+    assert _parse_json(b'{"a": -Infinity, "b": [1.5]}')["a"] == float("-inf")
+    assert _parse_json(b'{"a": 1e-05}') == {"a": 1e-05}
+    with pytest.raises(ValueError):
+        _parse_json(b'{"a": ')
