@@ -69,7 +69,7 @@ _ST_MISSING = ("the embedding-based methods need sentence-transformers "
 class Embedder:
     """L2-normalised sentence embeddings with a per-text cache within one batch."""
 
-    def __init__(self, batch_size: int = 128, threads: int | None = None):
+    def __init__(self, batch_size: int = 128):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         try:
@@ -79,10 +79,6 @@ class Embedder:
             hf_logging.disable_progress_bar()
         except ImportError:
             raise EmbeddingUnavailable(_ST_MISSING) from None
-        if threads:
-            import torch
-
-            torch.set_num_threads(threads)
         path = model_dir()
         self.model = SentenceTransformer(str(path), device="cpu")
         self.batch_size = batch_size
