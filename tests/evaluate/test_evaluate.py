@@ -28,6 +28,22 @@ def test_auroc_matches_sklearn():
     assert lo < auroc(y, s) < hi
 
 
+def test_bootstrap_equals_resampling_one_at_a_time():
+    """The vectorised intervals are those of scoring each resample with ``auroc``."""
+    rng = np.random.default_rng(2)
+    for n, decimals in [(9, 0), (241, 1), (500, 3)]:
+        y = rng.integers(0, 2, n)
+        s = np.round(rng.standard_normal(n) + y, decimals)
+        draw, vals = np.random.default_rng(7), []
+        for _ in range(300):
+            idx = draw.integers(0, n, n)
+            v = auroc(y[idx], s[idx])
+            if v == v:
+                vals.append(v)
+        expected = tuple(float(x) for x in np.percentile(vals, [2.5, 97.5]))
+        assert bootstrap_ci(y, s, n_boot=300, seed=7, chunk=64) == expected
+
+
 def test_split_is_by_prompt_id_and_stratified():
     ids = [f"{i:016x}" for i in range(100)]
     y = np.array([i % 3 == 0 for i in range(100)], int)
