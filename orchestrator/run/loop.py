@@ -23,6 +23,7 @@ from contracts.layout import worker_dir, worker_dirs
 from orchestrator.errors import HallulogError
 from orchestrator.postrun.labels import (label_counts, label_with_judge, needs_judge,
                                          unlabeled_prompts)
+from orchestrator.postrun.evaluate import report_path
 from orchestrator.postrun.exports import write_exports
 from orchestrator.manifest import (build_manifest, check_resumable, load_manifest,
                                    update_manifest, write_manifest)
@@ -125,6 +126,7 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
                         fingerprint=fresh["config_fingerprint"], artifact_root=str(root),
                         total_prompts=len(groups), skipped=done_before,
                         k_samples=config.k_samples)
+    board.set_evaluation_report(report_path(root))  # an earlier evaluate of a resumed root
     api = _start_api(config, board)
     servers: list[ServerProcess] = []
     urls: list[str] = [None]  # type: ignore[list-item]
@@ -186,6 +188,7 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
             board.set_phase("exporting")
             result.exports = write_exports(root)
             result.validation = validate(root, expected_prompt_ids=all_ids)
+        board.set_evaluation_report(report_path(root))
         board.set_phase("done")
     except BaseException:
         board.set_phase("failed")

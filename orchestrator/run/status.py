@@ -105,6 +105,7 @@ class StatusBoard:
         self._errors: deque[dict[str, Any]] = deque(maxlen=max_errors)
         self._workers: dict[int, _Worker] = {}
         self._servers: dict[str, dict[str, Any]] = {}
+        self._evaluation_report: str | None = None
 
     # ---- updates (run loop) -------------------------------------------------------------
 
@@ -185,6 +186,12 @@ class StatusBoard:
             srv["updated_at"] = self._wall()
             self._touch()
 
+    def set_evaluation_report(self, path: str | None) -> None:
+        """The run's ``evaluation/report.md`` when one exists (the dashboard links it)."""
+        with self._lock:
+            self._evaluation_report = str(path) if path else None
+            self._touch()
+
     # ---- read (API) ---------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
@@ -206,6 +213,7 @@ class StatusBoard:
             work_start, work_end = self._work_start, self._work_end
             updated_wall = self._updated_wall
             errors_total = self._errors_total
+            evaluation_report = self._evaluation_report
             generations, tokens = self._generations, self._tokens
         # Arithmetic on the copies happens outside the lock.
         if work_start is None:
@@ -259,6 +267,7 @@ class StatusBoard:
             "servers": servers,
             "errors": errors,
             "history": history,
+            "evaluation_report": evaluation_report,
         }
 
     # ---- internals (lock held) ----------------------------------------------------------

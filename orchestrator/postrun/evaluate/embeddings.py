@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["EmbeddingUnavailable", "Embedder", "model_dir"]
+__all__ = ["EmbeddingUnavailable", "Embedder", "model_dir", "check_available"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,18 @@ def model_dir() -> Path:
     return target
 
 
+def check_available() -> None:
+    """Raise ``EmbeddingUnavailable`` unless the model and sentence-transformers are installed
+    (without importing them)."""
+    if importlib.util.find_spec("sentence_transformers") is None:
+        raise EmbeddingUnavailable(_ST_MISSING)
+    model_dir()
+
+
+_ST_MISSING = ("the embedding-based methods need sentence-transformers "
+               "(pip install sentence-transformers -c <(echo torch==2.13.0))")
+
+
 class Embedder:
     """L2-normalised sentence embeddings with a per-text cache within one batch."""
 
@@ -66,9 +78,7 @@ class Embedder:
 
             hf_logging.disable_progress_bar()
         except ImportError:
-            raise EmbeddingUnavailable(
-                "the embedding-based methods need sentence-transformers "
-                "(pip install sentence-transformers -c <(echo torch==2.13.0))") from None
+            raise EmbeddingUnavailable(_ST_MISSING) from None
         path = model_dir()
         self.model = SentenceTransformer(str(path), device="cpu")
         self.batch_size = batch_size

@@ -50,9 +50,53 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _start_embeddings(run: Run, wanted: list[str], embeddings: bool, unavailable, skipped):
+    """The child process of the embedding methods, or None (then they are skipped)."""
+    emb = [m for m in wanted if m in EMBEDDING_METHODS]
+    if not emb:
+        return None
+    if not embeddings:
+        for m in emb:
+            skipped.setdefault(m, "embedding methods disabled (--no-embeddings)")
+        return None
+    from .embeddings import EmbeddingUnavailable, check_available
+
+    try:
+        check_available()
+    except EmbeddingUnavailable as exc:
+        for m in emb:
+            unavailable(m, str(exc))
+        return None
+    from .background import EmbeddingJob
+
+    return EmbeddingJob(run.root, emb)
+
+
+def _join_embeddings(run, job, feats, scores, wanted, unavailable, timings) -> None:
+    """Merge the child's scores into ``scores`` (same prompts, same order)."""
+    out = job.result()
+    emb = [m for m in wanted if m in EMBEDDING_METHODS]
+    if isinstance(out, str):
+        for m in emb:
+            unavailable(m, out)
+            wanted.remove(m)
+        return
+    ids, emb_scores, emb_timings = out
+    if ids != feats.prompt_ids:
+        raise EvaluationInputError(f"{run.exports}: the exports changed during the evaluation; "
+                                   "run evaluate again")
+    scores.update(emb_scores)
+    timings.update(emb_timings)
+
+
 def evaluate(root: Path | str, *, methods: list[str] | None = None, seed: int = 0,
              folds: int = 5, n_boot: int = 1000, embeddings: bool = True) -> dict:
-    """Run the methods, return the report dict (``report.write_report`` writes it)."""
+    """Run the methods, return the report dict (``report.write_report`` writes it).
+
+    The embedding methods run in a child process (background.py) while this one streams the
+    other text methods and fits the label probes; the SEP probes, whose target is the
+    embedding-clustered semantic entropy, come after it.
+    """
     t_start = time.monotonic()
     run = Run(root)
     wanted, explicit = resolve_methods(methods)
@@ -73,24 +117,20 @@ def evaluate(root: Path | str, *, methods: list[str] | None = None, seed: int = 
                            f"`python -m orchestrator run --artifact-root {run.root} "
                            "--consolidate-only`")
             wanted.remove(m)
-    embedder = None
-    timings: dict[str, float] = {}
-    if embeddings and set(wanted) & EMBEDDING_METHODS:
-        t = time.monotonic()
-        from .embeddings import Embedder, EmbeddingUnavailable
-
-        try:
-            embedder = Embedder()
-        except EmbeddingUnavailable as exc:
-            for m in set(wanted) & EMBEDDING_METHODS:
-                unavailable(m, str(exc))
-        timings["embedding_model_load_s"] = time.monotonic() - t
-    if embedder is None:
-        for m in set(wanted) & EMBEDDING_METHODS:
-            skipped.setdefault(m, "embedding methods disabled (--no-embeddings)")
+    job = _start_embeddings(run, wanted, embeddings, unavailable, skipped)
+    if job is None:
         wanted = [m for m in wanted if m not in EMBEDDING_METHODS]
+    try:
+        return _evaluate(run, wanted, job, skipped, unavailable, seed, folds, n_boot, t_start)
+    finally:
+        if job is not None:
+            job.cancel()
+
+
+def _evaluate(run, wanted, job, skipped, unavailable, seed, folds, n_boot, t_start) -> dict:
+    timings: dict[str, float] = {}
     t = time.monotonic()
-    feats = collect(run, set(wanted), embedder)
+    feats = collect(run, set(wanted) - EMBEDDING_METHODS)
     timings["text_methods_s"] = time.monotonic() - t
     labels, scores, rows = feats.arrays()
     n1, n0 = int((labels == 1).sum()), int((labels == 0).sum())
@@ -106,38 +146,58 @@ def evaluate(root: Path | str, *, methods: list[str] | None = None, seed: int = 
             scores.pop(m, None)
     split = make_split(feats.prompt_ids, labels, seed=seed, k=folds)
     test = split.test_mask()
-    results: dict[str, dict] = {}
-    for m in wanted:
-        if m in scores:
-            results[m] = {"family": ALL_METHODS[m], "kind": "unsupervised",
-                          **summarize(labels[test], scores[m][test], n_boot=n_boot, seed=seed)}
     probe_names = [m for m in wanted if m in PROBES]
-    per_layer: dict[str, dict] = {}
-    roc_scores = {m: scores[m] for m in results}
     if probe_names:
         probe_names = _check_probe_inputs(run, feats, rows, probe_names, unavailable)
+    probe_out: dict[str, dict] = {}
+    reader = store_idx = None
     if probe_names:
-        t = time.monotonic()
         from storage import open_store
 
         reader = open_store(run.consolidated)
         store_idx = np.array([_index(reader, k) for k in feats.activation_keys], np.int64)
+    rest = probe_names
+    t = time.monotonic()
+    if job is not None:  # label probes while the child embeds; the SEP target needs its SE
+        first = [p for p in probe_names if PROBES[p].target == "label"]
+        if first:
+            probe_out.update(run_probes(reader, store_idx, rows, labels, None, split, first))
+        rest = [p for p in probe_names if p not in first]
+        timings["probes_s"] = time.monotonic() - t
+        t = time.monotonic()
+        _join_embeddings(run, job, feats, scores, wanted, unavailable, timings)
+        timings["embeddings_wait_s"] = time.monotonic() - t
+        t = time.monotonic()
+    if rest:
         se = scores.get("se_discrete_embedding", scores.get("se_discrete_exact"))
-        if se is None and any(PROBES[p].target == "se" for p in probe_names):
-            for p in [p for p in probe_names if PROBES[p].target == "se"]:
+        if se is None:
+            for p in [p for p in rest if PROBES[p].target == "se"]:
                 unavailable(p, "the SEP target needs semantic entropy: add semantic_entropy "
                                "to --methods")
-                probe_names.remove(p)
-        out = run_probes(reader, store_idx, rows, labels, se, split, probe_names)
+                rest.remove(p)
+        probe_out.update(run_probes(reader, store_idx, rows, labels, se, split, rest))
+    if probe_names:
+        timings["probes_s"] = timings.get("probes_s", 0.0) + time.monotonic() - t
+    if reader is not None:
         reader.close()
-        for p, r in out.items():
-            per_layer[p] = {"layer_ids": r["layer_ids"], "auroc": r["per_layer_auroc"],
+    t = time.monotonic()
+    results: dict[str, dict] = {}
+    per_layer: dict[str, dict] = {}
+    roc_scores: dict[str, np.ndarray] = {}
+    for m in wanted:
+        if m in scores:
+            results[m] = {"family": ALL_METHODS[m], "kind": "unsupervised",
+                          **summarize(labels[test], scores[m][test], n_boot=n_boot, seed=seed)}
+            roc_scores[m] = scores[m]
+        elif m in probe_out:
+            r = probe_out[m]
+            per_layer[m] = {"layer_ids": r["layer_ids"], "auroc": r["per_layer_auroc"],
                             "selected_layers": r["selected_layers"]}
-            results[p] = {"family": PROBES[p].family, "kind": "probe",
+            results[m] = {"family": PROBES[m].family, "kind": "probe",
                           "selected_layers": r["selected_layers"],
                           **summarize(labels[test], r["scores"][test], n_boot=n_boot, seed=seed)}
-            roc_scores[p] = r["scores"]
-        timings["probes_s"] = time.monotonic() - t
+            roc_scores[m] = r["scores"]
+    timings["bootstrap_s"] = time.monotonic() - t
     timings["total_s"] = time.monotonic() - t_start
     manifest = run.manifest()
     report = {
@@ -153,7 +213,7 @@ def evaluate(root: Path | str, *, methods: list[str] | None = None, seed: int = 
         "per_layer": per_layer,
         "skipped": skipped,
         "timings_s": timings,
-        "peak_rss_mib": _peak_rss_mib(),
+        "peak_rss_mib": max(_peak_rss_mib(), job.peak_rss_mib if job is not None else 0.0),
     }
     report["_curves"] = {"labels": labels[test], "scores": {m: v[test] for m, v in roc_scores.items()}}
     return report
