@@ -233,9 +233,10 @@ class RayPool(WorkerPool):
             except RayError as exc:
                 if call == "start" and generation == 1 and isinstance(exc, RayTaskError):
                     raise RayExecutorError(f"slot {wid}: {_one_line(exc)}") from None
-                self._causes[wid] = f"{type(exc).__name__}: {_one_line(exc)}"
-                log.error("ray executor: slot %d on node %s lost: %s", wid,
-                          self.nodes.get(wid, "(not placed)"), self._causes[wid])
+                self._causes[wid] = type(exc).__name__  # the pool's "exit code"
+                log.error("ray executor: slot %d on node %s lost: %s: %s", wid,
+                          self.nodes.get(wid, "(not placed)"), type(exc).__name__,
+                          _one_line(exc))
                 dead.append(wid)
                 continue
             if call == "start":
