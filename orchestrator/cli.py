@@ -27,6 +27,7 @@ _CHOICES = {
     "dtype": ["float16", "float32"],
     "task": ["triviaqa", "precisewikiqa", "longwiki", "mixedentities"],
     "storage_format": ["npy", "packed", "zarr"],
+    "executor": ["local", "ray"],
 }
 
 
@@ -78,7 +79,37 @@ def build_parser() -> argparse.ArgumentParser:
     from orchestrator.postrun.evaluate import add_evaluate_parser
 
     add_evaluate_parser(sub)
+    _add_merge_arguments(sub)
     return parser
+
+
+def _add_merge_arguments(sub) -> None:
+    merge_p = sub.add_parser(
+        "merge", help="Merge the artifact roots of `run --shard I/N` into one run root.",
+        description="Merge shard roots into one root that consolidates, exports and validates "
+                    "like a single run. Refuses configs that differ beyond the shard, "
+                    "overlapping or missing shards, and unfinished shards.")
+    merge_p.add_argument("--out", type=Path, required=True, help="The merged artifact root.")
+    merge_p.add_argument("shard_roots", nargs="+", type=Path, metavar="SHARD_ROOT",
+                         help="Artifact roots of the shards (every index 0..N-1 once).")
+    merge_p.add_argument("--mode", choices=["link", "copy", "move"], default="link",
+                         help="How worker directories enter the merged root: hard links "
+                              "(default; copies across filesystems), copies, or moved.")
+    merge_p.add_argument("--log-level", default="WARNING",
+                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="Logging level.")
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from orchestrator.commands import _print_validation
+    from orchestrator.postrun.merge import merge_shards
+
+    summary = merge_shards(args.out, args.shard_roots, mode=args.mode)
+    c = summary["consolidation"]
+    print(f"merged {summary['shards']} shards ({summary['worker_dirs']} worker dirs, "
+          f"{summary['prompts']} prompts) into {summary['out']}: {c['generations']} "
+          f"generations, {c['activations']} activations")
+    _print_validation(summary["validation"])
+    return 0 if summary["validation"]["ok"] else 1
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -122,6 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     _configure_startup_messages()
+    if args.command == "merge":
+        try:
+            return _merge(args)
+        except HallulogError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     try:
         config = config_from_args(args)
     except ConfigError as exc:

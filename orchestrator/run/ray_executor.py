@@ -1,0 +1,333 @@
+"""``--executor ray``: the worker pool's slots are Ray actors on an existing cluster, one per GPU
+(or per ``--ray-cpus-per-actor`` CPUs on a CPU cluster), each owning its server and a worker
+(``workers.ray_actor.SlotActor``). The driver, this process, keeps what it keeps on one node:
+the in-memory queue, dispatch by free slot, retries, the checkpoint and ``completions.log``, the
+status board, progress and post-run. :class:`RayPool` is :class:`~orchestrator.run.pool.WorkerPool`
+with actors in place of processes, so the run loop's ``Drive`` drives it unchanged.
+
+Per actor the driver keeps one ``start`` or ``poll`` call outstanding and waits on them all with
+``ray.wait`` (the pipes and sentinels of the local pool). A slot gets its ``groups_in_flight``
+free slots only once its actor has started (server healthy), so no group waits on an actor that
+Ray cannot place yet.
+
+Node loss: a call that raises ``RayActorError`` (the node went away, the actor died) or a slot
+silent past the hang deadline is a dead worker, as on one node: the actor is killed for good, its
+worker directory (on the shared filesystem) is rolled back to its last commit by
+``recover_worker_dir``, its in-flight groups that were not committed go back to the queue, and a
+new actor for the same slot and ``worker_{slot}`` directory is created; Ray places it when the
+cluster has capacity (``--ray-max-restarts`` deaths in a row retire the slot). Committed rows win
+over Ray's own state, which is not durable: a group is redone at most, never lost, and
+consolidation keeps one commit per prompt. A crashed driver takes its actors with it (Ray ends a
+job's actors with the job); rerunning the command resumes from the artifact root.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from orchestrator.config import RunConfig
+from orchestrator.errors import HallulogError
+from orchestrator.manifest import update_manifest
+from orchestrator.run.pool import RETIRED, RUNNING, WorkerPool, _Worker
+from orchestrator.run.servers import ModelInfo, embedded_server_command
+from workers.ray_actor import PROBE_NAME, SlotActor
+from workers.worker import WorkerSpec
+
+__all__ = ["RayPool", "RayExecutorError", "connect"]
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+POLL_WAIT = 0.5
+"""Seconds an actor's ``poll`` waits for a first event before answering empty."""
+
+
+class RayExecutorError(HallulogError):
+    """The Ray cluster cannot run this job (unreachable, too small, root not shared)."""
+
+
+def connect(address: str, *, num_cpus: int | None = None) -> bool:
+    """``ray.init`` for ``--ray-address``; True when this process started the Ray instance
+    (``local``). Raises :class:`RayExecutorError` with one line naming the cause."""
+    try:
+        import ray
+    except ImportError:
+        raise RayExecutorError("--executor ray needs Ray: pip install 'ray[default]'") from None
+    runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(
+        filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}}
+    if ray.is_initialized():
+        return False
+    if address == "local":
+        ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env,
+                 log_to_driver=False)
+        return True
+    if address != "auto" and not address.startswith("ray://"):
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+        except (OSError, ValueError) as exc:
+            raise RayExecutorError(f"--ray-address {address}: no Ray cluster reachable there "
+                                   f"({exc.__class__.__name__}: {exc})") from None
+    try:
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+    except Exception as exc:  # ConnectionError, RuntimeError, ...: one line, the cause
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RayExecutorError(f"--ray-address {address}: cannot connect to a Ray cluster "
+                               f"({first})") from None
+    return False
+
+
+class RayPool(WorkerPool):
+    """Worker slots on Ray actors: ``WorkerPool``'s bookkeeping, dispatch and death handling,
+    with actor calls in place of pipes (see the module docstring).
+
+    ``worker_spec(slot)`` gives each slot's spec; ``committed_in`` and ``hang_seconds`` are the
+    local pool's. Constructing it connects to the cluster and checks that it can hold the actors.
+    """
+
+    def __init__(self, config: RunConfig, model: ModelInfo, layer_ids: list[int], root: Path,
+                 cache_dir: Path, *, worker_spec: Callable[[int], WorkerSpec],
+                 committed_in: Callable[[int], set[str]], hang_seconds: float | None) -> None:
+        import ray
+
+        self.config, self.model, self.layer_ids = config, model, layer_ids
+        self.root, self.cache_dir = Path(root), cache_dir
+        self._owns_ray = connect(config.ray_address,
+                                 num_cpus=config.ray_actors or config.worker_count)
+        try:
+            count, gpus = self._plan(ray.cluster_resources())
+        except BaseException:
+            self._shutdown_ray()
+            raise
+        super().__init__([worker_spec(slot) for slot in range(count)],
+                         committed_in=committed_in, max_restarts=config.ray_max_restarts,
+                         hang_seconds=hang_seconds)
+        self._refs: dict[Any, tuple[str, int, int]] = {}  # ref → (call, slot, generation)
+        self._started: set[int] = set()
+        self._causes: dict[int, str] = {}
+        self.nodes: dict[int, str] = {}
+        self.stats = {"slots": count, "slots_lost": 0, "groups_redone": 0,
+                      "recovered_committed": 0, "restarts": 0}
+        self._probe = uuid.uuid4().hex
+        (self.root / PROBE_NAME).write_text(self._probe, encoding="utf-8")
+        self._launch = self._server_launch(gpu=gpus > 0)
+        self._recover = dict(storage_format=config.storage_format, layer_ids=layer_ids,
+                             hidden_size=model.hidden_size, dtype=config.profile.dtype)
+        self._actor_cls = ray.remote(SlotActor).options(
+            num_cpus=config.ray_cpus_per_actor, num_gpus=1 if gpus else 0, max_restarts=0,
+            max_task_retries=0, max_concurrency=4, scheduling_strategy="SPREAD")
+
+    def _plan(self, resources: dict[str, float]) -> tuple[int, int]:
+        """(actors, GPUs of the cluster), or a one-line error when the cluster cannot hold them."""
+        cfg = self.config
+        gpus = int(resources.get("GPU", 0))
+        cpus = float(resources.get("CPU", 0))
+        if cfg.gpus and gpus == 0:
+            raise RayExecutorError(f"--gpus {','.join(map(str, cfg.gpus))}: the Ray cluster at "
+                                   f"{cfg.ray_address} has no GPUs (resources: CPU={cpus:g})")
+        count = cfg.ray_actors or (gpus if gpus else cfg.worker_count)
+        if gpus and count > gpus:
+            raise RayExecutorError(f"--ray-actors {count} needs {count} GPUs (one per actor); "
+                                   f"the Ray cluster at {cfg.ray_address} has {gpus}")
+        need = count * cfg.ray_cpus_per_actor
+        if need > cpus:
+            raise RayExecutorError(f"{count} actor(s) x --ray-cpus-per-actor "
+                                   f"{cfg.ray_cpus_per_actor:g} need {need:g} CPUs; the Ray "
+                                   f"cluster at {cfg.ray_address} has {cpus:g}")
+        return count, gpus
+
+    def _server_launch(self, gpu: bool) -> dict[str, Any]:
+        cfg, model = self.config, self.model
+        env: dict[str, str] = {"HALLULOG_CACHE_DIR": str(self.cache_dir), "PYTHONUNBUFFERED": "1"}
+        if cfg.backend == "vllm":
+            from orchestrator.run.vllm_backend import vllm_server_command, vllm_server_env
+
+            command = vllm_server_command(model.path, host="127.0.0.1", port=0,
+                                          layer_ids=self.layer_ids, spool_dir="{spool_dir}",
+                                          dtype=cfg.model_dtype, served_model_name=model.name)
+            env.update(vllm_server_env({}, gpu=0 if gpu else None, cache_dir=self.cache_dir))
+            if gpu:
+                env.pop("CUDA_VISIBLE_DEVICES")  # Ray's assignment to the actor stands
+            command = ["{port}" if part == "0" and prev == "--port" else part
+                       for prev, part in zip([""] + command, command)]
+        else:
+            command = embedded_server_command(model.path, host="127.0.0.1", port=0,
+                                              spool_dir=Path("{spool_dir}"),
+                                              dtype=cfg.model_dtype, layer_ids=self.layer_ids,
+                                              served_model_name=model.name)
+            command[command.index("--port") + 1] = "{port}"
+        command = ["{python}" if part == sys.executable else part for part in command]
+        return {"command": command, "env": env, "startup_timeout": cfg.server_startup_timeout}
+
+    # ---- the pool's process hooks, on actors -----------------------------------------------
+
+    def start(self, worker_ids: Iterable[int] | None = None) -> None:
+        """Create the slots' actors; each gets its free slots once it has started."""
+        for wid in (list(self.workers) if worker_ids is None else worker_ids):
+            w = self.workers[wid]
+            if w.state != RETIRED and w.proc is None:
+                self._spawn(wid)
+
+    def _spawn(self, wid: int, slots: bool = True) -> None:  # noqa: ARG002 (slots: on start)
+        w = self.workers[wid]
+        w.proc = self._actor_cls.remote(wid, w.spec, self._launch, str(self.root), self._probe,
+                                        self._recover)
+        w.conn, w.state, w.ready = None, RUNNING, False
+        w.generation += 1
+        w.last_heard = self._clock()
+        self._started.discard(wid)
+        self._refs[w.proc.start.remote()] = ("start", wid, w.generation)
+
+    def _send(self, wid: int, group) -> None:
+        self.workers[wid].proc.submit.remote([group])  # a dead actor shows in its next poll
+
+    def _kill(self, w: _Worker) -> None:
+        import ray
+
+        try:
+            ray.kill(w.proc, no_restart=True)  # its outstanding call fails: handled as a death
+        except Exception:  # already gone
+            pass
+
+    def _reap(self, w: _Worker) -> str:
+        """The actor is gone or going: make sure (a node cut off may still run it)."""
+        import ray
+
+        try:
+            ray.kill(w.proc, no_restart=True)
+        except Exception:  # already gone
+            pass
+        self._started.discard(w.spec.worker_id)
+        w.proc = None
+        return self._causes.pop(w.spec.worker_id, "killed")
+
+    def next_events(self, timeout: float) -> list[dict[str, Any]]:
+        """Every event ready within ``timeout`` s, as ``WorkerPool.next_events`` (same kinds)."""
+        import ray
+        from ray.exceptions import RayError, RayTaskError
+
+        if self._events:
+            timeout = 0
+        ready: list[Any] = []
+        if self._refs:
+            ready, _ = ray.wait(list(self._refs), num_returns=1, timeout=timeout)
+            if ready:  # and every other one ready by now
+                ready, _ = ray.wait(list(self._refs), num_returns=len(self._refs), timeout=0)
+        elif timeout:
+            time.sleep(timeout)
+        dead: list[int] = []
+        for ref in ready:
+            call, wid, generation = self._refs.pop(ref)
+            w = self.workers[wid]
+            if generation != w.generation or w.proc is None or wid in dead:
+                continue  # a call to an actor since replaced
+            try:
+                value = ray.get(ref)
+            except RayError as exc:
+                if call == "start" and generation == 1 and isinstance(exc, RayTaskError):
+                    raise RayExecutorError(f"slot {wid}: {_one_line(exc)}") from None
+                self._causes[wid] = type(exc).__name__  # the pool's "exit code"
+                log.error("ray executor: slot %d on node %s lost: %s: %s", wid,
+                          self.nodes.get(wid, "(not placed)"), type(exc).__name__,
+                          _one_line(exc))
+                dead.append(wid)
+                continue
+            if call == "start":
+                self._on_started(wid, value)
+            else:
+                for event in value:
+                    self._handle(wid, event)
+            self._refs[w.proc.poll.remote(POLL_WAIT)] = ("poll", wid, w.generation)
+        for wid in dead:
+            self._on_death(wid)
+        self._dispatch()
+        events, self._events = self._events, []
+        self._count(events)
+        return events
+
+    def _on_started(self, wid: int, info: dict[str, Any]) -> None:
+        w = self.workers[wid]
+        self.nodes[wid] = info["node"]
+        self._started.add(wid)
+        w.last_heard = self._clock()
+        self._free.extend([(wid, w.generation)] * w.spec.groups_in_flight)
+        if w.generation > 1:
+            self.stats["restarts"] += 1
+            log.warning("ray executor: slot %d is back on node %s", wid, info["node"])
+        else:
+            log.info("ray executor: slot %d on node %s, server %s", wid, info["node"],
+                     info["url"])
+
+    def _count(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            if event["event"] == "worker_died" and not event["expected"]:
+                self.stats["slots_lost"] += 1
+                self.stats["groups_redone"] += event["requeued"]
+            elif event["event"] == "recovered":
+                self.stats["recovered_committed"] += 1
+
+    def describe_wait(self) -> str:
+        unplaced = [f"slot {wid} waits for Ray to place and start it"
+                    for wid, w in self.workers.items()
+                    if w.proc is not None and wid not in self._started]
+        return "; ".join([super().describe_wait(), *unplaced])
+
+    # ---- shutdown ----------------------------------------------------------------------------
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Let the started actors finish and stop their servers (bounded), record the
+        executor's figures in the manifest, then end every actor."""
+        import ray
+
+        self._closing = True
+        stops = [self.workers[wid].proc.stop.remote() for wid in sorted(self._started)
+                 if self.workers[wid].proc is not None]
+        if stops:
+            ray.wait(stops, num_returns=len(stops), timeout=timeout)
+        try:
+            update_manifest(self.root, executor={
+                "kind": "ray", "address": self.config.ray_address,
+                "nodes": {str(k): v for k, v in self.nodes.items()}, **self.stats})
+        except HallulogError:
+            log.exception("could not record the executor's figures in the manifest")
+        self.kill()
+
+    def kill(self) -> None:
+        """End every actor at once (and the Ray instance this process started)."""
+        self._closing = True
+        try:
+            import ray
+        except ImportError:
+            return
+        for w in self.workers.values():
+            if w.proc is not None:
+                try:
+                    ray.kill(w.proc, no_restart=True)
+                except Exception:  # already gone
+                    pass
+                w.proc = None
+        self._started.clear()
+        self._refs.clear()
+        (self.root / PROBE_NAME).unlink(missing_ok=True)
+        self._shutdown_ray()
+
+    def _shutdown_ray(self) -> None:
+        import ray
+
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+
+def _one_line(exc: BaseException) -> str:
+    """The cause of a Ray error in one line (a task error's own exception when it has one)."""
+    cause = getattr(exc, "cause", None) or exc
+    text = str(cause).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(cause).__name__}: {first}" if cause is not exc else (first or type(exc).__name__)
