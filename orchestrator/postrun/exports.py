@@ -57,9 +57,10 @@ def _token_logprobs(gen: dict[str, Any]) -> list[float]:
 
 def _logprob_summary(gen: dict[str, Any]) -> dict[str, Any]:
     lps = _token_logprobs(gen)
+    whole = bool(lps) and None not in lps  # null: a logprob that was not finite
     return {"sample_id": gen["sample_id"], "text": gen["text"], "label": gen.get("label"),
-            "token_logprobs": lps, "sum_logprob": float(sum(lps)),
-            "mean_logprob": float(sum(lps) / len(lps)) if lps else None,
+            "token_logprobs": lps, "sum_logprob": float(sum(lps)) if whole or not lps else None,
+            "mean_logprob": float(sum(lps) / len(lps)) if whole else None,
             "num_tokens": len(lps)}
 
 

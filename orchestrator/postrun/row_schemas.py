@@ -25,8 +25,10 @@ def _label_ok(v: Any) -> bool:
 
 
 def _logprobs_ok(v: Any) -> bool:
+    # a logprob is a number, or null where it was not finite (JSON has no -Infinity)
     return isinstance(v, list) and all(
-        isinstance(t, dict) and "token" in t and isinstance(t.get("logprob"), (int, float))
+        isinstance(t, dict) and "token" in t and "logprob" in t
+        and (t["logprob"] is None or isinstance(t["logprob"], (int, float)))
         and isinstance(t.get("top_logprobs"), list) for t in v)
 
 

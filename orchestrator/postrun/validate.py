@@ -19,7 +19,7 @@ import numpy as np
 import storage
 
 from contracts import layout
-from contracts.jsonl import iter_rows
+from contracts.jsonl import iter_rows, parse_line
 from orchestrator.manifest import load_manifest
 from orchestrator.postrun.row_schemas import _HEX16, SCHEMAS, schema_errors
 
@@ -81,8 +81,8 @@ def _scan(path: Path, report: _Report, *, consolidated: bool) -> Iterator[tuple[
             if not raw.strip():
                 continue
             try:
-                row = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                row = parse_line(raw)
+            except (ValueError, UnicodeDecodeError) as exc:
                 torn = not raw.endswith(b"\n")
                 cls = "consolidated_malformed_line" if consolidated else "malformed_line"
                 report.add(cls, f"{'torn' if torn else 'malformed'} JSON line "
