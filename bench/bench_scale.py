@@ -137,6 +137,9 @@ class TreeSampler(threading.Thread):
         super().__init__(daemon=True)
         self.pid, self.interval = pid, interval
         self.peak_rss = 0
+        self.cpu_s: dict[int, float] = {}
+        """Last seen CPU seconds per process of the tree: what a SIGKILLed session used (its
+        orphaned workers are never reaped by the orchestrator, so rusage misses them)."""
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -153,6 +156,8 @@ class TreeSampler(threading.Thread):
             for p in procs:
                 try:
                     rss += p.memory_info().rss
+                    cpu = p.cpu_times()
+                    self.cpu_s[p.pid] = cpu.user + cpu.system
                 except psutil.NoSuchProcess:
                     pass
             self.peak_rss = max(self.peak_rss, rss)
@@ -177,8 +182,9 @@ def _committed_prompts(root: Path) -> int:
 
 
 def _session(cmd: list[str], env: dict[str, str], *, kill_when: int | None = None,
-             root: Path | None = None) -> tuple[int, int, str]:
-    """One orchestrator session: (committed prompts when killed, peak tree RSS, output).
+             root: Path | None = None) -> tuple[int, int, str, float]:
+    """One orchestrator session: (committed prompts when killed, peak tree RSS, output, CPU
+    seconds of the tree as sampled).
 
     With ``kill_when``, the orchestrator is SIGKILLed (its workers die with it: PDEATHSIG) as
     soon as that many prompts are committed; otherwise it must finish cleanly.
@@ -205,7 +211,7 @@ def _session(cmd: list[str], env: dict[str, str], *, kill_when: int | None = Non
             raise RuntimeError(f"run failed ({proc.returncode}):\n{output[-4000:]}")
     sampler.stop.set()
     sampler.join()
-    return killed_at, sampler.peak_rss, output
+    return killed_at, sampler.peak_rss, output, sum(sampler.cpu_s.values())
 
 
 def bench_size(generations: int, *, k: int, servers: int, workers: int, groups_in_flight: int,
@@ -239,14 +245,15 @@ def bench_size(generations: int, *, k: int, servers: int, workers: int, groups_i
                "--progress", "false", "--checkpoint-every", "100", "--log-level", "WARNING"]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
-        peak_rss, resume = 0, None
+        peak_rss, resume, killed_cpu = 0, None, 0.0
         if kill_at is not None:  # first session: SIGKILLed once that share is committed
-            killed_at, rss, _ = _session(cmd, env, kill_when=int(kill_at * prompts),
-                                         root=root)
+            killed_at, rss, _, killed_cpu = _session(cmd, env, kill_when=int(kill_at * prompts),
+                                                     root=root)
             peak_rss = rss
             resume = {"killed_with_committed_prompts": killed_at}
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
         committed_before = _committed_prompts(root)
-        _, rss, output = _session(cmd, env)
+        _, rss, output, _ = _session(cmd, env)
         peak_rss = max(peak_rss, rss)
         wall = time.monotonic() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -259,7 +266,8 @@ def bench_size(generations: int, *, k: int, servers: int, workers: int, groups_i
             resume.update(committed_on_disk_at_resume=committed_before,
                           resumed_this_session=this_session, resumed_before=before_count,
                           redone_prompts=this_session + before_count - prompts)
-        run_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        run_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime) \
+            + killed_cpu
         served = [_requests_served(u) for u in urls]
         total_req = sum(served) or 1.0
         phases = {name: run_phase(name, root, env) for name in PHASES}
