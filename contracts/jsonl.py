@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 from contracts.errors import MalformedLineError
 
 __all__ = ["Line", "iter_lines", "iter_rows", "committed_size", "cut_torn_tail", "truncate_to",
-           "dumps", "spaced", "JsonlAppender", "MalformedLineError"]
+           "dumps", "encode", "spaced", "JsonlAppender", "MalformedLineError"]
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,11 @@ def dumps(row: dict[str, Any]) -> str:
     return json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n"
 
 
+def encode(rows: Iterable[dict[str, Any]]) -> bytes:
+    """Rows as the bytes of :func:`dumps` lines (for :meth:`JsonlAppender.append_encoded`)."""
+    return "".join(dumps(r) for r in rows).encode("utf-8")
+
+
 _SPACE_OUTSIDE = (b" ", b"\t", b"\r")
 
 
@@ -184,7 +189,10 @@ class JsonlAppender:
 
     def append(self, rows: Iterable[dict[str, Any]]) -> int:
         """Buffer rows (not yet durable); returns how many."""
-        data = "".join(dumps(r) for r in rows).encode("utf-8")
+        return self.append_encoded(encode(rows))
+
+    def append_encoded(self, data: bytes) -> int:
+        """Buffer lines :func:`encode` made (not yet durable); returns how many."""
         if data:
             self._pending += data
             self._dirty = True

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any, Iterable
 
 import storage
 from contracts import layout
-from contracts.jsonl import JsonlAppender, cut_torn_tail, iter_lines, truncate_to
+from contracts.jsonl import JsonlAppender, cut_torn_tail, encode, iter_lines, truncate_to
 
 __all__ = ["WorkerDir", "GenerationRecord", "PersistBroken", "recover_worker_dir"]
 
@@ -93,6 +94,7 @@ class WorkerDir:
         commit_id = uuid.uuid4().hex
         marks = {name: f.tell() for name, f in self._files.items()}
         keys_before = self.writer.committed_keys()
+        store_commit = None
         try:
             activation_rows = []
             for gen in generations:
@@ -104,12 +106,25 @@ class WorkerDir:
                     prompt_len=gen.prompt_rows, response_len=gen.response_rows, label=label))
                 activation_rows.append({**gen.activation_row, **location,
                                         "worker_id": self.worker_id, "commit_id": commit_id})
-            self.writer.commit()  # group commit: one fsync per store file for the whole group
-            self._append("generations.jsonl", [{**g.row, "commit_id": commit_id}
-                                               for g in generations])
-            self._append("activation_index.jsonl", activation_rows)
+            # group commit: one fsync per store file for the whole group; while the disk
+            # works, the JSONL lines are encoded (appended only once the store is durable)
+            store_commit = _Background(self.writer.commit)
+            lines = {"generations.jsonl": encode([{**g.row, "commit_id": commit_id}
+                                                  for g in generations]),
+                     "activation_index.jsonl": encode(activation_rows)}
+            store_commit.result()
+            for name, data in lines.items():
+                self._files[name].append_encoded(data)
+            # two files, two fsyncs at once; the commit marker only after both
+            syncing = _Background(self._files["generations.jsonl"].sync)
+            try:
+                self._files["activation_index.jsonl"].sync()
+            finally:
+                syncing.result()
             self._append("prompt_index.jsonl", [{**prompt_row, "commit_id": commit_id}])
         except Exception as exc:
+            if store_commit is not None:
+                store_commit.wait()
             self._rollback(marks, keys_before, exc)
             if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
                 # os.write/fsync name no file: say which directory failed (e.g. a full disk)
@@ -139,6 +154,31 @@ class WorkerDir:
         f = self._files[name]
         if f.append(rows):
             f.sync()
+
+
+class _Background:
+    """Run ``fn`` on a thread of its own; :meth:`result` joins it and re-raises what it raised
+    (a BaseException too: a simulated crash must not turn into a rollback)."""
+
+    def __init__(self, fn) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            fn()
+        except BaseException as exc:  # handed to the caller by result()
+            self._error = exc
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def recover_worker_dir(root: Path, *, storage_format: str, layer_ids: list[int],
