@@ -232,9 +232,10 @@ def _torch_copy(rows: np.ndarray, src_layers, out: np.ndarray) -> None:
     src, dst = _readonly_tensor(rows), torch.from_numpy(out)
     step = max(1, _TORCH_BLOCK // max(1, rows.shape[2]))
     dst_blocks, src_blocks = [], []
-    for j, layer in enumerate(src_layers):
-        dst_blocks.extend(dst[j].split(step))
-        src_blocks.extend(src[:, layer].split(step))
+    for d, s in zip(dst.split(step, 1), src.split(step, 0)):  # token blocks, then layers
+        dst_blocks += d.unbind(0)
+        src_by_layer = s.unbind(1)
+        src_blocks += [src_by_layer[layer] for layer in src_layers]
     torch._foreach_copy_(dst_blocks, src_blocks)  # one call, each block copied inline
 
 

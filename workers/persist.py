@@ -1,8 +1,10 @@
 """Persisting prompt groups into a worker directory, and rolling back after a crash.
 
 Commit order (DESIGN.md): activations written and fsynced → ``generations.jsonl`` and
-``activation_index.jsonl`` lines appended and fsynced → the group's ``prompt_index.jsonl`` line
-appended and fsynced (the commit marker) → done reported. A worker persists one group at a time,
+``activation_index.jsonl`` lines appended and fsynced (both at once, while the store makes its
+own commit point durable) → the group's ``prompt_index.jsonl`` line appended and fsynced (the
+commit marker, once the store and both files are durable) → done reported. One fsync per file
+per group, three waits in a row. A worker persists one group at a time,
 so after a crash everything not covered by a ``prompt_index.jsonl`` line is a tail that
 ``recover_worker_dir`` removes.
 """
@@ -106,21 +108,26 @@ class WorkerDir:
                     prompt_len=gen.prompt_rows, response_len=gen.response_rows, label=label))
                 activation_rows.append({**gen.activation_row, **location,
                                         "worker_id": self.worker_id, "commit_id": commit_id})
-            # group commit: one fsync per store file for the whole group; while the disk
-            # works, the JSONL lines are encoded (appended only once the store is durable)
-            store_commit = _Background(self.writer.commit)
+            # group commit: one fsync per store file for the whole group. While the disk
+            # works, the JSONL lines are encoded; they are appended once the activation bytes
+            # are durable and synced while the store writes its own commit point.
+            durable = threading.Event()
+            store_commit = _Background(lambda: self.writer.commit(on_durable=durable.set),
+                                       done=durable)
             lines = {"generations.jsonl": encode([{**g.row, "commit_id": commit_id}
                                                   for g in generations]),
                      "activation_index.jsonl": encode(activation_rows)}
-            store_commit.result()
+            durable.wait()
+            store_commit.raise_if_failed()
             for name, data in lines.items():
                 self._files[name].append_encoded(data)
-            # two files, two fsyncs at once; the commit marker only after both
             syncing = _Background(self._files["generations.jsonl"].sync)
             try:
                 self._files["activation_index.jsonl"].sync()
             finally:
                 syncing.result()
+            store_commit.result()
+            # the commit marker: only once the store and both files are durable
             self._append("prompt_index.jsonl", [{**prompt_row, "commit_id": commit_id}])
         except Exception as exc:
             if store_commit is not None:
@@ -160,8 +167,9 @@ class _Background:
     """Run ``fn`` on a thread of its own; :meth:`result` joins it and re-raises what it raised
     (a BaseException too: a simulated crash must not turn into a rollback)."""
 
-    def __init__(self, fn) -> None:
+    def __init__(self, fn, done: threading.Event | None = None) -> None:
         self._error: BaseException | None = None
+        self._done = done
         self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
         self._thread.start()
 
@@ -170,9 +178,17 @@ class _Background:
             fn()
         except BaseException as exc:  # handed to the caller by result()
             self._error = exc
+        finally:
+            if self._done is not None:  # also set when fn fails before setting it itself
+                self._done.set()
 
     def wait(self) -> None:
         self._thread.join()
+
+    def raise_if_failed(self) -> None:
+        """Re-raise what ``fn`` raised if it has failed already (joining it then)."""
+        if self._error is not None:
+            self.result()
 
     def result(self) -> None:
         self._thread.join()
