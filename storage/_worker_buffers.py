@@ -1,11 +1,13 @@
 """Output buffers of a DataLoader worker, in shared memory and reused once the main process let go.
 
 A fresh shared-memory batch costs a shm file, a mapping and a page fault plus a kernel zeroing
-per page (on a small VM more than reading the batch). So each worker keeps a few flat buffers
-and a shared ``flags`` array, one int per buffer:
+per page (on a small VM more than reading the batch), and every tensor of a batch sent through
+the worker queue costs a shm file of its own and a file-descriptor handover. So each worker
+keeps a few flat shared buffers, the first element of each a flag (the batch's ``acts`` is a
+view after it), and sends a batch as ``acts`` plus its small columns as numpy arrays:
 
-- the worker hands out a view of a buffer that no batch of its own still uses (its storage use
-  count is back to the pool's own reference) and whose flag is 0;
+- the worker hands out a buffer that no batch of its own still uses (its storage use count is
+  back to the pool's own reference) and whose flag is 0;
 - when the batch is pickled for the main process (the queue's feeder thread), the flag is set
   to 1 first: from then on only the main process may free it;
 - the main process registers every batch it receives (``_received``, run by unpickling) and,
@@ -23,14 +25,19 @@ import os
 import numpy as np
 import torch
 
-__all__ = ["WorkerBuffers", "LeasedBatch"]
+__all__ = ["WorkerBuffers", "SharedBatch", "use_count", "numpy_dtype_to_torch"]
 
-_HELD: list[tuple[torch.Tensor, int, torch.UntypedStorage]] = []  # main process: (flags, i, storage)
+_HEAD = 64 // 2  # elements before the data: the flag, and 64-byte alignment for 2-byte dtypes
+_HELD: list[tuple[torch.UntypedStorage, torch.dtype]] = []  # main process: received, not freed
 
 
 def use_count(t) -> int:
     storage = t.untyped_storage() if isinstance(t, torch.Tensor) else t
     return torch._C._storage_Use_Count(storage._cdata)
+
+
+def numpy_dtype_to_torch(dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype)).dtype
 
 
 class WorkerBuffers:
@@ -40,58 +47,49 @@ class WorkerBuffers:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.flags = torch.zeros(self.CAPACITY, dtype=torch.int32).share_memory_()
-        self.buffers: list[tuple[torch.Tensor, int] | None] = [None] * self.CAPACITY
+        self.buffers: list[tuple[torch.Tensor, int]] = []  # (flat buffer, its idle use count)
 
-    def take(self, need: int, cap: int, dtype: torch.dtype) -> tuple[torch.Tensor, int | None]:
-        """A flat shared tensor of at least ``need`` elements and its slot (None: not pooled)."""
-        empty = None
-        for i, entry in enumerate(self.buffers):
-            if entry is None:
-                empty = i if empty is None else empty
-                continue
-            flat, idle = entry
-            if flat.dtype == dtype and flat.numel() >= need and self.flags[i] == 0 \
+    def take(self, need: int, cap: int, dtype: torch.dtype) -> torch.Tensor:
+        """A flat shared tensor of ``need`` elements (a view after the buffer's flag)."""
+        for flat, idle in self.buffers:
+            if flat.dtype == dtype and flat.numel() >= _HEAD + need and flat[0] == 0 \
                     and use_count(flat) <= idle:
-                return flat[:need], i
-        flat = _new_shared(max(need, cap), dtype)
-        if empty is None:
-            return flat[:need], None
-        self.buffers[empty] = (flat, use_count(flat))
-        return flat[:need], empty
+                return flat[_HEAD:_HEAD + need]
+        nbytes = (_HEAD + max(need, cap)) * torch.empty(0, dtype=dtype).element_size()
+        flat = torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(nbytes))
+        flat[0] = 0
+        if len(self.buffers) < self.CAPACITY:
+            self.buffers.append((flat, use_count(flat)))
+        return flat[_HEAD:_HEAD + need]
 
 
-class LeasedBatch(dict):
-    """A collated batch whose ``acts`` lives in buffer ``slot`` of a worker's pool; unpickled in
-    the main process as a plain dict (and registered there)."""
-
-    def __init__(self, collated: dict, flags: torch.Tensor, slot: int) -> None:
-        super().__init__(collated)
-        self.flags, self.slot = flags, slot
+class SharedBatch(dict):
+    """A collated batch built in a worker; unpickled in the main process as a plain dict whose
+    ``acts`` shares the worker's buffer (registered there) and whose other tensors came as numpy
+    arrays (no shared memory of their own)."""
 
     def __reduce__(self):
-        self.flags[self.slot] = 1  # sent: the main process frees it from now on
-        return _received, (dict(self), self.flags, self.slot)
+        acts = self["acts"]
+        pooled = acts.storage_offset() == _HEAD
+        if pooled:
+            _flag(acts.untyped_storage(), acts.dtype)[0] = 1  # sent: the main process frees it
+        small = {k: v.numpy() for k, v in self.items() if k != "acts"}
+        return _received, (acts, small, pooled)
 
 
-def _received(batch: dict, flags: torch.Tensor, slot: int) -> dict:
+def _flag(storage: torch.UntypedStorage, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(0, dtype=dtype).set_(storage, 0, (1,))
+
+
+def _received(acts: torch.Tensor, small: dict, pooled: bool) -> dict:
     """Main process, per batch received: free the buffers nobody holds, register this one."""
-    keep = []
-    for entry in _HELD:
-        if use_count(entry[2]) <= 1:  # only the registration's own storage reference
-            entry[0][entry[1]] = 0
-        else:
-            keep.append(entry)
-    keep.append((flags, slot, batch["acts"].untyped_storage()))
-    _HELD[:] = keep
-    return batch
-
-
-def _new_shared(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
-    storage = torch.UntypedStorage._new_shared(nbytes)
-    return torch.empty(0, dtype=dtype).set_(storage, 0, (numel,))
-
-
-def numpy_dtype_to_torch(dtype) -> torch.dtype:
-    return torch.from_numpy(np.empty(0, dtype)).dtype
+    if pooled:
+        keep = []
+        for storage, dtype in _HELD:
+            if use_count(storage) <= 1:  # only the registration's own reference
+                _flag(storage, dtype)[0] = 0
+            else:
+                keep.append((storage, dtype))
+        keep.append((acts.untyped_storage(), acts.dtype))
+        _HELD[:] = keep
+    return {"acts": acts, **{k: torch.from_numpy(v) for k, v in small.items()}}

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ._worker_buffers import LeasedBatch, WorkerBuffers, numpy_dtype_to_torch, use_count
+from ._worker_buffers import SharedBatch, WorkerBuffers, numpy_dtype_to_torch, use_count
 from .base import ActivationReader
 from .registry import open_store
 
@@ -131,7 +131,7 @@ class ActivationPairsDataset(Dataset):
             np.empty((0, self.layers_per_sample), np.int64)
         b, k = pos.shape
         t_max = int(seq.max()) if b else 0
-        acts, lease = self._output((b, k, t_max, r.hidden_size), r.dtype)
+        acts = self._output((b, k, t_max, r.hidden_size), r.dtype)
         a = acts.numpy()
         outs = []
         for j in range(b):
@@ -147,15 +147,15 @@ class ActivationPairsDataset(Dataset):
                     "layer_pos": torch.from_numpy(pos)}
         for key in _SCALARS:
             collated[key] = torch.from_numpy(index.copy() if key == "index" else cols[key][index])
-        if lease is not None:
-            collated = LeasedBatch(collated, *lease)
+        if torch.utils.data.get_worker_info() is not None:
+            collated = SharedBatch(collated)
         return PairsBatch(collated)
 
 
     _POOL_SIZE = 3  # a batch being built, the one the caller holds, one in flight
 
-    def _output(self, shape, dtype) -> tuple[torch.Tensor, tuple | None]:
-        """The padded output and its lease: in a worker a reused buffer of shared memory
+    def _output(self, shape, dtype) -> torch.Tensor:
+        """The padded output: in a worker a reused buffer of shared memory
         (``_worker_buffers``), else a reused buffer of the pool."""
         need = int(np.prod(shape))
         cap = need
@@ -165,16 +165,15 @@ class ActivationPairsDataset(Dataset):
         if torch.utils.data.get_worker_info() is not None:
             if self._shared is None or self._shared.pid != os.getpid():
                 self._shared = WorkerBuffers()
-            flat, slot = self._shared.take(need, cap, numpy_dtype_to_torch(dtype))
-            return flat.view(shape), (None if slot is None else (self._shared.flags, slot))
+            return self._shared.take(need, cap, numpy_dtype_to_torch(dtype)).view(shape)
         for flat, idle in self._pool:
             if flat.numel() >= need and _use_count(flat) <= idle:
-                return flat[:need].view(shape), None  # a view: the caller's reference counts
+                return flat[:need].view(shape)  # a view: the caller's reference counts
         flat = _empty((cap,), dtype, self.pin_memory)
         if len(self._pool) >= self._POOL_SIZE:
             self._pool.pop(0)
         self._pool.append((flat, _use_count(flat)))
-        return flat[:need].view(shape), None
+        return flat[:need].view(shape)
 
 
 _use_count = use_count
