@@ -1,7 +1,7 @@
 """Ingest: the worker's real persist path vs a sequential write of the same bytes (same run, disk).
 
     python bench/bench_ingest.py [--groups 12] [--samples 6] [--layers 31] [--hidden 576]
-                                 [--format packed] [--in-flight 2] [--rounds 3] [--dir /tmp/hallulog_ingest]
+                                 [--format packed] [--in-flight 1] [--rounds 3] [--dir /tmp/hallulog_ingest]
 
 ``persist``: per prompt group, what the worker does after generation — read each sample's
 capture file (safetensors from the spool, as the servers write it; read and deleted by
@@ -9,8 +9,8 @@ capture file (safetensors from the spool, as the servers write it; read and dele
 then ``WorkerDir.persist_group`` (store write + group commit, then the JSONL lines, each file
 fsynced once). Also timed alone: ``persist_group`` (store + index lines). As in the worker (N
 groups in flight, capture files read on threads, one group committing at a time), the next
-group's capture files are read while a group commits (``--in-flight 2``; ``1``: one group after
-the other). ``sequential``: the same bytes (stored activations + the same JSONL lines) written
+group's capture files can be read while a group commits (``--in-flight 2``; the default ``1``:
+one group after the other, which on a busy 2-core machine is the faster of the two). ``sequential``: the same bytes (stored activations + the same JSONL lines) written
 with ``os.write`` to one file, ``fdatasync`` once per group — the same durability (every group
 durable before it is reported). Capture files are made before each phase and are in the page
 cache, as a just-written spool file is. Phases alternate round by round; medians (the machine
@@ -163,7 +163,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=576)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--format", default="packed")
-    ap.add_argument("--in-flight", type=int, default=2,
+    ap.add_argument("--in-flight", type=int, default=1,
                     help="groups in flight, as in the worker: the captures of the next group(s) "
                          "are read while one commits (1: strictly one group after the other)")
     ap.add_argument("--rounds", type=int, default=3)

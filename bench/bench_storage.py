@@ -279,7 +279,7 @@ def main():
             cells = []
             for w in (0, 2, 4):
                 reps = 1 if fmt == "zarr" else a.repeats
-                rate = med(loader_rate(f"{a.dir}/{fmt}", w, 4 if fmt == "zarr" else 15, a.batch, cold=cold)
+                rate = med(loader_rate(f"{a.dir}/{fmt}", w, 4 if fmt == "zarr" else 40, a.batch, cold=cold)
                            for _ in range(reps))
                 if not cold:
                     warm(f"{a.dir}/{fmt}")
