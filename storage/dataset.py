@@ -167,16 +167,13 @@ class ActivationPairsDataset(Dataset):
                 self._shared = WorkerBuffers()
             return self._shared.take(need, cap, numpy_dtype_to_torch(dtype)).view(shape)
         for flat, idle in self._pool:
-            if flat.numel() >= need and _use_count(flat) <= idle:
+            if flat.numel() >= need and use_count(flat) <= idle:
                 return flat[:need].view(shape)  # a view: the caller's reference counts
         flat = _empty((cap,), dtype, self.pin_memory)
         if len(self._pool) >= self._POOL_SIZE:
             self._pool.pop(0)
-        self._pool.append((flat, _use_count(flat)))
+        self._pool.append((flat, use_count(flat)))
         return flat[:need].view(shape)
-
-
-_use_count = use_count
 
 
 class PairsBatch(Sequence):
