@@ -1,17 +1,20 @@
 """Ingest: the worker's real persist path vs a sequential write of the same bytes (same run, disk).
 
     python bench/bench_ingest.py [--groups 12] [--samples 6] [--layers 31] [--hidden 576]
-                                 [--format packed] [--rounds 3] [--dir /tmp/hallulog_ingest]
+                                 [--format packed] [--in-flight 1] [--rounds 3] [--dir /tmp/hallulog_ingest]
 
 ``persist``: per prompt group, what the worker does after generation — read each sample's
 capture file (safetensors from the spool, as the servers write it; read and deleted by
 ``workers.capture.load_capture``), slice and cast it (``select_rows``, mode ``all``, float16),
 then ``WorkerDir.persist_group`` (store write + group commit, then the JSONL lines, each file
-fsynced once). Also timed alone: ``persist_group`` (store + index lines). ``sequential``: the same bytes (stored activations + the same JSONL lines)
-written with ``os.write`` to one file, ``fdatasync`` once per group — the same durability (every
-group durable before it is reported). Capture files are made before each phase and are in the
-page cache, as a just-written spool file is. Phases alternate round by round; medians (the
-machine may be shared). Also reports fsyncs per group. The last line is one JSON object.
+fsynced once). Also timed alone: ``persist_group`` (store + index lines). As in the worker (N
+groups in flight, capture files read on threads, one group committing at a time), the next
+group's capture files can be read while a group commits (``--in-flight 2``; the default ``1``:
+one group after the other, which on a busy 2-core machine is the faster of the two). ``sequential``: the same bytes (stored activations + the same JSONL lines) written
+with ``os.write`` to one file, ``fdatasync`` once per group — the same durability (every group
+durable before it is reported). Capture files are made before each phase and are in the page
+cache, as a just-written spool file is. Phases alternate round by round; medians (the machine
+may be shared). Also reports fsyncs per group. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import shutil
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -114,10 +118,17 @@ def persist_phase(args, groups, paths, root: Path, layer_ids) -> tuple[float, fl
     wdir = WorkerDir(root, worker_id=0, storage_format=args.format, layer_ids=layer_ids,
                      hidden_size=args.hidden, dtype="float16")
     nbytes, store = 0, 0.0
-    with FsyncCounter() as fs:
+    ahead = max(0, args.in_flight - 1)
+    with FsyncCounter() as fs, ThreadPoolExecutor(max(1, ahead)) as pool:
         t = time.perf_counter()
-        for samples, group_paths in zip(groups, paths):
-            records = records_for(samples, group_paths, layer_ids)
+        loads = [pool.submit(records_for, s, p, layer_ids)
+                 for s, p in zip(groups[:ahead], paths[:ahead])]
+        for g, samples in enumerate(groups):
+            if ahead and g + ahead < len(groups):  # the next groups' captures load while this one commits
+                loads.append(pool.submit(records_for, groups[g + ahead], paths[g + ahead],
+                                         layer_ids))
+            records = (loads[g].result() if ahead
+                       else records_for(samples, paths[g], layer_ids))
             nbytes += sum(r.acts.nbytes for r in records)
             t_store = time.perf_counter()
             wdir.persist_group({"prompt_id": samples[0]["prompt_id"], "dataset": "bench"}, records)
@@ -152,6 +163,9 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=576)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--format", default="packed")
+    ap.add_argument("--in-flight", type=int, default=1,
+                    help="groups in flight, as in the worker: the captures of the next group(s) "
+                         "are read while one commits (1: strictly one group after the other)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default="/tmp/hallulog_ingest")
     args = ap.parse_args()
@@ -179,7 +193,7 @@ def main() -> None:
     p, s = statistics.median(persist_runs), statistics.median(seq_runs)
     st = statistics.median(store_runs)
     print(f"groups={args.groups} x {args.samples} samples, {args.layers} layers x {args.hidden}, "
-          f"format {args.format}, {nbytes / args.groups / MB:.1f} MB per group, cpus={os.cpu_count()}")
+          f"{args.in_flight} in flight, format {args.format}, {nbytes / args.groups / MB:.1f} MB per group, cpus={os.cpu_count()}")
     print(f"persist path     : {p / MB:7.1f} MB/s  (runs {[round(x / MB, 1) for x in persist_runs]})")
     print(f"  of which persist_group (store + index lines): {st / MB:7.1f} MB/s "
           f"(ratio {st / s:.2f}); the rest is reading and casting the capture files")
@@ -188,7 +202,7 @@ def main() -> None:
     print(json.dumps({"bench": "ingest", "format": args.format, "groups": args.groups,
                       "samples": args.samples, "layers": args.layers, "hidden": args.hidden,
                       "mb_per_group": round(nbytes / args.groups / MB, 2), "rounds": args.rounds,
-                      "persist_MBps": round(p / MB, 1), "sequential_MBps": round(s / MB, 1),
+                      "in_flight": args.in_flight, "persist_MBps": round(p / MB, 1), "sequential_MBps": round(s / MB, 1),
                       "ratio_persist_vs_sequential": round(p / s, 3),
                       "persist_group_MBps": round(st / MB, 1),
                       "ratio_persist_group_vs_sequential": round(st / s, 3),

@@ -23,7 +23,8 @@ import orjson
 from contracts.errors import MalformedLineError
 
 __all__ = ["Line", "iter_lines", "iter_rows", "committed_size", "cut_torn_tail", "truncate_to",
-           "dumps", "encode_line", "encode_spaced_line", "parse_line", "spaced", "JsonlAppender", "MalformedLineError"]
+           "dumps", "encode", "encode_line", "encode_spaced_line", "parse_line", "spaced",
+           "JsonlAppender", "MalformedLineError"]
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +170,11 @@ def encode_spaced_line(row: dict[str, Any]) -> bytes:
     return spaced(encode_line(row)) or (json.dumps(row, ensure_ascii=False) + "\n").encode()
 
 
+def encode(rows: Iterable[dict[str, Any]]) -> bytes:
+    """Rows as the bytes of :func:`dumps` lines (for :meth:`JsonlAppender.append_encoded`)."""
+    return b"".join(encode_line(r) for r in rows)
+
+
 _SPACE_OUTSIDE = (b" ", b"\t", b"\r")
 
 
@@ -224,7 +230,10 @@ class JsonlAppender:
 
     def append(self, rows: Iterable[dict[str, Any]]) -> int:
         """Buffer rows (not yet durable); returns how many."""
-        data = b"".join(encode_line(r) for r in rows)
+        return self.append_encoded(encode(rows))
+
+    def append_encoded(self, data: bytes) -> int:
+        """Buffer lines :func:`encode` made (not yet durable); returns how many."""
         if data:
             self._pending += data
             self._dirty = True

@@ -12,7 +12,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -76,8 +76,11 @@ class ActivationWriter(abc.ABC):
         """Store one sample (not yet durable); return the location fields for
         activation_index.jsonl. The key is refused if already written."""
 
-    def commit(self) -> None:
-        """Make every sample written so far durable and committed (one fsync per file)."""
+    def commit(self, on_durable: Callable[[], None] | None = None) -> None:
+        """Make every sample written so far durable and committed (one fsync per file).
+
+        ``on_durable`` is called once the samples' bytes are durable, before the commit point
+        is written (a caller may start syncing its own files then)."""
 
     @abc.abstractmethod
     def committed_keys(self) -> set[str]:

@@ -73,7 +73,7 @@ class NpyWriter(ActivationWriter):
             "size_bytes": int(acts.nbytes),
         }
 
-    def commit(self) -> None:
+    def commit(self, on_durable=None) -> None:
         if not self._pending:
             return
         pending, self._pending = self._pending, {}
@@ -83,6 +83,8 @@ class NpyWriter(ActivationWriter):
                 os.fdatasync(fd)
             finally:
                 os.close(fd)
+        if on_durable is not None:
+            on_durable()
         for key, (tmp, final) in pending.items():
             self._commit(key, {"tmp": tmp, "final": final})
         fsync_dir(self.path)

@@ -199,12 +199,14 @@ class PackedWriter(ActivationWriter):
             "size_bytes": nbytes,
         }
 
-    def commit(self) -> None:
+    def commit(self, on_durable=None) -> None:
         if not self._pending:
             return
         if self._shard_fd is not None and self._dirty:
             os.fdatasync(self._shard_fd)
             self._dirty = False
+        if on_durable is not None:
+            on_durable()
         # pending stays pending until its log lines are durable: a failed append leaves the
         # group for rollback() to drop (append_records cuts its own torn lines)
         self._staged = []

@@ -202,7 +202,7 @@ class ZarrWriter(ActivationWriter):
         return {"file_path": f"activations/{STORE_NAME}", "zarr_index": i, "shape": list(acts.shape),
                 "dtype": self.dtype.name, "size_bytes": int(acts.nbytes)}
 
-    def commit(self) -> None:
+    def commit(self, on_durable=None) -> None:
         if not self._pending:
             return
         root = self._chunk_root()
@@ -217,6 +217,8 @@ class ZarrWriter(ActivationWriter):
         for d in (root, os.path.dirname(root)) if self.zarr_format == 3 else (root,):
             if os.path.isdir(d):
                 fsync_dir(d)
+        if on_durable is not None:
+            on_durable()
         # pending stays pending until its log lines are durable: a failed append leaves the
         # group for rollback() to drop (append_records cuts its own torn lines)
         self._staged = []

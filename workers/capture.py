@@ -9,15 +9,18 @@ token was never fed back, so there are ``P + R - 1`` positions; with prefill cap
 from __future__ import annotations
 
 import fcntl
+import json
+import mmap
 import os
+import threading
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from safetensors.numpy import load_file
 
-__all__ = ["CaptureError", "CapturedRows", "load_capture", "select_rows", "discard_capture",
-           "wait_for_capture"]
+__all__ = ["CaptureError", "CapturedRows", "load_capture", "select_rows", "transpose_cast",
+           "discard_capture", "wait_for_capture"]
 
 
 class CaptureError(RuntimeError):
@@ -97,15 +100,63 @@ def load_capture(path: str, expected_token_ids: list[int], *, delete: bool = Tru
     return hidden
 
 
+#: safetensors dtype names this module maps without a copy (BF16 goes through torch).
+_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
+           "I8": "i1", "U8": "u1", "BOOL": "?"}
+
+
 def _load(path: str) -> dict[str, np.ndarray]:
+    """The file's tensors as read-only arrays over a mapping of the file (no copy).
+
+    The mapping is populated at once (``MAP_POPULATE``: no page fault per page) and outlives the
+    file's unlink until the arrays are dropped. The layout is safetensors' own: an 8-byte
+    little-endian header length, a JSON header, the data.
+    """
     try:
-        return load_file(path)
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         raise CaptureError(f"{path}: capture file not found") from None
-    except Exception as exc:  # safetensors raises its own error types for truncated files
-        if "bfloat16" in str(exc).lower():
-            return _load_bf16(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size < 8:
+            raise CaptureError(f"{path}: unreadable capture file: {size} bytes")
+        mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                           prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    try:
+        return _parse(mapped, size)
+    except _NotNumpy:
+        return _load_bf16(path)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise CaptureError(f"{path}: unreadable capture file: {exc}") from exc
+
+
+class _NotNumpy(Exception):
+    pass
+
+
+def _parse(mapped: mmap.mmap, size: int) -> dict[str, np.ndarray]:
+    head_len = int.from_bytes(mapped[:8], "little")
+    if head_len > size - 8:
+        raise ValueError(f"header of {head_len} bytes in a file of {size}")
+    header = json.loads(mapped[8:8 + head_len])
+    base, tensors = 8 + head_len, {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] not in _DTYPES:
+            if info["dtype"] == "BF16":
+                raise _NotNumpy
+            raise ValueError(f"tensor {name}: dtype {info['dtype']}")
+        dtype, shape = np.dtype(_DTYPES[info["dtype"]]), [int(n) for n in info["shape"]]
+        begin, end = (int(x) for x in info["data_offsets"])
+        count = int(np.prod(shape))
+        if end - begin != count * dtype.itemsize or begin < 0 or base + end > size:
+            raise ValueError(f"tensor {name}: bytes [{begin}, {end}) do not hold {shape} "
+                             f"{info['dtype']} in a file of {size} (truncated?)")
+        tensors[name] = np.frombuffer(mapped, dtype, count, base + begin).reshape(shape)
+    return tensors
 
 
 def _load_bf16(path: str) -> dict[str, np.ndarray]:
@@ -140,10 +191,68 @@ def select_rows(hidden: np.ndarray, *, prompt_len: int, response_len: int, seque
         start, stop = num_tokens - 1, num_tokens
     else:
         raise CaptureError(f"unknown sequence mode {sequence_mode!r}")
-    rows = hidden[start:stop]
-    if layer_index is not None:
-        rows = rows[:, layer_index, :]
-    acts = np.ascontiguousarray(np.transpose(rows, (1, 0, 2)).astype(dtype, copy=False))
+    acts = transpose_cast(hidden[start:stop], layer_index, dtype)
     prompt_rows = max(0, min(stop, prompt_len) - start)
     return CapturedRows(acts=acts, row0_position=start, prompt_rows=prompt_rows,
                         response_rows=(stop - start) - prompt_rows)
+
+
+#: Casts of at least this many elements go through torch (below it numpy is fast enough, and a
+#: worker that only stores small slices never imports torch: ~1 s and ~150 MB per process).
+TORCH_CAST_MIN = 1 << 18
+#: torch runs an elementwise copy of fewer elements than its grain size (32768) on the calling
+#: thread: blocks below it keep the cast single-threaded, whatever torch's thread pool is (on a
+#: busy machine a two-thread parallel region took 10-30x longer than one thread; the worker
+#: runs several casts at once on its own threads anyway).
+_TORCH_BLOCK = 32767
+
+
+def transpose_cast(rows: np.ndarray, layer_index: list[int] | None, dtype: str) -> np.ndarray:
+    """``(T, L, H)`` → C-contiguous ``(L', T, H)`` in ``dtype``, written once into its output.
+
+    ``layer_index`` picks L' of the L layer columns (None: all). The output is allocated once
+    and each layer is copied (and cast) straight into its place: no intermediate array. numpy
+    casts float32→float16 one element at a time (~8 ns each); torch's vectorised cast is 20-40×
+    faster and rounds the same way (IEEE round to nearest even: bit-identical for every
+    non-NaN value; a signalling NaN comes out quiet), so large float32→float16 casts use it.
+    """
+    src_layers = range(rows.shape[1]) if layer_index is None else layer_index
+    out = np.empty((len(src_layers), rows.shape[0], rows.shape[2]), dtype)
+    if rows.dtype == np.float32 and out.dtype == np.float16 and out.size >= TORCH_CAST_MIN:
+        _torch_copy(rows, src_layers, out)
+    else:
+        for j, layer in enumerate(src_layers):
+            np.copyto(out[j], rows[:, layer, :], casting="unsafe")
+    return out
+
+
+def _torch_copy(rows: np.ndarray, src_layers, out: np.ndarray) -> None:
+    import torch
+
+    src, dst = _readonly_tensor(rows), torch.from_numpy(out)
+    step = max(1, _TORCH_BLOCK // max(1, rows.shape[2]))
+    dst_blocks, src_blocks = [], []
+    for d, s in zip(dst.split(step, 1), src.split(step, 0)):  # token blocks, then layers
+        dst_blocks += d.unbind(0)
+        src_by_layer = s.unbind(1)
+        src_blocks += [src_by_layer[layer] for layer in src_layers]
+    torch._foreach_copy_(dst_blocks, src_blocks)  # one call, each block copied inline
+
+
+_first_readonly = threading.Lock()
+_readonly_seen = False
+
+
+def _readonly_tensor(array: np.ndarray):
+    """``torch.from_numpy`` of an array that is only read (a mapped capture file): torch warns
+    once per process that it cannot mark the tensor read-only; that first warning is muted."""
+    import torch
+
+    global _readonly_seen
+    if array.flags.writeable or _readonly_seen:
+        return torch.from_numpy(array)
+    with _first_readonly, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        tensor = torch.from_numpy(array)
+        _readonly_seen = True
+    return tensor

@@ -1,8 +1,10 @@
 """Persisting prompt groups into a worker directory, and rolling back after a crash.
 
 Commit order (DESIGN.md): activations written and fsynced → ``generations.jsonl`` and
-``activation_index.jsonl`` lines appended and fsynced → the group's ``prompt_index.jsonl`` line
-appended and fsynced (the commit marker) → done reported. A worker persists one group at a time,
+``activation_index.jsonl`` lines appended and fsynced (both at once, while the store makes its
+own commit point durable) → the group's ``prompt_index.jsonl`` line appended and fsynced (the
+commit marker, once the store and both files are durable) → done reported. One fsync per file
+per group, three waits in a row. A worker persists one group at a time,
 so after a crash everything not covered by a ``prompt_index.jsonl`` line is a tail that
 ``recover_worker_dir`` removes.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +21,7 @@ from typing import Any, Iterable
 
 import storage
 from contracts import layout
-from contracts.jsonl import JsonlAppender, cut_torn_tail, iter_lines, truncate_to
+from contracts.jsonl import JsonlAppender, cut_torn_tail, encode, iter_lines, truncate_to
 
 __all__ = ["WorkerDir", "GenerationRecord", "PersistBroken", "recover_worker_dir"]
 
@@ -93,6 +96,7 @@ class WorkerDir:
         commit_id = uuid.uuid4().hex
         marks = {name: f.tell() for name, f in self._files.items()}
         written: set[str] = set()  # keys this group added (a refused duplicate is not one)
+        store_commit = None
         try:
             activation_rows = []
             for gen in generations:
@@ -105,16 +109,38 @@ class WorkerDir:
                 written.add(key)
                 activation_rows.append({**gen.activation_row, **location,
                                         "worker_id": self.worker_id, "commit_id": commit_id})
-            self.writer.commit()  # group commit: one fsync per store file for the whole group
-            self._append("generations.jsonl", [{**g.row, "commit_id": commit_id}
-                                               for g in generations])
-            self._append("activation_index.jsonl", activation_rows)
+            # group commit: one fsync per store file for the whole group. While the disk
+            # works, the JSONL lines are encoded; they are appended once the activation bytes
+            # are durable and synced while the store writes its own commit point.
+            durable = threading.Event()
+            store_commit = _Background(lambda: self.writer.commit(on_durable=durable.set),
+                                       done=durable)
+            lines = {"generations.jsonl": encode([{**g.row, "commit_id": commit_id}
+                                                  for g in generations]),
+                     "activation_index.jsonl": encode(activation_rows)}
+            durable.wait()
+            store_commit.raise_if_failed()
+            for name, data in lines.items():
+                self._files[name].append_encoded(data)
+            syncing = _Background(self._files["generations.jsonl"].sync)
+            try:
+                self._files["activation_index.jsonl"].sync()
+            finally:
+                syncing.result()
+            store_commit.result()
+            # the commit marker: only once the store and both files are durable
             self._append("prompt_index.jsonl", [{**prompt_row, "commit_id": commit_id}])
         except Exception as exc:
+            if store_commit is not None:
+                store_commit.wait()
             self._rollback(marks, written, exc)
             if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
                 # os.write/fsync name no file: say which directory failed (e.g. a full disk)
                 raise OSError(exc.errno, exc.strerror, str(self.root)) from exc
+            raise
+        except BaseException:  # e.g. a simulated crash: never leave the store thread running
+            if store_commit is not None:
+                store_commit.wait()
             raise
 
     def _rollback(self, marks: dict[str, int], written: set[str], cause: Exception) -> None:
@@ -144,6 +170,40 @@ class WorkerDir:
         f = self._files[name]
         if f.append(rows):
             f.sync()
+
+
+class _Background:
+    """Run ``fn`` on a thread of its own; :meth:`result` joins it and re-raises what it raised
+    (a BaseException too: a simulated crash must not turn into a rollback)."""
+
+    def __init__(self, fn, done: threading.Event | None = None) -> None:
+        self._error: BaseException | None = None
+        self._done = done
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            fn()
+        except BaseException as exc:  # handed to the caller by result()
+            self._error = exc
+        finally:
+            if self._done is not None:  # also set when fn fails before setting it itself
+                self._done.set()
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def raise_if_failed(self) -> None:
+        """Re-raise what ``fn`` raised if it has failed already (joining it then)."""
+        if self._error is not None:
+            self.result()
+
+    def result(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def recover_worker_dir(root: Path, *, storage_format: str, layer_ids: list[int],

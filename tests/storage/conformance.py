@@ -429,6 +429,33 @@ class StoreConformance:
         for j, h in enumerate(held):
             assert torch.equal(h["acts"][0, :, :int(h["seq_len"][0])], ds[j % 6]["acts"])
 
+    def test_worker_buffers_are_reused_only_once_released(self, tmp_path):
+        """Workers reuse their shared output buffers, never one the main process still holds
+        (a batch, or only a view of it)."""
+        import torch
+        from storage import ActivationPairsDataset, collate_pairs
+
+        self.fill(tmp_path, 6)
+        ds = ActivationPairsDataset(tmp_path, seed=5)
+        sampler = np.random.default_rng(0).integers(0, 6, 60).tolist()
+        dl = torch.utils.data.DataLoader(ds, batch_size=2, sampler=sampler, num_workers=2,
+                                         collate_fn=collate_pairs, multiprocessing_context="fork")
+        held, views, storages = [], [], set()
+        for n, b in enumerate(dl):
+            storages.add(b["acts"].untyped_storage().data_ptr())
+            if n % 7 == 0:
+                held.append(b)
+            if n % 7 == 3:
+                views.append((b["index"].tolist(), b["acts"][:, :, :1].clone(), b["acts"][:, :, :1]))
+            for j, i in enumerate(b["index"].tolist()):
+                assert torch.equal(b["acts"][j, :, :int(b["seq_len"][j])], ds[i]["acts"])
+        for b in held:
+            for j, i in enumerate(b["index"].tolist()):
+                assert torch.equal(b["acts"][j, :, :int(b["seq_len"][j])], ds[i]["acts"])
+        for _idx, copy, view in views:
+            assert torch.equal(copy, view)
+        assert len(storages) < 30  # 30 batches went through fewer buffers
+
     def test_multi_store(self, tmp_path):
         a, _ = self.fill(tmp_path / "w0", 3)
         b, _ = self.fill(tmp_path / "w1", 2, start=3)

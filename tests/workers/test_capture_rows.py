@@ -53,3 +53,48 @@ def test_load_capture_checks_token_ids_and_deletes(tmp_path):
     path.write_bytes(b"\x10\x00\x00")
     with pytest.raises(CaptureError, match="unreadable"):
         load_capture(str(path), [1])
+
+
+@pytest.mark.parametrize("layer_index", [None, [0, 2, 5], [-1]])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("tokens", [3, 300])  # 300 x 6 x 600: the torch cast path
+def test_transpose_cast_is_numpys_cast_bit_for_bit(layer_index, dtype, tokens):
+    from workers.capture import TORCH_CAST_MIN, transpose_cast
+
+    rng = np.random.default_rng(tokens)
+    bits = rng.integers(0, 2**32, (tokens, 6, 600), dtype=np.uint64).astype(np.uint32)
+    hidden = bits.view(np.float32).copy()
+    hidden[np.isnan(hidden)] = np.float32(np.nan)  # a signalling NaN is quieted by torch only
+    hidden[1, -1, :4] = [np.inf, -np.inf, 65520.0, 2.0 ** -25]  # overflow / rounding edges
+    rows = hidden[1:]
+    want = rows if layer_index is None else rows[:, layer_index, :]
+    with np.errstate(over="ignore"):
+        want = np.ascontiguousarray(np.transpose(want, (1, 0, 2)).astype(dtype))
+        got = transpose_cast(rows, layer_index, dtype)
+    assert got.flags.c_contiguous and got.dtype == want.dtype and got.shape == want.shape
+    assert got.tobytes() == want.tobytes()
+    if tokens == 300 and dtype == "float16" and layer_index is None:
+        assert got.size >= TORCH_CAST_MIN
+
+
+def test_load_capture_reads_every_dtype_the_servers_write(tmp_path):
+    import torch
+    from safetensors.torch import save_file as save_torch
+
+    hidden = torch.arange(24, dtype=torch.float32).reshape(4, 3, 2) / 8
+    ids = [5, 6, 7, 8]
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        path = tmp_path / f"{dtype}.safetensors"
+        save_torch({"hidden_states": hidden.to(dtype), "token_ids": torch.tensor(ids)}, str(path))
+        got = load_capture(str(path), ids)
+        assert got.shape == (4, 3, 2) and np.array_equal(got.astype(np.float32), hidden.numpy())
+        assert not path.exists()
+
+
+def test_a_truncated_capture_file_is_unreadable(tmp_path):
+    path = tmp_path / "x.safetensors"
+    save_file({"hidden_states": _hidden(3), "token_ids": np.array([1, 2, 3], dtype=np.int64)},
+              str(path))
+    path.write_bytes(path.read_bytes()[:-5])
+    with pytest.raises(CaptureError, match="unreadable.*truncated"):
+        load_capture(str(path), [1, 2, 3])
