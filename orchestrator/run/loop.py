@@ -121,11 +121,14 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
     pending = [g for g in groups if g.prompt_id not in completed
                and (only is None or g.prompt_id in only)]
     done_before = len(all_ids & completed)
-    result = RunResult(artifact_root=root, total=len(groups), done_before=done_before)
+    total = len(groups)
+    del groups, task  # from here on only the pending groups are held, and the pool
+    # lets each go once it is resolved: the orchestrator shrinks as the workers' stores grow
+    result = RunResult(artifact_root=root, total=total, done_before=done_before)
 
     board = StatusBoard(run_id=run_id, config_summary=_summary(config, model, layer_ids),
                         fingerprint=fresh["config_fingerprint"], artifact_root=str(root),
-                        total_prompts=len(groups), skipped=done_before,
+                        total_prompts=total, skipped=done_before,
                         k_samples=config.k_samples)
     board.set_evaluation_report(report_path(root))  # an earlier evaluate of a resumed root
     api = _start_api(config, board)
@@ -150,6 +153,7 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
                                   committed_in=_committed_in(root, config, layer_ids, model),
                                   hang_seconds=_hang_seconds(config))
             pool.submit(pending)
+            pending.clear()  # the pool holds them now, and drops each once resolved
             holder: dict[str, ServerFleet] = {}
             watchdog = _start_watchdog(pool, config, board, servers, holder)
             if servers:
