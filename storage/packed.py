@@ -17,10 +17,11 @@ import logging
 import os
 import time
 import zlib
+from array import array
 
 import numpy as np
 
-from ._commitlog import append_records, record_line, tail_to_drop
+from ._commitlog import RecordColumns, append_records, record_line, tail_to_drop
 from ._io import (atomic_save_npy, atomic_write_json, fsync_dir, malformed_is_manifest_error,
                   pread_into, write_all)
 from .base import ActivationWriter, ExtentReader, SampleMeta
@@ -38,8 +39,8 @@ class PackedWriter(ActivationWriter):
         self.hidden_size = int(hidden_size)
         self.dtype = np.dtype(dtype)
         self.shard_bytes = int(shard_bytes)
-        self._records: list[dict] = []
-        self._line_starts: list[int] = []  # byte offset of each record line in commit.log
+        self._records = RecordColumns(RECORD_FIELDS)
+        self._line_starts = array("q")  # byte offset of each record line in commit.log
         self._keys: set[str] = set()
         self._pending: list[tuple[str, dict]] = []  # written, not yet committed
         self._pending_keys: set[str] = set()
@@ -102,7 +103,7 @@ class PackedWriter(ActivationWriter):
         if good_end != len(data):
             log.warning("%s: dropping %d bytes of an uncommitted record", log_path, len(data) - good_end)
             os.truncate(log_path, good_end)
-        self._keys = {r["key"] for r in self._records}
+        self._keys = set(self._records.keys)
         if len(self._keys) != len(self._records):
             raise ManifestError("a key is committed twice", log_path)
         self._truncate_shards()
@@ -227,7 +228,7 @@ class PackedWriter(ActivationWriter):
         return set(self._keys)
 
     def rollback(self, keep: set[str]) -> None:
-        drop_at = tail_to_drop(self._records, keep, "packed", self.path)
+        drop_at = tail_to_drop(self._records.keys, keep, "packed", self.path)
         if drop_at is None and not self._pending:
             return
         self._close_shard()
@@ -239,9 +240,9 @@ class PackedWriter(ActivationWriter):
             os.truncate(log_path, self._line_starts[drop_at])
             os.fsync(self._log_fd)
             log.info("%s: rolled back %d samples", self.path, len(self._records) - drop_at)
-            del self._records[drop_at:]
+            self._records.truncate(drop_at)
             del self._line_starts[drop_at:]
-        self._keys = {r["key"] for r in self._records}
+        self._keys = set(self._records.keys)
         self._truncate_shards()
 
     # ---- finalize -------------------------------------------------------------------------
@@ -257,17 +258,18 @@ class PackedWriter(ActivationWriter):
     def _finalize(self) -> None:
         recs = self._records
         n = len(recs)
-        seq = np.array([r["seq_len"] for r in recs], np.int64)
-        keys = [r["key"].encode() for r in recs]
+        col = recs.columns
+        seq = np.asarray(col["seq_len"], np.int64)
+        keys = [k.encode() for k in recs.keys]
         width = max([len(k) for k in keys] + [1])
         arrays = {
             "token_offsets": np.concatenate([[0], np.cumsum(seq)]).astype("<i8"),
-            "shard_index": np.array([r["shard"] for r in recs], "<i4"),
-            "byte_offsets": np.array([r["offset"] for r in recs], "<i8"),
-            "prompt_len": np.array([r["prompt_len"] for r in recs], "<i4"),
-            "response_len": np.array([r["response_len"] for r in recs], "<i4"),
-            "label": np.array([r["label"] for r in recs], "|i1"),
-            "crc32": np.array([r["crc32"] for r in recs], "<u4"),
+            "shard_index": np.asarray(col["shard"]).astype("<i4"),
+            "byte_offsets": np.asarray(col["offset"]).astype("<i8"),
+            "prompt_len": np.asarray(col["prompt_len"]).astype("<i4"),
+            "response_len": np.asarray(col["response_len"]).astype("<i4"),
+            "label": np.asarray(col["label"]).astype("|i1"),
+            "crc32": np.asarray(col["crc32"]).astype("<u4"),
             "sample_key": np.array(keys, f"|S{width}"),
         }
         num_shards = self._shard + 1 if os.path.exists(os.path.join(self.path, shard_name(self._shard))) else 0

@@ -238,7 +238,7 @@ class ZarrWriter(ActivationWriter):
         return set(self._keys)
 
     def rollback(self, keep: set[str]) -> None:
-        drop_at = tail_to_drop(self._records, keep, "zarr", self.path)
+        drop_at = tail_to_drop([r["key"] for r in self._records], keep, "zarr", self.path)
         if drop_at is None and not self._pending:
             return
         self._pending = []
