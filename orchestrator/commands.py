@@ -89,8 +89,8 @@ def retry_failed(config: RunConfig) -> int:
 
 
 def _expected_ids(config: RunConfig) -> set[str]:
-    from orchestrator.tasks import load_task
+    from orchestrator.tasks import open_task
 
-    task = load_task(config.task, config.task_path, split=config.split, limit=config.limit,
-                     shard=config.shard)
-    return {g.prompt_id for g in task.groups}
+    stream = open_task(config.task, config.task_path, split=config.split, limit=config.limit,
+                       shard=config.shard)
+    return {g.prompt_id for g in stream.groups()}

@@ -75,15 +75,15 @@ class ShardRoot:
 
     def expected(self) -> set[str]:
         """The prompt ids this shard has to hold (its task, limit and shard)."""
-        from orchestrator.tasks import load_task
+        from orchestrator.tasks import open_task
 
         c = self.config
         try:
-            task = load_task(c["task"], c.get("task_path"), split=c.get("split"),
-                             limit=c.get("limit"), shard=self.manifest["shard"])
+            stream = open_task(c["task"], c.get("task_path"), split=c.get("split"),
+                               limit=c.get("limit"), shard=self.manifest["shard"])
+            return {g.prompt_id for g in stream.groups()}
         except (OSError, ValueError) as exc:
             raise MergeRefused(f"{self.name}: cannot load its prompts to check it: {exc}") from None
-        return {g.prompt_id for g in task.groups}
 
 
 def check_shards(roots: Sequence[Path]) -> list[ShardRoot]:

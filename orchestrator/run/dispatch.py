@@ -53,7 +53,7 @@ class Drive:
         last_tick = last_event = last_report = last_snapshot = now
         since_snapshot = 0
         every = self.config.checkpoint_every
-        while self.pool.outstanding:
+        while self.pool.remaining:
             events = self.pool.next_events(timeout=0.5)
             for event in events:
                 self._handle(event)
@@ -121,14 +121,14 @@ class Drive:
         if self.fleet is not None:
             if self.fleet.all_retired():
                 raise HallulogError("every server is retired, none is left to run the "
-                                    f"{len(self.pool.outstanding)} remaining prompt group(s): "
+                                    f"{self.pool.remaining} remaining prompt group(s): "
                                     f"{self.fleet.retired_reasons()} (committed work is kept; "
                                     "fix the cause and rerun to resume)")
             if self.fleet.recovering():
                 return
         reasons = "; ".join(f"worker {wid}: {why}"
                             for wid, why in self.pool.retired_reasons().items())
-        raise HallulogError(f"no worker is left to run the {len(self.pool.outstanding)} "
+        raise HallulogError(f"no worker is left to run the {self.pool.remaining} "
                             f"remaining prompt group(s): {reasons or 'all stopped'} "
                             "(committed work is kept; see worker_*/errors.jsonl, fix the cause "
                             "and rerun to resume)")

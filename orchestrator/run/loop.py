@@ -11,6 +11,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from orchestrator.run.checkpoint import (CheckpointWriter, CompletionLog, load_completed,
@@ -20,6 +21,7 @@ from orchestrator.postrun.consolidate import consolidate
 from contracts import layout
 from contracts.jsonl import truncate_to
 from contracts.layout import worker_dir, worker_dirs
+from contracts.prompt_group import PromptGroup
 from orchestrator.errors import HallulogError
 from orchestrator.postrun.labels import (label_counts, label_with_judge, needs_judge,
                                          unlabeled_prompts)
@@ -34,7 +36,8 @@ from orchestrator.run.progress import Progress
 from orchestrator.run.servers import (ModelInfo, ServerProcess, hallulog_cache_dir, remote_model,
                                       clear_spool, resolve_model, start_servers)
 from orchestrator.run.status import StatusBoard
-from orchestrator.tasks import load_task
+from orchestrator.tasks import TaskStream, open_task
+from orchestrator.tasks.base import MalformedCollector
 from orchestrator.postrun.validate import validate
 from orchestrator.run.watchdog import ServerProgress, Watchdog
 from workers.persist import recover_worker_dir
@@ -88,12 +91,11 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
     root.mkdir(parents=True, exist_ok=True)
     cache_dir = hallulog_cache_dir(config.cache_dir)
 
-    task = load_task(config.task, config.task_path, split=config.split, limit=config.limit,
-                     shard=config.shard)
-    groups = task.groups
-    if not groups:
-        raise HallulogError(f"task {config.task} ({task.source}) has no prompts")
-    split = groups[0].split
+    stream = open_task(config.task, config.task_path, split=config.split, limit=config.limit,
+                       shard=config.shard)
+    all_ids, split = _prompt_ids(stream)  # the groups themselves are read again as dispatched
+    if not all_ids:
+        raise HallulogError(f"task {config.task} ({stream.source}) has no prompts")
 
     model = resolve_model(config.model, cache_dir) if config.manage_servers \
         else remote_model(config)
@@ -101,8 +103,8 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
     fresh = build_manifest(config, run_id=None, model_name=model.name, model_path=str(model.path),
                            layer_ids=layer_ids, hidden_size=model.hidden_size,
                            num_hidden_layers=model.num_hidden_layers, dataset=config.task,
-                           split=split, prompt_template=task.prompt_template,
-                           worker_count=config.worker_count, total_prompts=len(groups))
+                           split=split, prompt_template=stream.prompt_template,
+                           worker_count=config.worker_count, total_prompts=len(all_ids))
     existing = load_manifest(root)
     if existing is not None:
         if not config.resume:
@@ -117,13 +119,12 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
 
     completed = _reconcile(root, config, layer_ids, model.hidden_size, run_id)
     completed -= redo or set()
-    all_ids = {g.prompt_id for g in groups}
-    pending = [g for g in groups if g.prompt_id not in completed
-               and (only is None or g.prompt_id in only)]
+    def wanted(prompt_id: str) -> bool:
+        return prompt_id not in completed and (only is None or prompt_id in only)
+
+    pending = sum(1 for pid in all_ids if wanted(pid))
     done_before = len(all_ids & completed)
-    total = len(groups)
-    del groups, task  # from here on only the pending groups are held, and the pool
-    # lets each go once it is resolved: the orchestrator shrinks as the workers' stores grow
+    total = len(all_ids)
     result = RunResult(artifact_root=root, total=total, done_before=done_before)
 
     board = StatusBoard(run_id=run_id, config_summary=_summary(config, model, layer_ids),
@@ -152,8 +153,8 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
                 pool = WorkerPool(_worker_specs(config, model, layer_ids, root, urls),
                                   committed_in=_committed_in(root, config, layer_ids, model),
                                   hang_seconds=_hang_seconds(config))
-            pool.submit(pending)
-            pending.clear()  # the pool holds them now, and drops each once resolved
+            # read lazily, a group per free slot; the pool lets each go once it is resolved
+            pool.submit(_pending_groups(stream, all_ids, wanted), count=pending)
             holder: dict[str, ServerFleet] = {}
             watchdog = _start_watchdog(pool, config, board, servers, holder)
             if servers:
@@ -331,6 +332,30 @@ def _ray_pool(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: P
                                                  worker_dir=str(worker_dir(root, i))),
                    committed_in=_committed_in(root, config, layer_ids, model),
                    hang_seconds=_hang_seconds(config))
+
+
+def _prompt_ids(stream: TaskStream) -> tuple[set[str], str]:
+    """Every prompt id of the task, and its split (the file is read once, group by group)."""
+    ids: set[str] = set()
+    split = ""
+    for group in stream.groups():
+        ids.add(group.prompt_id)
+        split = split or group.split
+    return ids, split
+
+
+def _pending_groups(stream: TaskStream, ids: set[str], wanted: Callable[[str], bool]
+                    ) -> Iterator[PromptGroup]:
+    """The task's groups to run, read from the file again (its malformed lines were reported
+    by the first reading)."""
+    quiet = MalformedCollector(str(stream.source), stream.strict, quiet=True)
+    for group in stream.groups(quiet):
+        if group.prompt_id not in ids:
+            raise HallulogError(f"{stream.source} changed during the run: prompt "
+                                f"{group.prompt_id} was not in it at the start (committed work "
+                                "is kept; rerun to resume on the file as it is now)")
+        if wanted(group.prompt_id):
+            yield group
 
 
 def _summary(config: RunConfig, model: ModelInfo, layer_ids: list[int]) -> dict[str, Any]:

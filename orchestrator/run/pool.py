@@ -21,7 +21,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from contracts.prompt_group import PromptGroup
 from workers.worker import WorkerSpec, worker_main
@@ -70,8 +70,11 @@ class WorkerPool:
         self.workers = {s.worker_id: _Worker(s) for s in specs}
         self.server_load: dict[str, int] = {s.server_url: 0 for s in specs}
         self.outstanding: set[str] = set()
+        """Groups taken from the queue and not yet resolved (in flight or re-queued)."""
         self._groups: dict[str, PromptGroup] = {}
-        self._pending: deque[PromptGroup] = deque()
+        self._pending: deque[PromptGroup] = deque()  # re-queued groups go first
+        self._sources: deque[Iterator[PromptGroup]] = deque()
+        self._unpulled = 0  # groups the sources still owe
         self._free: deque[tuple[int, int]] = deque()  # (worker id, generation): one per slot
         self._events: list[dict[str, Any]] = []  # produced by the pool itself
         self._waitables: dict[Any, tuple[int, bool]] | None = None
@@ -147,21 +150,53 @@ class WorkerPool:
 
     # ---- work --------------------------------------------------------------------------------
 
-    def submit(self, groups: Iterable[PromptGroup]) -> None:
-        """Queue groups (each is resolved by a done/failed/recovered event before close)."""
-        for group in groups:
-            self._groups[group.prompt_id] = group
-            self.outstanding.add(group.prompt_id)
-            self._pending.append(group)
+    def submit(self, groups: Iterable[PromptGroup], count: int | None = None) -> None:
+        """Queue groups (each is resolved by a done/failed/recovered event before close).
+
+        With ``count`` (how many groups ``groups`` yields), ``groups`` is pulled lazily, one
+        group per free slot: a run streams its task file instead of holding every prompt.
+        """
+        if count is None:
+            groups = list(groups)
+            count = len(groups)
+        self._sources.append(iter(groups))
+        self._unpulled += count
         self._dispatch()
 
+    @property
+    def remaining(self) -> int:
+        """Groups not resolved yet: taken and unresolved, plus those still to be taken."""
+        return len(self.outstanding) + self._unpulled
+
+    def _next_group(self) -> PromptGroup | None:
+        """A re-queued group, else the next from the sources (registered as outstanding)."""
+        if self._pending:
+            return self._pending.popleft()
+        while self._sources:
+            group = next(self._sources[0], None)
+            if group is None:
+                self._sources.popleft()
+                continue
+            self._unpulled = max(0, self._unpulled - 1)
+            self._groups[group.prompt_id] = group
+            self.outstanding.add(group.prompt_id)
+            return group
+        if self._unpulled:
+            log.warning("the queued sources ended %d group(s) short of their count",
+                        self._unpulled)
+            self._unpulled = 0
+        return None
+
     def _dispatch(self) -> None:
-        while self._pending and self._free:
+        while self._free and (self._pending or self._unpulled):
             wid, generation = self._free.popleft()
             w = self.workers[wid]
             if w.state != RUNNING or w.generation != generation:
                 continue  # a slot of a worker that has since died
-            group = self._pending.popleft()
+            group = self._next_group()
+            if group is None:
+                self._free.appendleft((wid, generation))
+                return
             if not w.in_flight:
                 w.last_heard = self._clock()
             w.in_flight[group.prompt_id] = None
@@ -311,7 +346,8 @@ class WorkerPool:
         """What the driver is waiting for: groups per worker, and the queue."""
         parts = [f"worker {wid} ({w.state}, {w.spec.server_url}): {', '.join(w.in_flight)}"
                  for wid, w in self.workers.items() if w.in_flight]
-        return "; ".join(parts + [f"{len(self._pending)} group(s) queued"])
+        queued = len(self._pending) + self._unpulled
+        return "; ".join(parts + [f"{queued} group(s) queued"])
 
     # ---- shutdown ----------------------------------------------------------------------------
 

@@ -5,6 +5,8 @@ from orchestrator.tasks import load_task, TASKS
 data = load_task("triviaqa")                   # the bundled sample
 data = load_task("triviaqa", "unfiltered-web-dev.json", limit=1000)
 data.groups, data.source, data.prompt_template, data.malformed
+stream = open_task("triviaqa", "train.jsonl")  # the same file read lazily, as often as needed
+for group in stream.groups(): ...
 ```
 
 Formats, fields and id rules: docs/tasks.md.
@@ -12,16 +14,18 @@ Formats, fields and id rules: docs/tasks.md.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.shards import select_shard
+from contracts.prompt_group import PromptGroup
+from orchestrator.shards import ShardSpec, parse_shard, shard_of
 from orchestrator.tasks import hallulens, triviaqa
-from orchestrator.tasks.base import DatasetFormatError, MalformedLine, TaskData
+from orchestrator.tasks.base import (DatasetFormatError, MalformedCollector, MalformedLine,
+                                     TaskData)
 
-__all__ = ["load_task", "TaskData", "MalformedLine", "DatasetFormatError", "TASKS",
-           "BUNDLED_SAMPLES", "bundled_path"]
+__all__ = ["load_task", "open_task", "TaskStream", "TaskData", "MalformedLine",
+           "DatasetFormatError", "TASKS", "BUNDLED_SAMPLES", "bundled_path"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
@@ -32,11 +36,11 @@ BUNDLED_SAMPLES: dict[str, str] = {
     "mixedentities": "mixedentities-sample.jsonl",
 }
 
-_LOADERS: dict[str, Callable[..., TaskData]] = {
-    "triviaqa": triviaqa.load,
-    "precisewikiqa": hallulens.load_precisewikiqa,
-    "longwiki": hallulens.load_longwiki,
-    "mixedentities": hallulens.load_mixedentities,
+_LOADERS: dict[str, tuple[Callable[..., Iterator[PromptGroup]], str]] = {
+    "triviaqa": (triviaqa.iter_groups, triviaqa.PROMPT_TEMPLATE),
+    "precisewikiqa": (hallulens.iter_precisewikiqa, hallulens.QA_PROMPT_TEMPLATE),
+    "longwiki": (hallulens.iter_longwiki, hallulens.QA_PROMPT_TEMPLATE),
+    "mixedentities": (hallulens.iter_mixedentities, hallulens.MIXED_PROMPT_TEMPLATE),
 }
 
 TASKS: tuple[str, ...] = tuple(_LOADERS)
@@ -49,21 +53,43 @@ def bundled_path(name: str) -> Path:
     return DATA_DIR / BUNDLED_SAMPLES[name]
 
 
-def load_task(name: str, path: str | Path | None = None, *, split: str | None = None,
-              limit: int | None = None, strict: bool = False, shard: str | None = None
-              ) -> TaskData:
-    """Load task ``name`` from ``path`` (``None``: the bundled sample).
+@dataclass(frozen=True)
+class TaskStream:
+    """A task file read lazily: each :meth:`groups` call reads it again, group by group.
 
-    ``split`` names the split in the prompt ids (default: the file's own ``Split`` for TriviaQA
-    JSON, else ``dev`` for triviaqa and ``test`` for the HalluLens tasks). ``limit`` keeps the
-    first N valid items in file order; ``shard`` (``"I/N"``) then keeps the prompts of that shard
-    (``orchestrator.shards``), so the shards of a limited run partition its prompts. Malformed
-    lines of line-oriented files (JSONL, CSV) are skipped, logged as warnings naming file:line
-    and listed in ``TaskData.malformed``; with ``strict=True`` the first one raises
-    :class:`DatasetFormatError` instead. A file that cannot be parsed at all (or a JSON document
-    with an invalid item) raises :class:`DatasetFormatError` whose message is
-    ``"<file>:<line>: <what is wrong>"``.
+    A run reads it twice (its prompt ids, then the groups to do as workers free up), so it
+    never holds every prompt: memory stays flat in the task's size.
     """
+
+    name: str
+    source: Path
+    prompt_template: str
+    split: str | None = None
+    limit: int | None = None
+    strict: bool = False
+    shard: ShardSpec | None = None
+
+    def groups(self, collector: MalformedCollector | None = None) -> Iterator[PromptGroup]:
+        """The groups in file order (``limit``, then ``shard`` applied). Malformed lines go
+        to ``collector`` (default: logged as warnings); a file that gives no group raises
+        :class:`DatasetFormatError` once it is read to the end."""
+        if collector is None:
+            collector = MalformedCollector(str(self.source), self.strict)
+        iterate = _LOADERS[self.name][0]
+        groups = iterate(self.source, split=self.split, limit=self.limit, collector=collector)
+        if self.shard is None:
+            yield from groups
+        else:
+            index, count = self.shard.index, self.shard.count
+            yield from (g for g in groups if shard_of(g.prompt_id, count) == index)
+        collector.finish()
+
+
+def open_task(name: str, path: str | Path | None = None, *, split: str | None = None,
+              limit: int | None = None, strict: bool = False,
+              shard: ShardSpec | str | None = None) -> TaskStream:
+    """Task ``name`` at ``path`` (``None``: the bundled sample), to be read lazily; the
+    arguments are those of :func:`load_task` and are checked now, the file when it is read."""
     if name not in _LOADERS:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
@@ -73,7 +99,28 @@ def load_task(name: str, path: str | Path | None = None, *, split: str | None = 
     source = Path(path) if path is not None else bundled_path(name)
     if not source.is_file():
         raise FileNotFoundError(f"{source}: no such dataset file for task {name!r}")
-    data = _LOADERS[name](source, split=split, limit=limit, strict=strict)
-    if shard is not None:
-        data = dataclasses.replace(data, groups=select_shard(data.groups, shard))
-    return data
+    return TaskStream(name, source, _LOADERS[name][1], split=split, limit=limit, strict=strict,
+                      shard=parse_shard(shard) if isinstance(shard, str) else shard)
+
+
+def load_task(name: str, path: str | Path | None = None, *, split: str | None = None,
+              limit: int | None = None, strict: bool = False,
+              shard: ShardSpec | str | None = None) -> TaskData:
+    """Load task ``name`` from ``path`` (``None``: the bundled sample), every group at once.
+
+    ``split`` names the split in the prompt ids (default: the file's own ``Split`` for TriviaQA
+    JSON, else ``dev`` for triviaqa and ``test`` for the HalluLens tasks). ``limit`` keeps the
+    first N valid items in file order; ``shard`` (``"I/N"``) then keeps the prompts of that shard
+    (``orchestrator.shards``), so the shards of a limited run partition its prompts. Malformed
+    lines of line-oriented files (JSONL, CSV) are skipped, logged as warnings naming file:line
+    and listed in ``TaskData.malformed``; with ``strict=True`` the first one raises
+    :class:`DatasetFormatError` instead. A file that cannot be parsed at all (or a JSON document
+    with an invalid item) raises :class:`DatasetFormatError` whose message is
+    ``"<file>:<line>: <what is wrong>"``. :func:`open_task` reads the same file lazily.
+    """
+    stream = open_task(name, path, split=split, limit=limit, strict=strict, shard=shard)
+    collector = MalformedCollector(str(stream.source), strict)
+    groups = list(stream.groups(collector))
+    return TaskData(groups=groups, source=str(stream.source),
+                    prompt_template=stream.prompt_template, malformed=collector.items, task=name,
+                    split=groups[0].split if groups else (split or ""))

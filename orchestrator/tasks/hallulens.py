@@ -16,17 +16,16 @@ non-blank lines for JSONL, malformed ones included so fixing a line renumbers no
 from __future__ import annotations
 
 import csv
-import io
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from contracts.prompt_group import PromptGroup
-from orchestrator.tasks.base import (DatasetFormatError, MalformedCollector, TaskData, iter_jsonl,
-                                     read_text)
+from orchestrator.tasks.base import (DatasetFormatError, GroupCounter, MalformedCollector,
+                                     iter_jsonl)
 
 __all__ = ["DEFAULT_SPLIT", "QA_PROMPT_TEMPLATE", "ENTITY_PROMPT_TEMPLATES", "MIXED_PROMPT_TEMPLATE",
-           "load_precisewikiqa", "load_longwiki", "load_mixedentities"]
+           "iter_precisewikiqa", "iter_longwiki", "iter_mixedentities"]
 
 DEFAULT_SPLIT = "test"
 
@@ -74,47 +73,12 @@ def _nonempty_str(obj: dict[str, Any], *keys: str) -> str | None:
     return None
 
 
-class _Builder:
-    """Turns checked records into groups: duplicate ids are malformed, ``limit`` stops early."""
-
-    def __init__(self, dataset: str, split: str, collector: MalformedCollector,
-                 limit: int | None) -> None:
-        self.dataset, self.split, self.collector, self.limit = dataset, split, collector, limit
-        self.groups: list[PromptGroup] = []
-        self._seen: dict[str, int] = {}
-
-    @property
-    def full(self) -> bool:
-        return self.limit is not None and len(self.groups) >= self.limit
-
-    def add(self, lineno: int, dataset_id: str, messages: list[dict[str, str]], reference: Any,
-            meta: dict[str, Any]) -> None:
-        if dataset_id in self._seen:
-            self.collector.add(lineno, f"duplicate id {dataset_id!r} (first on line "
-                                       f"{self._seen[dataset_id]})")
-            return
-        self._seen[dataset_id] = lineno
-        self.groups.append(PromptGroup.create(self.dataset, self.split, dataset_id, messages,
-                                              reference=reference, meta=meta))
-
-    def result(self, path: str, template: str) -> TaskData:
-        if not self.groups:
-            if self.collector.items:
-                first = self.collector.items[0]
-                raise DatasetFormatError(path, first.line, f"no valid record in the file "
-                                         f"({len(self.collector.items)} malformed; first: {first.message})")
-            raise DatasetFormatError(path, 1, "the file holds no records")
-        return TaskData(groups=self.groups, source=path, prompt_template=template,
-                        malformed=self.collector.finish(), task=self.dataset, split=self.split)
-
-
-def _load_wiki_qa(dataset: str, path: str | Path, split: str | None, limit: int | None,
-                  strict: bool, answer_required: bool) -> TaskData:
-    path_s = str(path)
-    text = read_text(path)
-    collector = MalformedCollector(path_s, strict)
-    builder = _Builder(dataset, split or DEFAULT_SPLIT, collector, limit)
-    for lineno, index, obj in iter_jsonl(text, collector):
+def _iter_wiki_qa(dataset: str, path: str | Path, split: str | None, limit: int | None,
+                  collector: MalformedCollector, answer_required: bool
+                  ) -> Iterator[PromptGroup]:
+    split = split or DEFAULT_SPLIT
+    counter = GroupCounter(collector, limit, "id")
+    for lineno, index, obj in iter_jsonl(path, collector):
         question = _nonempty_str(obj, "prompt", "question")
         if question is None:
             collector.add(lineno, "missing or empty \"prompt\" (the question)")
@@ -139,22 +103,25 @@ def _load_wiki_qa(dataset: str, path: str | Path, split: str | None, limit: int 
         reference: dict[str, Any] = {"value": answer, "document": document}
         meta = {"question": question.strip()}
         meta.update({k: obj[k] for k in _WIKI_META if k in obj})
-        builder.add(lineno, dataset_id, _user(question.strip()), reference, meta)
-        if builder.full:
-            break
-    return builder.result(path_s, QA_PROMPT_TEMPLATE)
+        if counter.admit(lineno, dataset_id):
+            yield PromptGroup.create(dataset, split, dataset_id, _user(question.strip()),
+                                     reference=reference, meta=meta)
+            if counter.full:
+                break
+    counter.check_some(str(path), "record")
 
 
-def load_precisewikiqa(path: str | Path, *, split: str | None = None, limit: int | None = None,
-                       strict: bool = False) -> TaskData:
-    """PreciseWikiQA generated QA pairs (JSONL); ``answer`` is required."""
-    return _load_wiki_qa("precisewikiqa", path, split, limit, strict, answer_required=True)
+def iter_precisewikiqa(path: str | Path, *, split: str | None, limit: int | None,
+                       collector: MalformedCollector) -> Iterator[PromptGroup]:
+    """PreciseWikiQA generated QA pairs (JSONL, read lazily); ``answer`` is required."""
+    return _iter_wiki_qa("precisewikiqa", path, split, limit, collector, answer_required=True)
 
 
-def load_longwiki(path: str | Path, *, split: str | None = None, limit: int | None = None,
-                  strict: bool = False) -> TaskData:
-    """LongWiki questions (JSONL); ``answer`` is optional (HalluLens grades against the wiki)."""
-    return _load_wiki_qa("longwiki", path, split, limit, strict, answer_required=False)
+def iter_longwiki(path: str | Path, *, split: str | None, limit: int | None,
+                  collector: MalformedCollector) -> Iterator[PromptGroup]:
+    """LongWiki questions (JSONL, read lazily); ``answer`` is optional (HalluLens grades
+    against the wiki)."""
+    return _iter_wiki_qa("longwiki", path, split, limit, collector, answer_required=False)
 
 
 # ----------------------------------------------------------------------------- mixedentities
@@ -175,10 +142,21 @@ def _parse_exists(value: Any) -> bool | None:
     return None
 
 
-def _csv_records(text: str, path: str, collector: MalformedCollector
+def _csv_records(path: str, collector: MalformedCollector
                  ) -> Iterator[tuple[int, int, dict[str, Any]]]:
-    """``(start_line, row_index, row)`` for each data row of a CSV file with a header."""
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    """``(start_line, row_index, row)`` for each data row of a CSV file with a header, read as
+    a stream."""
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f, strict=True)
+        try:
+            yield from _csv_rows(reader, path, collector)
+        except UnicodeDecodeError as exc:
+            raise DatasetFormatError(path, reader.line_num + 1,
+                                     f"not valid UTF-8 ({exc.reason})") from None
+
+
+def _csv_rows(reader: Any, path: str, collector: MalformedCollector
+              ) -> Iterator[tuple[int, int, dict[str, Any]]]:
     try:
         header = next(reader, None)
     except csv.Error as exc:
@@ -206,17 +184,16 @@ def _csv_records(text: str, path: str, collector: MalformedCollector
         yield start, index, dict(zip(header, row))
 
 
-def load_mixedentities(path: str | Path, *, split: str | None = None, limit: int | None = None,
-                       strict: bool = False) -> TaskData:
-    """Nonexistent-entity prompts (CSV as HalluLens writes it, or JSONL)."""
+def iter_mixedentities(path: str | Path, *, split: str | None, limit: int | None,
+                       collector: MalformedCollector) -> Iterator[PromptGroup]:
+    """Nonexistent-entity prompts (CSV as HalluLens writes it, or JSONL), read lazily."""
     path_s = str(path)
-    text = read_text(path)
-    collector = MalformedCollector(path_s, strict)
-    builder = _Builder("mixedentities", split or DEFAULT_SPLIT, collector, limit)
+    split = split or DEFAULT_SPLIT
+    counter = GroupCounter(collector, limit, "id")
     if Path(path_s).suffix.lower() == ".csv":
-        records = _csv_records(text, path_s, collector)
+        records = _csv_records(path_s, collector)
     else:
-        records = iter_jsonl(text, collector)
+        records = iter_jsonl(path, collector)
     for lineno, index, obj in records:
         name = _nonempty_str(obj, "name")
         if name is None:
@@ -242,7 +219,9 @@ def load_mixedentities(path: str | Path, *, split: str | None = None, limit: int
         reference = {"value": None, "name": name.strip(), "type": etype.strip(), "exists": exists}
         meta = {"question": prompt.strip(), "entity_name": name.strip(), "entity_type": etype.strip(),
                 "entity_exists": exists, "prompt_from_template": from_template}
-        builder.add(lineno, dataset_id, _user(prompt.strip()), reference, meta)
-        if builder.full:
-            break
-    return builder.result(path_s, MIXED_PROMPT_TEMPLATE)
+        if counter.admit(lineno, dataset_id):
+            yield PromptGroup.create("mixedentities", split, dataset_id, _user(prompt.strip()),
+                                     reference=reference, meta=meta)
+            if counter.full:
+                break
+    counter.check_some(path_s, "record")

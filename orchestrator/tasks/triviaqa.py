@@ -13,16 +13,18 @@ names the line where the offending item starts, not just "somewhere in the file"
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from contracts.answer_match import CORRECT, alias_match_label, normalize_answer
 from contracts.prompt_group import PromptGroup
 from orchestrator.tasks.verdict import ALIAS_GRADER, Verdict, detect_abstention, reference_of
-from orchestrator.tasks.base import (DatasetFormatError, LineCounter, MalformedCollector, TaskData,
-                                     iter_jsonl, read_text, skip_ws)
+from orchestrator.tasks.base import (DatasetFormatError, GroupCounter, LineCounter,
+                                     MalformedCollector, iter_jsonl, read_text, skip_ws)
 
-__all__ = ["PROMPT_TEMPLATE", "DEFAULT_SPLIT", "load", "build_prompt", "AliasGrader"]
+__all__ = ["PROMPT_TEMPLATE", "DEFAULT_SPLIT", "iter_groups", "build_prompt",
+           "AliasGrader"]
 
 DATASET = "triviaqa"
 DEFAULT_SPLIT = "dev"
@@ -108,16 +110,17 @@ def _decode(text: str, pos: int, path: str, lines: LineCounter) -> tuple[Any, in
             from None
 
 
-def _scan_array(text: str, pos: int, path: str, lines: LineCounter) -> tuple[list[tuple[int, Any]], int]:
-    """``(start_line, item)`` for each element of the array at ``pos``, and the position after it."""
-    items: list[tuple[int, Any]] = []
+def _scan_array(text: str, pos: int, path: str, lines: LineCounter) -> tuple[list[tuple[int, int]], int]:
+    """``(start_line, start_offset)`` of each element of the array at ``pos`` (each is decoded
+    once to find its end, then let go), and the position after the array."""
+    items: list[tuple[int, int]] = []
     pos = skip_ws(text, _expect(text, pos, "[", path, lines, "'[' opening the list of questions"))
     if pos < len(text) and text[pos] == "]":
         return items, pos + 1
     while True:
-        start_line = lines.line_at(pos)
-        item, pos = _decode(text, pos, path, lines)
-        items.append((start_line, item))
+        start = pos
+        _item, pos = _decode(text, pos, path, lines)
+        items.append((lines.line_at(start), start))
         pos = skip_ws(text, pos)
         if pos < len(text) and text[pos] == ",":
             pos = skip_ws(text, pos + 1)
@@ -125,8 +128,10 @@ def _scan_array(text: str, pos: int, path: str, lines: LineCounter) -> tuple[lis
         return items, _expect(text, pos, "]", path, lines, "',' or ']' in the list of questions")
 
 
-def _scan_document(text: str, path: str) -> tuple[dict[str, Any], list[tuple[int, Any]]]:
-    """Header fields and ``(start_line, item)`` pairs of a released TriviaQA JSON file.
+def _scan_document(text: str, path: str) -> tuple[dict[str, Any], list[tuple[int, int]]]:
+    """Header fields and ``(start_line, start_offset)`` of each item of a released TriviaQA
+    JSON file (the header's ``Split`` may follow the ``Data`` list, so the whole document is
+    scanned before any item is used).
 
     A top-level list of question objects is accepted too.
     """
@@ -135,7 +140,7 @@ def _scan_document(text: str, path: str) -> tuple[dict[str, Any], list[tuple[int
     if pos >= len(text):
         raise DatasetFormatError(path, 1, "empty file")
     header: dict[str, Any] = {}
-    items: list[tuple[int, Any]] = []
+    items: list[tuple[int, int]] = []
     if text[pos] == "[":
         items, pos = _scan_array(text, pos, path, lines)
         pos = skip_ws(text, pos)
@@ -185,56 +190,43 @@ def _resolve_split(split: str | None, declared: Any, path: str) -> str:
     return split or declared or DEFAULT_SPLIT
 
 
-def load(path: str | Path, *, split: str | None = None, limit: int | None = None,
-         strict: bool = False) -> TaskData:
+def iter_groups(path: str | Path, *, split: str | None, limit: int | None,
+                collector: MalformedCollector) -> Iterator[PromptGroup]:
+    """The prompt groups of a TriviaQA file, read lazily (a JSONL file line by line; a JSON
+    document is held as text, its items decoded one at a time)."""
     path_s = str(path)
-    text = read_text(path)
-    is_jsonl = Path(path_s).suffix.lower() in (".jsonl", ".ndjson")
-    collector = MalformedCollector(path_s, strict=strict)
-    records: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = []
-    seen: dict[str, int] = {}
-
-    if is_jsonl:
+    counter = GroupCounter(collector, limit, "QuestionId")
+    if Path(path_s).suffix.lower() in (".jsonl", ".ndjson"):
         the_split = split or DEFAULT_SPLIT
-        for lineno, _index, obj in iter_jsonl(text, collector):
+        for lineno, _index, obj in iter_jsonl(path, collector):
             checked = _check_item(obj)
             if isinstance(checked, str):
                 collector.add(lineno, checked)
-                continue
-            if checked[0] in seen:
-                collector.add(lineno, f"duplicate QuestionId {checked[0]!r} (first on line "
-                                      f"{seen[checked[0]]})")
-                continue
-            seen[checked[0]] = lineno
-            records.append(checked)
-            if limit is not None and len(records) >= limit:
-                break
-        if not records and collector.items:
-            first = collector.items[0]
-            raise DatasetFormatError(path_s, first.line, f"no valid question in the file "
-                                     f"({len(collector.items)} malformed line(s); first: {first.message})")
-    else:
-        header, items = _scan_document(text, path_s)
-        the_split = _resolve_split(split, header.get("Split"), path_s)
-        for start_line, item in items:
-            checked = _check_item(item)
-            if isinstance(checked, str):
-                raise DatasetFormatError(path_s, start_line, checked)
-            if checked[0] in seen:
-                raise DatasetFormatError(path_s, start_line, f"duplicate QuestionId {checked[0]!r} "
-                                         f"(first on line {seen[checked[0]]})")
-            seen[checked[0]] = start_line
-            records.append(checked)
-    if not records and not collector.items:
-        raise DatasetFormatError(path_s, 1, "the file holds no questions")
-    if limit is not None:
-        records = records[:limit]
+            elif counter.admit(lineno, checked[0]):
+                yield _group(the_split, checked)
+                if counter.full:
+                    break
+        counter.check_some(path_s, "question")
+        return
+    text = read_text(path)
+    header, items = _scan_document(text, path_s)
+    the_split = _resolve_split(split, header.get("Split"), path_s)
+    strict = MalformedCollector(path_s, strict=True)  # a bad item of a document is an error
+    counter = GroupCounter(strict, None, "QuestionId")
+    for start_line, start in items:  # every item is checked, also past ``limit``
+        checked = _check_item(_DECODER.raw_decode(text, start)[0])
+        if isinstance(checked, str):
+            raise DatasetFormatError(path_s, start_line, checked)
+        counter.admit(start_line, checked[0])
+        if limit is None or counter.count <= limit:
+            yield _group(the_split, checked)
+    counter.check_some(path_s, "question")
 
-    groups = [PromptGroup.create(DATASET, the_split, qid, build_prompt(question),
-                                 reference=reference, meta=meta)
-              for qid, question, reference, meta in records]
-    return TaskData(groups=groups, source=path_s, prompt_template=PROMPT_TEMPLATE,
-                    malformed=collector.finish(), task=DATASET, split=the_split)
+
+def _group(split: str, checked: tuple[str, str, dict[str, Any], dict[str, Any]]) -> PromptGroup:
+    qid, question, reference, meta = checked
+    return PromptGroup.create(DATASET, split, qid, build_prompt(question), reference=reference,
+                              meta=meta)
 
 
 class AliasGrader:

@@ -33,7 +33,7 @@ def _pool(tmp_path: Path, urls: list[str], slots: int = 2, **kw) -> WorkerPool:
 def _drain(pool: WorkerPool, timeout: float = 60.0, on_events=None) -> list[dict]:
     seen = []
     deadline = time.monotonic() + timeout
-    while pool.outstanding:
+    while pool.remaining:
         assert time.monotonic() < deadline, f"stuck waiting for {pool.describe_wait()}"
         events = pool.next_events(0.2)
         for w in pool.workers.values():
