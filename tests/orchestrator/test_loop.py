@@ -13,7 +13,8 @@ from orchestrator.errors import HallulogError
 from orchestrator.run.checkpoint import (CheckpointWriter, CompletionLog, load_completed,
                                          read_completion_log, write_completed)
 from orchestrator.run.dispatch import Drive
-from orchestrator.run.loop import RunResult, _reconcile
+from orchestrator.run.loop import RunResult, _pending_groups, _prompt_ids, _reconcile
+from orchestrator.tasks import open_task
 from orchestrator.run.pool import WorkerPool
 from orchestrator.run.progress import Progress
 from orchestrator.run.status import StatusBoard
@@ -141,3 +142,19 @@ def test_run_fails_naming_the_reasons_when_every_server_is_retired(tmp_path):
             drive.run()
     finally:
         _finish(drive)
+
+
+def test_the_task_is_read_twice_and_a_changed_file_is_refused(tmp_path):
+    path = tmp_path / "qa.jsonl"
+    row = '{"QuestionId": "%s", "Question": "Q %s?", "Answer": {"Value": "a", "Aliases": ["a"]}}\n'
+    path.write_text("".join(row % (i, i) for i in range(6)))
+    stream = open_task("triviaqa", path)
+    ids, split = _prompt_ids(stream)
+    assert len(ids) == 6 and split == "dev"
+    done = set(sorted(ids)[:4])
+    todo = [g.prompt_id for g in _pending_groups(stream, ids, lambda pid: pid not in done)]
+    assert sorted(todo) == sorted(ids - done)
+    with path.open("a") as f:
+        f.write(row % ("new", "new"))
+    with pytest.raises(HallulogError, match="qa.jsonl changed during the run"):
+        list(_pending_groups(stream, ids, lambda pid: pid not in done))

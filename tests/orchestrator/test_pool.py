@@ -213,3 +213,30 @@ def test_few_groups_spread_over_the_workers(tmp_path):
         assert not pool.busy("fake://a")
     finally:
         pool.close()
+
+
+def test_a_submitted_iterator_is_pulled_one_group_per_free_slot(tmp_path):
+    """A run streams its task: the pool takes a group only when a slot frees up."""
+    pool = _pool(tmp_path, ["fake://fast", "fake://fast"], slots=2)
+    groups = _groups(30)
+    pulled: list[str] = []
+
+    def source():
+        for g in groups:
+            pulled.append(g.prompt_id)
+            yield g
+
+    pool.submit(source(), count=len(groups))
+    assert pulled == [] and pool.remaining == 30  # nothing taken before a slot is free
+    pool.start()
+    assert len(pulled) == 4 and pool.remaining == 30  # 2 workers x 2 slots
+
+    def held_at_most_the_slots(_events) -> None:
+        assert len(pool.outstanding) <= 4  # groups held: those in flight, never the task
+
+    try:
+        events = _drain(pool, on_events=held_at_most_the_slots)
+    finally:
+        pool.close()
+    assert _resolved(events) == {g.prompt_id: 1 for g in groups}
+    assert pulled == [g.prompt_id for g in groups]

@@ -12,7 +12,7 @@ from contracts.ids import prompt_id_for
 from contracts.answer_match import alias_match_label, normalize_answer
 from contracts.prompt_group import PromptGroup
 from orchestrator.tasks import (BUNDLED_SAMPLES, TASKS, DatasetFormatError, MalformedLine, TaskData,
-                                bundled_path, load_task)
+                                bundled_path, load_task, open_task)
 from orchestrator.tasks.hallulens import ENTITY_PROMPT_TEMPLATES
 from orchestrator.tasks.triviaqa import PROMPT_TEMPLATE
 
@@ -253,6 +253,37 @@ def test_not_utf8_names_line(tmp_path):
     path.write_bytes(b'{"prompt": "ok", "answer": "a"}\n{"prompt": "\xff\xfe", "answer": "b"}\n')
     with pytest.raises(DatasetFormatError, match=r"x.jsonl:2: not valid UTF-8"):
         load_task("precisewikiqa", path)
+
+
+# ----------------------------------------------------------------------------- streaming
+
+@pytest.mark.parametrize("name", ["triviaqa", "precisewikiqa", "mixedentities"])
+def test_open_task_streams_the_same_groups_as_load_task(name):
+    stream = open_task(name, limit=25, shard="1/2")
+    first, again = list(stream.groups()), list(stream.groups())
+    assert [g.prompt_id for g in first] == [g.prompt_id for g in again] \
+        == [g.prompt_id for g in load_task(name, limit=25, shard="1/2").groups]
+    assert first == again and 0 < len(first) < 25
+
+
+def test_open_task_reads_a_jsonl_file_lazily(tmp_path):
+    """The first group comes before the file is read to its end (a bad last line is only met
+    when the reading gets there): a run never holds the whole task."""
+    rows = [json.dumps(_tqa_item(f"q{i}")) for i in range(3)] + ["{not json"]
+    path = tmp_path / "qa.jsonl"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    groups = open_task("triviaqa", path, strict=True).groups()
+    assert next(groups).meta["question"] == "What is the capital of France?"
+    assert len([next(groups), next(groups)]) == 2
+    with pytest.raises(DatasetFormatError, match=r"qa.jsonl:4: invalid JSON"):
+        next(groups)
+
+
+def test_a_bom_and_crlf_are_read_as_before(tmp_path):
+    path = tmp_path / "qa.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(_tqa_item("q0")).encode() + b"\r\n")
+    assert [g.meta["question"] for g in open_task("triviaqa", path).groups()] \
+        == ["What is the capital of France?"]
 
 
 # ----------------------------------------------------------------------------- HalluLens formats

@@ -86,6 +86,22 @@ def test_gives_up_after_three_attempts(server):
     assert len(_Scripted.seen) == 3 and info.value.status_code == 500
 
 
+def test_the_waits_between_attempts_are_base_then_twice_base(server, monkeypatch):
+    """The first attempt goes out without tenacity; the waits stay those of the policy."""
+    waits, real_sleep = [], asyncio.sleep
+
+    async def recording_sleep(delay, *args, **kwargs):
+        if delay > 0:
+            waits.append(round(delay, 4))
+        return await real_sleep(delay, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "sleep", recording_sleep)
+    _Scripted.script = [500, 500, 500]
+    with pytest.raises(BackendHTTPError):
+        _chat(server)
+    assert waits == [0.01, 0.02]
+
+
 def test_4xx_is_not_retried(server):
     _Scripted.script = [400]
     with pytest.raises(BackendHTTPError) as info:
