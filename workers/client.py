@@ -22,7 +22,7 @@ import aiohttp
 from tenacity import (AsyncRetrying, retry_if_exception, stop_after_attempt,
                       wait_exponential)
 
-from contracts.jsonl import dumps, parse_line
+from contracts.jsonl import dumps, encode_line, parse_line
 
 __all__ = ["BackendClient", "Completion", "is_retryable", "BackendRequestError",
            "BackendHTTPError"]
@@ -61,6 +61,8 @@ def is_retryable(exc: BaseException) -> bool:
         return status >= 500 or status == 429
     return False
 
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
 
 #: server error messages that no retry can fix
 _NOT_TRANSIENT = ("No space left on device", "Disk quota exceeded", "Read-only file system")
@@ -151,7 +153,8 @@ class BackendClient:
         log.warning("retrying %s after %s (attempt %d)", self.base_url, exc, attempt)
 
     async def _post_once(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        async with self._get_session().post(url, json=body) as resp:
+        async with self._get_session().post(url, data=encode_line(body),
+                                            headers=_JSON_HEADERS) as resp:
             data = await resp.read()
         if resp.status >= 400:
             raise BackendHTTPError(url, resp.status, _error_message(data))
