@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ._layer_draw import draw_layers
 from ._worker_buffers import SharedBatch, WorkerBuffers, numpy_dtype_to_torch, use_count
 from .base import ActivationReader
 from .registry import open_store
@@ -33,8 +34,9 @@ _SCALARS = ("label", "seq_len", "prompt_len", "response_len", "index")
 class ActivationPairsDataset(Dataset):
     """index -> one sample at ``layers_per_sample`` distinct random layers, all tokens.
 
-    The layers come from ``numpy.random.default_rng((seed, epoch, index))``: the same for a given
-    (seed, epoch, index) whatever the worker count or start method. ``set_epoch`` changes them.
+    The layers come from :func:`storage._layer_draw.draw_layers`, a counter-based draw keyed by
+    (seed, epoch, index): the same for a given (seed, epoch, index) whatever the worker count,
+    start method or batch. ``set_epoch`` changes them.
     The reader opens its files lazily in each DataLoader worker and is dropped from pickles.
 
     Item: ``acts`` (k, T, H) tensor, ``layers`` (k,) layer ids, ``layer_pos`` (k,) positions,
@@ -73,9 +75,12 @@ class ActivationPairsDataset(Dataset):
         return self._len
 
     def layers_for(self, index: int) -> np.ndarray:
-        rng = np.random.default_rng((self.seed, self.epoch, int(index)))
-        # the same draw as rng.choice(self.layer_positions, ...), a quarter cheaper
-        pick = rng.choice(len(self.layer_positions), size=self.layers_per_sample, replace=False)
+        return self._layers_of(np.array([int(index)]))[0]
+
+    def _layers_of(self, index: np.ndarray) -> np.ndarray:
+        """``(len(index), k)`` layer positions: :func:`storage._layer_draw.draw_layers`."""
+        pick = draw_layers(self.seed, self.epoch, index, len(self.layer_positions),
+                           self.layers_per_sample)
         return self.layer_positions[pick]
 
     def _meta_columns(self) -> dict[str, np.ndarray]:
@@ -127,8 +132,7 @@ class ActivationPairsDataset(Dataset):
         index %= max(n, 1)
         cols = self._meta_columns()
         seq = cols["seq_len"][index]
-        pos = np.stack([self.layers_for(i) for i in index]) if len(index) else \
-            np.empty((0, self.layers_per_sample), np.int64)
+        pos = self._layers_of(index)
         b, k = pos.shape
         t_max = int(seq.max()) if b else 0
         acts = self._output((b, k, t_max, r.hidden_size), r.dtype)

@@ -11,8 +11,8 @@ from typing import Iterator
 
 import numpy as np
 
+from ._layer_draw import draw_layers
 from .errors import CorruptShardError
-
 from .wds import decode_npy, iter_wds_records, read_wds_manifest
 
 def _torch_iterable():
@@ -53,8 +53,10 @@ class WdsPairsDataset(_torch_iterable()):
         self.epoch = int(epoch)
 
     def layers_for(self, index: int) -> np.ndarray:
-        rng = np.random.default_rng((self.seed, self.epoch, int(index)))
-        return rng.choice(self.layer_positions, size=self.layers_per_sample, replace=False)
+        """The same positions as ``ActivationPairsDataset.layers_for`` gives this index."""
+        pick = draw_layers(self.seed, self.epoch, [int(index)], len(self.layer_positions),
+                           self.layers_per_sample)[0]
+        return np.asarray(self.layer_positions)[pick]
 
     def _records(self) -> Iterator[dict]:
         from torch.utils.data import get_worker_info
