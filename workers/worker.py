@@ -19,10 +19,12 @@ import os
 import signal
 import threading
 import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from contracts.process import die_with_parent
 from contracts.ids import activation_key, sample_seed
@@ -31,6 +33,8 @@ from workers.capture import (CaptureError, CapturedRows, discard_capture, load_c
                              select_rows)
 from workers.client import BackendClient, Completion
 from workers.persist import GenerationRecord, PersistBroken, WorkerDir
+
+T = TypeVar("T")
 
 __all__ = ["WorkerSpec", "worker_main", "grade_answer"]
 
@@ -126,6 +130,11 @@ class _Channel:
                 return
 
 
+async def _on(executor: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on ``executor``'s thread, awaited from the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+
 class _Worker:
     def __init__(self, spec: WorkerSpec, channel: _Channel) -> None:
         self.spec = spec
@@ -138,6 +147,10 @@ class _Worker:
                              hidden_size=spec.hidden_size, dtype=spec.dtype)
         self.persist_lock = asyncio.Lock()
         self.fatal = False
+        # one thread each for capture loading and committing, kept for the run (the loop's
+        # default executor, up to six threads, cost ~10 % of a worker's CPU in hand-offs)
+        self._loading = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture-load")
+        self._committing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="commit")
 
     async def run(self) -> None:
         inbox: asyncio.Queue = asyncio.Queue()
@@ -162,6 +175,8 @@ class _Worker:
                 await asyncio.gather(*tasks)
         finally:
             await self.client.close()
+            self._loading.shutdown(wait=True)
+            self._committing.shutdown(wait=True)
             self.out.close()
 
     async def _guarded(self, group: PromptGroup) -> None:
@@ -208,7 +223,7 @@ class _Worker:
                                       records[0].row["label_grader"])
         try:
             async with self.persist_lock:
-                await asyncio.to_thread(self.out.persist_group, prompt_row, records)
+                await _on(self._committing, self.out.persist_group, prompt_row, records)
         except OSError as exc:  # persist_group rolled the group back (or says it could not)
             full = exc.errno in _FULL_DISK
             self._report_failure(group.prompt_id, None, exc,
@@ -221,7 +236,7 @@ class _Worker:
             return
         for err in errors:  # the group is committed: a lost error row must not undo that
             try:
-                await asyncio.to_thread(self.out.record_error, err)
+                await _on(self._committing, self.out.record_error, err)
             except OSError:
                 log.exception("could not record a capture error of %s", group.prompt_id)
         tokens = sum(len(c.token_ids) for c in completions)
@@ -252,7 +267,7 @@ class _Worker:
         """
         paths = await asyncio.gather(*[self._capture_path(c) for c in completions],
                                      return_exceptions=True)
-        captured = await asyncio.to_thread(self._load_rows, completions, paths)
+        captured = await _on(self._loading, self._load_rows, completions, paths)
         records, errors = [], []
         for sample_id, (comp, params, rows) in enumerate(zip(completions, requests, captured)):
             label, grader = grade_answer(group, comp.text)
