@@ -129,9 +129,12 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
             act = {**act, "label": label}
             counts["total_bytes"] += int(act.get("size_bytes") or 0)
             counts["activations"] += 1
-            line_out = line_out or _line(act)
+            if line_out is not None:  # the worker's line plus the label: parses back to act
+                tables.add_activation(act, line_out)
+            else:
+                line_out = _line(act)
+                tables.add_activation(act, line_out, act)
             write_act(line_out)
-            tables.add_activation(act, line_out)
             if act["sample_id"] == 0:
                 primary_act = act
         kept_gens.sort(key=lambda g: g["sample_id"])

@@ -358,41 +358,46 @@ class _Table:
 
 
 class _LineTable(_Table):
-    """A table whose row groups Arrow builds from the rows' JSONL lines (parquet_arrow.py);
-    the Python builder makes the row groups Arrow hands over. ``add(row, line)``: the row and
-    its line (compact or spaced JSON of the same values)."""
+    """A table whose row groups Arrow builds from the rows' JSONL lines (parquet_arrow.py),
+    gathered in one buffer; the Python builder makes the row groups Arrow hands over, from the
+    lines parsed again. ``add(row, line, row_kept)``: the row and its line (compact or spaced
+    JSON of the same values); ``row_kept``: the row itself where parsing the line would not give
+    it back (a line dumped from a row with a NaN in it, written as null)."""
 
     def __init__(self, path: Path, schema: pa.Schema, rows: int, *,
-                 arrow: Callable[[bytes, list, pa.Schema], pa.Table | None],
+                 arrow: Callable[[bytearray, list, pa.Schema], pa.Table | None],
                  extra: Callable[[dict[str, Any]], str | None],
-                 hold: Callable[[dict[str, Any], bytes], Any],
                  fallback: Callable[[list, list, pa.Schema, str], pa.Table]) -> None:
-        super().__init__(path, schema, hold, rows)
+        super().__init__(path, schema, lambda row: row, rows)
         self.arrow, self.extra, self.fallback = arrow, extra, fallback
-        self.lines: list[bytes] = []
+        self.data = bytearray()
         self.extras: list[str | None] = []
 
-    def add(self, row: dict[str, Any], line: bytes) -> None:  # type: ignore[override]
-        self.lines.append(line)
+    def add(self, row: dict[str, Any], line: bytes,  # type: ignore[override]
+            row_kept: dict[str, Any] | None = None) -> None:
+        self.data += line
         self.extras.append(self.extra(row))
-        self.buffer.append(self.columns(row, line))
+        self.buffer.append(row_kept)
         if len(self.buffer) >= self.rows:
             self.flush()
 
     def _build(self) -> pa.Table:
-        table = self.arrow(b"".join(self.lines), self.extras, self.schema)
+        data, self.data = self.data, bytearray()
+        table = self.arrow(data, self.extras, self.schema)
         if table is None:
-            table = self.fallback(self.buffer, self.extras, self.schema, self.path.name)
-        self.lines, self.extras = [], []
+            lines = bytes(data).split(b"\n")[:-1]  # JSON text has no raw newline
+            rows = [parse_line(line) if kept is None else kept
+                    for line, kept in zip(lines, self.buffer)]
+            table = self.fallback(rows, self.extras, self.schema, self.path.name)
+        self.extras = []
         return table
 
 
-def _generations_fallback(lines: list[bytes], extras: list, schema: pa.Schema,
+def _generations_fallback(rows: list[dict[str, Any]], extras: list, schema: pa.Schema,
                           where: str) -> pa.Table:
-    """The Python builder over the worker's lines, parsed again (as consolidation did)."""
     builder = _GenerationColumns(Path(where), schema)
-    for line in lines:
-        builder.add(parse_line(line))
+    for row in rows:
+        builder.add(row)
     return builder.build()
 
 
@@ -403,16 +408,14 @@ def _activations_fallback(rows: list[dict[str, Any]], extras: list, schema: pa.S
 
 
 def _generation_table(path: Path, schema: pa.Schema, rows: int) -> _LineTable:
-    # the line is the worker's own: parsing it again gives the row (exact)
     return _LineTable(path, schema, rows, arrow=generation_table, extra=_generation_extra,
-                      hold=lambda row, line: line, fallback=_generations_fallback)
+                      fallback=_generations_fallback)
 
 
 def _activation_table(path: Path, schema: pa.Schema, rows: int) -> _LineTable:
-    # the line may be dumped from the row (a NaN written as null): the row itself is held
     return _LineTable(path, schema, rows, arrow=activation_table,
                       extra=lambda row: _extra(row, _ACTIVATION_KNOWN),
-                      hold=lambda row, line: row, fallback=_activations_fallback)
+                      fallback=_activations_fallback)
 
 
 class ParquetTables:

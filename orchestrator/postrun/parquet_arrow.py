@@ -20,7 +20,6 @@ Fields no column holds are ignored by the reader; the caller passes each row's `
 
 from __future__ import annotations
 
-import io
 import re
 from typing import Sequence
 
@@ -51,12 +50,12 @@ _FLOAT_EXACT = float(2 ** 24)  # pa.array refuses an int beyond this for float32
 _INT_MINUS_ZERO = re.compile(rb"-0[,\]}]")  # JSON numbers have no leading zeros: the int -0
 
 
-def _read(data: bytes, schema: pa.Schema) -> pa.Table | None:
+def _read(data: bytes | bytearray, schema: pa.Schema) -> pa.Table | None:
     """The lines in ``data`` as one table of ``schema``'s columns; None when the reader refuses
     (a value of another type, a duplicate key, ...)."""
     try:
         table = pj.read_json(
-            io.BytesIO(data),
+            pa.BufferReader(pa.py_buffer(data)),  # no copy of the lines
             read_options=pj.ReadOptions(use_threads=False, block_size=len(data) + 1),
             parse_options=pj.ParseOptions(explicit_schema=schema,
                                           unexpected_field_behavior="ignore"))
@@ -73,7 +72,7 @@ def _offsets(lists: pa.Array) -> pa.Array:
     return pa.array(offsets, type=_I32)
 
 
-def _float32(values: pa.Array, data: bytes) -> pa.Array | None:
+def _float32(values: pa.Array, data: bytes | bytearray) -> pa.Array | None:
     """float64 → float32 as ``pa.array(python_floats, float32)`` does; None beyond 2**24, or
     for a -0.0 when ``data`` has the int ``-0`` (0.0 to Python, -0.0 to the JSON reader)."""
     if not len(values) or values.null_count == len(values):
@@ -90,7 +89,8 @@ def _field(structs: pa.Array, name: str) -> pa.Array:
     return pc.struct_field(structs, name)
 
 
-def _logprob_columns(logprobs: pa.Array, data: bytes) -> dict[str, pa.Array] | None:
+def _logprob_columns(logprobs: pa.Array, data: bytes | bytearray
+                     ) -> dict[str, pa.Array] | None:
     """tokens, token_logprobs, token_logits, top_logprob_tokens, top_logprobs."""
     tok_off = _offsets(logprobs)
     entries = logprobs.flatten()
@@ -122,7 +122,7 @@ def _logprob_columns(logprobs: pa.Array, data: bytes) -> dict[str, pa.Array] | N
     }
 
 
-def generation_table(data: bytes, extras: Sequence[str | None], schema: pa.Schema
+def generation_table(data: bytes | bytearray, extras: Sequence[str | None], schema: pa.Schema
                      ) -> pa.Table | None:
     """The ``generations.parquet`` rows of the JSONL lines in ``data`` (``extras``: each row's
     ``extra_json``), or None when the Python builder is needed."""
@@ -154,7 +154,7 @@ def generation_table(data: bytes, extras: Sequence[str | None], schema: pa.Schem
     return pa.Table.from_arrays([out[f.name] for f in schema], schema=schema)
 
 
-def activation_table(data: bytes, extras: Sequence[str | None], schema: pa.Schema
+def activation_table(data: bytes | bytearray, extras: Sequence[str | None], schema: pa.Schema
                      ) -> pa.Table | None:
     """The ``activation_index.parquet`` rows of the JSONL lines in ``data``, or None."""
     fields = [f for f in schema if f.name != "extra_json"]
