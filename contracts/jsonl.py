@@ -183,13 +183,15 @@ def spaced(raw: bytes) -> bytes | None:
     (``", "`` and ``": "`` separators), without parsing; None when that is not certain.
 
     The line is cut into JSON strings and the text between them (a plain split on ``"`` when
-    there is no backslash, else a regex that knows escapes); in the text between strings, the
-    structure, each ``,``/``:`` gains its space.
+    no quote is escaped, i.e. no ``\\"`` anywhere: then every quote opens or closes a string;
+    else a regex that knows escapes); in the text between strings, the structure, each
+    ``,``/``:`` gains its space.
     """
-    parts = raw.split(b'"') if b"\\" not in raw else _JSON_STRING.split(raw)
+    escaped_quote = b'\\"' in raw
+    parts = _JSON_STRING.split(raw) if escaped_quote else raw.split(b'"')
     if len(parts) % 2 == 0:
         return None
-    if b"\\" in raw:  # the regex keeps the quotes in the strings; drop them to rejoin alike
+    if escaped_quote:  # the regex keeps the quotes in the strings; drop them to rejoin alike
         parts[1::2] = [p[1:-1] for p in parts[1::2]]
     # the text between strings, joined by NUL (never raw in JSON text), edited in one go
     outside = b"\0".join(parts[0::2])
@@ -200,7 +202,7 @@ def spaced(raw: bytes) -> bytes | None:
 
 
 #: one JSON string, escapes included, as a capturing group (re.split keeps it)
-_JSON_STRING = re.compile(rb'("(?:[^"\\]|\\.)*")', re.DOTALL)
+_JSON_STRING = re.compile(rb'("[^"\\]*(?:\\.[^"\\]*)*")', re.DOTALL)
 
 
 class JsonlAppender:

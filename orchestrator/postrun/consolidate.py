@@ -107,7 +107,7 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
             sample_labels.setdefault(sid, gen.get("label"))
             # the row as it was: re-spaced from the worker's bytes, or dumped when that is unsure
             write_gen(spaced(gen_line.raw) or _line(gen))
-            tables.add_generation(gen)
+            tables.add_generation(gen, gen_line.raw)
         if len(seen) != k + 1:
             raise ArtifactError(
                 f"{wdir / layout.GENERATIONS}: the generations of prompt {row['prompt_id']} "
@@ -129,8 +129,12 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
             act = {**act, "label": label}
             counts["total_bytes"] += int(act.get("size_bytes") or 0)
             counts["activations"] += 1
-            write_act(line_out or _line(act))
-            tables.add_activation(act)
+            if line_out is not None:  # the worker's line plus the label: parses back to act
+                tables.add_activation(act, line_out)
+            else:
+                line_out = _line(act)
+                tables.add_activation(act, line_out, act)
+            write_act(line_out)
             if act["sample_id"] == 0:
                 primary_act = act
         kept_gens.sort(key=lambda g: g["sample_id"])

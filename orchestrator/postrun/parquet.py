@@ -4,7 +4,9 @@ Next to ``consolidated/*.jsonl``: ``prompts.parquet``, ``generations.parquet``,
 ``activation_index.parquet`` and ``labels.parquet`` (schemas in docs/formats/parquet.md, which a
 test compares with :data:`SCHEMAS`). Fields of a row that no column holds go, as one JSON
 object, into the table's ``extra_json`` column, so nothing is lost when workers add fields.
-Each file is written to ``*.parquet.partial`` and renamed into place when complete.
+Each file is written to ``*.parquet.partial`` and renamed into place when complete. The row
+groups of the two big tables are built from the rows' JSONL lines by Arrow's JSON reader
+(orchestrator/postrun/parquet_arrow.py), with the Python builders here as the reference.
 
 ```python
 import pandas as pd
@@ -26,7 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contracts import layout
-from contracts.jsonl import dumps
+from contracts.jsonl import dumps, parse_line
+from orchestrator.postrun.parquet_arrow import activation_table, generation_table
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +107,8 @@ def _str(value: Any) -> str | None:
 
 
 def _extra(row: dict[str, Any], known: frozenset[str]) -> str | None:
+    if row.keys() <= known:
+        return None
     rest = {k: v for k, v in row.items() if k not in known}
     return json.dumps(rest, ensure_ascii=False) if rest else None
 
@@ -171,7 +176,6 @@ def _label_columns(row: dict[str, Any]) -> tuple:
 
 _COLUMNS: dict[str, Callable[[dict[str, Any]], tuple]] = {
     "prompts.parquet": _prompt_columns,
-    "activation_index.parquet": _activation_columns,
     "labels.parquet": _label_columns,
 }
 
@@ -179,20 +183,18 @@ _COLUMNS: dict[str, Callable[[dict[str, Any]], tuple]] = {
 _TOKEN, _LOGPROB, _TOP = itemgetter("token"), itemgetter("logprob"), itemgetter("top_logprobs")
 
 
-class _GenerationTable:
-    """generations.parquet, built column by column: list columns as flat values + offsets
-    (no per-token Python lists, no per-row tuples)."""
+class _GenerationColumns:
+    """generations.parquet rows in Python, column by column: list columns as flat values +
+    offsets (no per-token Python lists, no per-row tuples). The reference builder: the
+    Arrow one (parquet_arrow.py) hands a row group over to it when unsure."""
 
     SCALARS = ("prompt_id", "sample_id", "role", "text", "finish_reason", "prompt_tokens",
                "completion_tokens", "temperature", "top_p", "seed", "max_tokens",
                "generation_time_ms", "label", "label_grader", "activation_key", "worker_id",
                "commit_id", "extra_json")
 
-    def __init__(self, path: Path, schema: pa.Schema, rows: int) -> None:
-        self.path, self.schema, self.rows = path, schema, rows
-        self.tmp = path.with_name(path.name + ".partial")
-        self.writer = pq.ParquetWriter(self.tmp, schema, compression="zstd")
-        self.written = 0
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        self.path, self.schema = path, schema
         self._reset()
 
     def _reset(self) -> None:
@@ -245,8 +247,6 @@ class _GenerationTable:
             self._add_logprobs(lps)
         self.tok_off.append(len(self.tokens))
         self.n += 1
-        if self.n >= self.rows:
-            self.flush()
 
     def _add_logprobs_fast(self, lps: list[dict[str, Any]]) -> None:
         """Worker rows: every entry has token, logprob, logit and top_logprobs (C-level maps)."""
@@ -283,9 +283,8 @@ class _GenerationTable:
             self.top_off.append(len(self.top_tok))
         self.logits_valid.append(has_logit)
 
-    def flush(self) -> None:
-        if not self.n:
-            return
+    def build(self) -> pa.Table:
+        """The rows added so far as one table; the builder starts over."""
         types = {f.name: f.type for f in self.schema}
         i32 = pa.int32()
         tok_off = pa.array(self.tok_off, type=i32)
@@ -309,20 +308,26 @@ class _GenerationTable:
             tok_off, pa.ListArray.from_arrays(top_off, arr(self.top_tok, _S, "top_logprobs")))
         cols["top_logprobs"] = pa.ListArray.from_arrays(
             tok_off, pa.ListArray.from_arrays(top_off, arr(self.top_lp, _F32, "top_logprobs")))
-        table = pa.Table.from_arrays([cols[f.name] for f in self.schema], schema=self.schema)
-        self.writer.write_table(table)
-        self.written += self.n
         self._reset()
+        return pa.Table.from_arrays([cols[f.name] for f in self.schema], schema=self.schema)
 
-    close = None  # set below (shared with _Table)
+
+def _tuples_table(buffer: list[tuple], schema: pa.Schema, where: str) -> pa.Table:
+    """Rows given as tuples of column values (schema order) as one table."""
+    cols = list(zip(*buffer))
+    arrays = [_array(list(col), field.type, f"{where} {field.name}")
+              for col, field in zip(cols, schema)]
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 class _Table:
+    """One Parquet file written in row groups of ``rows`` rows, from tuples of columns."""
+
     def __init__(self, path: Path, schema: pa.Schema, columns: Callable, rows: int) -> None:
         self.path, self.schema, self.columns, self.rows = path, schema, columns, rows
         self.tmp = path.with_name(path.name + ".partial")
         self.writer = pq.ParquetWriter(self.tmp, schema, compression="zstd")
-        self.buffer: list[tuple] = []
+        self.buffer: list = []
         self.written = 0
 
     def add(self, row: dict[str, Any]) -> None:
@@ -333,12 +338,12 @@ class _Table:
     def flush(self) -> None:
         if not self.buffer:
             return
-        cols = list(zip(*self.buffer))
-        arrays = [_array(list(col), field.type, f"{self.path.name} {field.name}")
-                  for col, field in zip(cols, self.schema)]
-        self.writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
+        self.writer.write_table(self._build())
         self.written += len(self.buffer)
         self.buffer = []
+
+    def _build(self) -> pa.Table:
+        return _tuples_table(self.buffer, self.schema, self.path.name)
 
     def close(self, commit: bool) -> None:
         if commit:
@@ -352,17 +357,78 @@ class _Table:
             self.tmp.unlink(missing_ok=True)
 
 
-_GenerationTable.close = _Table.close  # type: ignore[assignment]
+class _LineTable(_Table):
+    """A table whose row groups Arrow builds from the rows' JSONL lines (parquet_arrow.py),
+    gathered in one buffer; the Python builder makes the row groups Arrow hands over, from the
+    lines parsed again. ``add(row, line, row_kept)``: the row and its line (compact or spaced
+    JSON of the same values); ``row_kept``: the row itself where parsing the line would not give
+    it back (a line dumped from a row with a NaN in it, written as null)."""
+
+    def __init__(self, path: Path, schema: pa.Schema, rows: int, *,
+                 arrow: Callable[[bytearray, list, pa.Schema], pa.Table | None],
+                 extra: Callable[[dict[str, Any]], str | None],
+                 fallback: Callable[[list, list, pa.Schema, str], pa.Table]) -> None:
+        super().__init__(path, schema, lambda row: row, rows)
+        self.arrow, self.extra, self.fallback = arrow, extra, fallback
+        self.data = bytearray()
+        self.extras: list[str | None] = []
+
+    def add(self, row: dict[str, Any], line: bytes,  # type: ignore[override]
+            row_kept: dict[str, Any] | None = None) -> None:
+        self.data += line
+        self.extras.append(self.extra(row))
+        self.buffer.append(row_kept)
+        if len(self.buffer) >= self.rows:
+            self.flush()
+
+    def _build(self) -> pa.Table:
+        data, self.data = self.data, bytearray()
+        table = self.arrow(data, self.extras, self.schema)
+        if table is None:
+            lines = bytes(data).split(b"\n")[:-1]  # JSON text has no raw newline
+            rows = [parse_line(line) if kept is None else kept
+                    for line, kept in zip(lines, self.buffer)]
+            table = self.fallback(rows, self.extras, self.schema, self.path.name)
+        self.extras = []
+        return table
+
+
+def _generations_fallback(rows: list[dict[str, Any]], extras: list, schema: pa.Schema,
+                          where: str) -> pa.Table:
+    builder = _GenerationColumns(Path(where), schema)
+    for row in rows:
+        builder.add(row)
+    return builder.build()
+
+
+def _activations_fallback(rows: list[dict[str, Any]], extras: list, schema: pa.Schema,
+                          where: str) -> pa.Table:
+    return _tuples_table([_activation_columns(row)[:-1] + (extra,)
+                          for row, extra in zip(rows, extras)], schema, where)
+
+
+def _generation_table(path: Path, schema: pa.Schema, rows: int) -> _LineTable:
+    return _LineTable(path, schema, rows, arrow=generation_table, extra=_generation_extra,
+                      fallback=_generations_fallback)
+
+
+def _activation_table(path: Path, schema: pa.Schema, rows: int) -> _LineTable:
+    return _LineTable(path, schema, rows, arrow=activation_table,
+                      extra=lambda row: _extra(row, _ACTIVATION_KNOWN),
+                      fallback=_activations_fallback)
 
 
 class ParquetTables:
     """The four consolidated tables of one consolidation; ``close(commit=True)`` publishes them."""
 
     def __init__(self, out_dir: Path, *, row_group_rows: int = ROW_GROUP_ROWS) -> None:
+        out_dir = Path(out_dir)
         self.tables: dict[str, Any] = {
-            name: (_GenerationTable(Path(out_dir) / name, schema, max(1, row_group_rows // 4))
+            name: (_generation_table(out_dir / name, schema, max(1, row_group_rows // 4))
                    if name == "generations.parquet"
-                   else _Table(Path(out_dir) / name, schema, _COLUMNS[name], row_group_rows))
+                   else _activation_table(out_dir / name, schema, row_group_rows)
+                   if name == "activation_index.parquet"
+                   else _Table(out_dir / name, schema, _COLUMNS[name], row_group_rows))
             for name, schema in SCHEMAS.items()}
         self.add_generation = self.tables["generations.parquet"].add
         self.add_activation = self.tables["activation_index.parquet"].add

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from contracts import layout
-from contracts.jsonl import iter_rows
+from contracts.jsonl import iter_rows, parse_line
 from orchestrator.manifest import load_manifest
 from orchestrator.postrun.commits import MaskLookup, commit_key, id_rows
 
@@ -32,7 +32,7 @@ def _malformed(raw: bytes) -> bool:
     if not raw.endswith(b"\n") or raw.isspace():
         return False
     try:
-        return not isinstance(json.loads(raw), dict)
+        return not isinstance(parse_line(raw), dict)  # orjson, the stdlib where it refuses
     except ValueError:  # JSONDecodeError and UnicodeDecodeError
         return True
 

@@ -76,6 +76,7 @@ def _scan(path: Path, report: _Report, *, consolidated: bool) -> Iterator[tuple[
     """Rows of a JSONL file, streamed, reporting malformed lines and schema violations."""
     if not path.exists():
         return
+    name = path.name
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
@@ -88,7 +89,7 @@ def _scan(path: Path, report: _Report, *, consolidated: bool) -> Iterator[tuple[
                 report.add(cls, f"{'torn' if torn else 'malformed'} JSON line "
                                 f"({getattr(exc, 'msg', exc)})", file=path, line=lineno)
                 continue
-            errs = schema_errors(path.name, row)
+            errs = schema_errors(name, row)
             if errs:
                 cls = "consolidated_malformed_line" if consolidated else "schema_violation"
                 report.add(cls, "; ".join(errs), file=path, line=lineno,

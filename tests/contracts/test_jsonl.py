@@ -8,7 +8,8 @@ import json
 import pytest
 
 from contracts.jsonl import (JsonlAppender, MalformedLineError, committed_size, cut_torn_tail,
-                             iter_lines, iter_rows, truncate_to)
+                             encode_spaced_line, iter_lines, iter_rows, spaced,
+                             truncate_to)
 
 
 def test_reads_committed_lines_with_positions(tmp_path):
@@ -68,3 +69,17 @@ def test_truncate_refuses_to_grow(tmp_path):
     with pytest.raises(ValueError, match="cannot truncate"):
         truncate_to(path, 100)
     assert truncate_to(path, 0) == 8 and path.read_bytes() == b""
+
+
+@pytest.mark.parametrize("row", [
+    {"a": 1, "b": [1.5, None, True], "c": {"d": "x"}},
+    {"text": "a, b: c", "nl": "line\nnext\ttab"},
+    {"q": 'say "hi", then: go', "k": "x"},
+    {"bs": "ends with a backslash\\", "after": ", :"},
+    {"mix": 'a\\"b', "u": "é ü \u2028 \x01"},
+    {'key "quoted"': ['"', "\\", '\\"', ":", ","]},
+])
+def test_spaced_matches_the_stdlib(row):
+    compact = json.dumps(row, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    assert spaced(compact) == (json.dumps(row, ensure_ascii=False) + "\n").encode()
+    assert encode_spaced_line(row) == (json.dumps(row, ensure_ascii=False) + "\n").encode()

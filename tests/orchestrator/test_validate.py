@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from contracts import layout
 from orchestrator.postrun.consolidate import consolidate
 from orchestrator.postrun.validate import validate
@@ -67,3 +69,37 @@ def test_malformed_line_in_the_middle_of_a_worker_file(tmp_path: Path):
     assert (bad[0]["file"], bad[0]["line"]) == ("worker_0/generations.jsonl", 4)
     assert not report["ok"] and "--retry-failed" in report["repair"]["malformed_line"]
     assert {p: p.read_bytes() for p in before} == before  # nothing deleted or rewritten
+
+
+def _per_field_ok(name: str, row: dict) -> bool:
+    from orchestrator.postrun.row_schemas import SCHEMAS as FIELDS
+    return all(key in row and ok(row[key]) for key, ok in FIELDS[name].items())
+
+
+@pytest.mark.parametrize("name", [layout.GENERATIONS, layout.ACTIVATION_INDEX])
+def test_one_call_row_checks_equal_the_per_field_checks(name: str):
+    import copy
+
+    from orchestrator.postrun.row_schemas import _ROW_OK, SCHEMAS as FIELDS
+    from tests.orchestrator.postrun_fixtures import generation_row
+
+    good = (generation_row("0123456789abcdef", 1, 0) if name == layout.GENERATIONS else
+            {"prompt_id": "0123456789abcdef", "sample_id": 1, "activation_key": "k",
+             "layers": [3, 4], "sequence_mode": "response", "prompt_token_count": 20,
+             "response_token_count": 12, "shape": [2, 2, 8], "dtype": "float16",
+             "size_bytes": 64, "worker_id": 0})
+    odd_values = [None, True, 1, -1, 4096, 1.5, "x", "all", "primary", "float16", "last", [],
+                  [1, 2, 3], [1, True, 3], {}, "0123456789ABCDEF",
+                  [{"token": "a", "logprob": None, "top_logprobs": []}],
+                  [{"token": "a", "logprob": "x", "top_logprobs": []}],
+                  [{"token": "a", "top_logprobs": []}], [None]]
+    rows = [good]
+    for key in FIELDS[name]:
+        rows.append({k: v for k, v in good.items() if k != key})
+        for value in odd_values:
+            row = copy.deepcopy(good)
+            row[key] = value
+            rows.append(row)
+    for row in rows:
+        assert _ROW_OK[name](row) == _per_field_ok(name, row), row
+    assert _ROW_OK[name](good)
