@@ -9,7 +9,7 @@ a complete run in its own artifact root; ``python -m orchestrator merge`` joins 
 
 from __future__ import annotations
 
-from typing import Iterable, TypeVar
+from typing import Iterable, Iterator, TypeVar
 
 __all__ = ["ShardSpec", "parse_shard", "shard_of", "select_shard"]
 
@@ -53,11 +53,12 @@ def shard_of(prompt_id: str, count: int) -> int:
     return int(prompt_id, 16) % count
 
 
-def select_shard(groups: Iterable[T], spec: ShardSpec | str | None) -> list[T]:
-    """The groups (anything with a ``prompt_id``) of shard ``spec``, in their original order."""
-    groups = list(groups)
+def select_shard(groups: Iterable[T], spec: ShardSpec | str | None) -> Iterator[T]:
+    """The groups (anything with a ``prompt_id``) of shard ``spec``, in their original order,
+    taken lazily from ``groups``."""
     if spec is None:
-        return groups
+        yield from groups
+        return
     if isinstance(spec, str):
         spec = parse_shard(spec)
-    return [g for g in groups if shard_of(g.prompt_id, spec.count) == spec.index]  # type: ignore[attr-defined]
+    yield from (g for g in groups if shard_of(g.prompt_id, spec.count) == spec.index)  # type: ignore[attr-defined]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contracts.prompt_group import PromptGroup
-from orchestrator.shards import ShardSpec, parse_shard, shard_of
+from orchestrator.shards import ShardSpec, parse_shard, select_shard
 from orchestrator.tasks import hallulens, triviaqa
 from orchestrator.tasks.base import (DatasetFormatError, MalformedCollector, MalformedLine,
                                      TaskData)
@@ -77,11 +77,7 @@ class TaskStream:
             collector = MalformedCollector(str(self.source), self.strict)
         iterate = _LOADERS[self.name][0]
         groups = iterate(self.source, split=self.split, limit=self.limit, collector=collector)
-        if self.shard is None:
-            yield from groups
-        else:
-            index, count = self.shard.index, self.shard.count
-            yield from (g for g in groups if shard_of(g.prompt_id, count) == index)
+        yield from select_shard(groups, self.shard)
         collector.finish()
 
 
