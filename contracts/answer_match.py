@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-__all__ = ["normalize_answer", "alias_match_label", "answer_tokens", "CORRECT", "HALLUCINATED"]
+__all__ = ["normalize_answer", "alias_match_label", "alias_matcher", "answer_tokens", "CORRECT", "HALLUCINATED"]
 
 CORRECT = 0
 HALLUCINATED = 1
@@ -66,8 +66,22 @@ def alias_match_label(answer_text: str | None, aliases: Iterable[str]) -> int:
     A blank or missing answer is 1 (hallucinated); aliases that normalize to the empty string are
     skipped (they would otherwise match everything).
     """
-    if not answer_text:
+    return alias_matcher(aliases)(answer_text)
+
+
+def alias_matcher(aliases: Iterable[str]) -> Callable[[str | None], int]:
+    """:func:`alias_match_label` with ``aliases`` normalized once, for grading many answers."""
+    needles = [answer_tokens(str(alias)) for alias in aliases if alias is not None]
+
+    def label(answer_text: str | None) -> int:
+        if not answer_text:
+            return HALLUCINATED
+        tokens = answer_tokens(answer_text)
+        if tokens and any(_contains_run(tokens, needle) for needle in needles):
+            return CORRECT
         return HALLUCINATED
+
+    return label
     tokens = answer_tokens(answer_text)
     if not tokens:
         return HALLUCINATED

@@ -9,7 +9,7 @@ token was never fed back, so there are ``P + R - 1`` positions; with prefill cap
 from __future__ import annotations
 
 import fcntl
-import json
+import math
 import mmap
 import os
 import threading
@@ -18,6 +18,7 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
+import orjson
 
 __all__ = ["CaptureError", "CapturedRows", "load_capture", "select_rows", "transpose_cast",
            "discard_capture", "wait_for_capture"]
@@ -128,7 +129,7 @@ def _load(path: str) -> dict[str, np.ndarray]:
         return _parse(mapped, size)
     except _NotNumpy:
         return _load_bf16(path)
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         raise CaptureError(f"{path}: unreadable capture file: {exc}") from exc
 
 
@@ -140,7 +141,7 @@ def _parse(mapped: mmap.mmap, size: int) -> dict[str, np.ndarray]:
     head_len = int.from_bytes(mapped[:8], "little")
     if head_len > size - 8:
         raise ValueError(f"header of {head_len} bytes in a file of {size}")
-    header = json.loads(mapped[8:8 + head_len])
+    header = orjson.loads(mapped[8:8 + head_len])
     base, tensors = 8 + head_len, {}
     for name, info in header.items():
         if name == "__metadata__":
@@ -151,7 +152,7 @@ def _parse(mapped: mmap.mmap, size: int) -> dict[str, np.ndarray]:
             raise ValueError(f"tensor {name}: dtype {info['dtype']}")
         dtype, shape = np.dtype(_DTYPES[info["dtype"]]), [int(n) for n in info["shape"]]
         begin, end = (int(x) for x in info["data_offsets"])
-        count = int(np.prod(shape))
+        count = math.prod(shape)
         if end - begin != count * dtype.itemsize or begin < 0 or base + end > size:
             raise ValueError(f"tensor {name}: bytes [{begin}, {end}) do not hold {shape} "
                              f"{info['dtype']} in a file of {size} (truncated?)")

@@ -3,9 +3,10 @@
 Commit order (DESIGN.md): activations written and fsynced → ``generations.jsonl`` and
 ``activation_index.jsonl`` lines appended and fsynced (both at once, while the store makes its
 own commit point durable) → the group's ``prompt_index.jsonl`` line appended and fsynced (the
-commit marker, once the store and both files are durable) → done reported. One fsync per file
-per group, three waits in a row. A worker persists one group at a time,
-so after a crash everything not covered by a ``prompt_index.jsonl`` line is a tail that
+commit marker, once the store and both files are durable) → done reported. Groups that finish
+while a commit is on the disk are committed together (group commit): one fsync per file per
+commit, three waits in a row, however many groups it holds. A worker commits one call at a
+time, so after a crash everything not covered by a ``prompt_index.jsonl`` line is a tail that
 ``recover_worker_dir`` removes.
 """
 
@@ -87,42 +88,55 @@ class WorkerDir:
 
     def persist_group(self, prompt_row: dict[str, Any], generations: list[GenerationRecord]
                       ) -> None:
-        """Commit one prompt group durably, in the order the module docstring gives.
+        """Commit one prompt group durably: :meth:`persist_groups` of that one group."""
+        self.persist_groups([(prompt_row, generations)])
 
-        Every row of the group gets the same fresh ``commit_id``, so that consolidation can
-        tell two commits of one prompt apart (``--retry-failed``). A write that fails part way
-        (EIO, ENOSPC, a store refusing a key) rolls the group back in place before the error
-        propagates: the JSONL files are cut to their offsets before the group and the store
-        drops the group's samples, so the next group commits after the last committed one. When
-        that rollback fails too, :class:`PersistBroken` is raised: the worker must stop, and
-        the next run's :func:`recover_worker_dir` repairs the directory (the group is a tail).
+    def persist_groups(self, groups: list[tuple[dict[str, Any], list[GenerationRecord]]]
+                       ) -> None:
+        """Commit prompt groups durably together, in the order the module docstring gives.
+
+        Group commit: the groups share one fsync per file (a worker hands over every group that
+        finished while the previous commit was on the disk). Each group's rows get their own
+        fresh ``commit_id``, so that consolidation can tell two commits of one prompt apart
+        (``--retry-failed``), and the groups' lines follow the order of their
+        ``prompt_index.jsonl`` lines: a crash part way through the last append leaves a prefix
+        of the groups committed, and recovery cuts the rest. A write that fails part way (EIO,
+        ENOSPC, a store refusing a key) rolls every group of the call back in place before the
+        error propagates: the JSONL files are cut to their offsets before the call and the store
+        drops the call's samples, so the next commit follows the last committed one. When that
+        rollback fails too, :class:`PersistBroken` is raised: the worker must stop, and the next
+        run's :func:`recover_worker_dir` repairs the directory (the groups are a tail).
         """
         if self.broken is not None:
             raise PersistBroken(f"{self.root}: an earlier rollback failed ({self.broken})")
-        commit_id = uuid.uuid4().hex
         marks = {name: f.tell() for name, f in self._files.items()}
-        written: set[str] = set()  # keys this group added (a refused duplicate is not one)
+        written: set[str] = set()  # keys these groups added (a refused duplicate is not one)
         store_commit = None
         try:
-            activation_rows = []
-            for gen in generations:
-                if gen.acts is None:
-                    continue
-                key = gen.activation_row["activation_key"]
-                label = -1 if gen.label is None else int(gen.label)
-                location = self.writer.write(key, gen.acts, storage.SampleMeta(
-                    prompt_len=gen.prompt_rows, response_len=gen.response_rows, label=label))
-                written.add(key)
-                activation_rows.append({**gen.activation_row, **location,
-                                        "worker_id": self.worker_id, "commit_id": commit_id})
-            # group commit: one fsync per store file for the whole group. While the disk
-            # works, the JSONL lines are encoded; they are appended once the activation bytes
-            # are durable and synced while the store writes its own commit point.
+            generation_rows, activation_rows, prompt_rows = [], [], []
+            for prompt_row, generations in groups:
+                commit_id = uuid.uuid4().hex
+                prompt_rows.append({**prompt_row, "commit_id": commit_id})
+                for gen in generations:
+                    generation_rows.append({**gen.row, "commit_id": commit_id})
+                    if gen.acts is None:
+                        continue
+                    key = gen.activation_row["activation_key"]
+                    label = -1 if gen.label is None else int(gen.label)
+                    location = self.writer.write(key, gen.acts, storage.SampleMeta(
+                        prompt_len=gen.prompt_rows, response_len=gen.response_rows,
+                        label=label))
+                    written.add(key)
+                    activation_rows.append({**gen.activation_row, **location,
+                                            "worker_id": self.worker_id,
+                                            "commit_id": commit_id})
+            # one fsync per store file for all the groups. While the disk works, the JSONL
+            # lines are encoded; they are appended once the activation bytes are durable and
+            # synced while the store writes its own commit point.
             durable = threading.Event()
             store_commit = self._helpers.submit(self.writer.commit, on_durable=durable.set)
             store_commit.add_done_callback(lambda _: durable.set())  # also when it fails
-            lines = {"generations.jsonl": encode([{**g.row, "commit_id": commit_id}
-                                                  for g in generations]),
+            lines = {"generations.jsonl": encode(generation_rows),
                      "activation_index.jsonl": encode(activation_rows)}
             durable.wait()
             if store_commit.done():
@@ -135,8 +149,8 @@ class WorkerDir:
             finally:
                 syncing.result()
             store_commit.result()
-            # the commit marker: only once the store and both files are durable
-            self._append("prompt_index.jsonl", [{**prompt_row, "commit_id": commit_id}])
+            # the commit markers: only once the store and both files are durable
+            self._append("prompt_index.jsonl", prompt_rows)
         except Exception as exc:
             if store_commit is not None:
                 futures.wait([store_commit])
