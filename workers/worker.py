@@ -34,6 +34,7 @@ from contracts.prompt_group import PromptGroup
 from workers.capture import (CaptureError, CapturedRows, discard_capture, load_capture,
                              select_rows)
 from workers.client import BackendClient, Completion
+from workers.group_commit import GroupCommitter
 from workers.persist import GenerationRecord, PersistBroken, WorkerDir
 
 T = TypeVar("T")
@@ -171,15 +172,11 @@ class _Worker:
         self.out = WorkerDir(Path(spec.worker_dir), worker_id=spec.worker_id,
                              storage_format=spec.storage_format, layer_ids=list(spec.layer_ids),
                              hidden_size=spec.hidden_size, dtype=spec.dtype)
-        # group commit: groups that finish while a commit is on the disk wait here, and the
-        # next commit takes them all (one fsync per file for the lot)
-        self._to_commit: list[tuple[dict[str, Any], list[GenerationRecord], asyncio.Future]] = []
-        self._committer: asyncio.Task | None = None
+        self.committer = GroupCommitter(self.out)
         self.fatal = False
-        # one thread each for capture loading and committing, kept for the run (the loop's
-        # default executor, up to six threads, cost ~10 % of a worker's CPU in hand-offs)
+        # large captures load on a thread kept for the run (the loop's default executor, up to
+        # six threads, cost ~10 % of a worker's CPU in hand-offs)
         self._loading = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture-load")
-        self._committing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="commit")
 
     async def run(self) -> None:
         inbox: asyncio.Queue = asyncio.Queue()
@@ -205,7 +202,7 @@ class _Worker:
         finally:
             await self.client.close()
             self._loading.shutdown(wait=True)
-            self._committing.shutdown(wait=True)
+            self.committer.close()
             self.out.close()
 
     async def _guarded(self, group: PromptGroup) -> None:
@@ -251,7 +248,7 @@ class _Worker:
         prompt_row = self._prompt_row(group, completions[0], records[0].label,
                                       records[0].row["label_grader"])
         try:
-            await self._commit(prompt_row, records)
+            await self.committer.commit(prompt_row, records)
         except OSError as exc:  # persist_groups rolled the group back (or says it could not)
             full = exc.errno in _FULL_DISK
             self._report_failure(group.prompt_id, None, exc,
@@ -264,50 +261,13 @@ class _Worker:
             return
         for err in errors:  # the group is committed: a lost error row must not undo that
             try:
-                await _on(self._committing, self.out.record_error, err)
+                await self.committer.run(self.out.record_error, err)
             except OSError:
                 log.exception("could not record a capture error of %s", group.prompt_id)
         tokens = sum(len(c.token_ids) for c in completions)
         self.channel.send({"event": "done", "worker_id": spec.worker_id,
                           "prompt_id": group.prompt_id, "generations": len(completions),
                           "tokens": tokens, "capture_errors": len(errors)})
-
-    async def _commit(self, prompt_row: dict[str, Any], records: list[GenerationRecord]) -> None:
-        """Commit one group, together with the others waiting then; raises its error."""
-        done = asyncio.get_running_loop().create_future()
-        self._to_commit.append((prompt_row, records, done))
-        if self._committer is None or self._committer.done():
-            self._committer = asyncio.create_task(self._drain_commits())
-        await done
-
-    async def _drain_commits(self) -> None:
-        """Task body: commit what waits, in batches, until nothing does."""
-        while self._to_commit:
-            batch, self._to_commit = self._to_commit, []
-            try:
-                await self._commit_batch(batch)
-            except BaseException as exc:  # e.g. a simulated crash: no group may wait for ever
-                for *_, done in batch:
-                    if not done.done():
-                        done.set_exception(exc)
-                raise
-
-    async def _commit_batch(self, batch: list[tuple[dict[str, Any], list[GenerationRecord],
-                                                    asyncio.Future]]) -> None:
-        """Commit ``batch`` in one call; when that fails, each group alone (the call rolled
-        them all back), so that one group's error is not its neighbours'."""
-        try:
-            await _on(self._committing, self.out.persist_groups, [b[:2] for b in batch])
-        except Exception as exc:
-            if len(batch) == 1 or isinstance(exc, PersistBroken):
-                for *_, done in batch:
-                    done.set_exception(exc)
-                return
-            for one in batch:
-                await self._commit_batch([one])
-            return
-        for *_, done in batch:
-            done.set_result(None)
 
     def _full(self, cause: BaseException | str) -> OSError:
         return OSError(errno.ENOSPC, f"disk full under the artifact root (this worker writes "

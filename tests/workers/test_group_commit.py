@@ -8,14 +8,11 @@ Faults are injected for real (``workers._faults``); recovery runs on the bytes l
 from __future__ import annotations
 
 import asyncio
-import json
-
 import pytest
 
 from contracts import layout
 from contracts.jsonl import iter_rows
-from tests.workers.test_persist_faults import (LAYERS, HIDDEN, DTYPE, _group, _open,
-                                               _recover)
+from tests.workers.test_persist_faults import _group, _open, _recover
 from workers._faults import SimulatedCrash, inject
 
 PIDS = [c * 16 for c in "defgh"]
@@ -90,48 +87,39 @@ def test_a_torn_batch_of_commit_markers_keeps_the_complete_ones(tmp_path):
     assert _recover(root, "packed") == set(PIDS[:3])
 
 
-def test_worker_commits_waiting_groups_together_and_isolates_a_bad_one(tmp_path):
-    """The worker batches the groups that finish while a commit runs; a batch that fails is
+def test_waiting_groups_commit_together_and_a_bad_one_fails_alone(tmp_path):
+    """The groups that finish while a commit runs go down in one call; a batch that fails is
     retried one group at a time, so only the group at fault fails."""
-    from workers.worker import WorkerSpec, _Worker
+    from workers.group_commit import GroupCommitter
 
-    spec = WorkerSpec(worker_id=0, server_url="http://127.0.0.1:9", model_name="m",
-                      worker_dir=str(tmp_path / "worker_0"), storage_format="packed",
-                      layer_ids=tuple(LAYERS), hidden_size=HIDDEN, sequence_mode="all",
-                      dtype=DTYPE, capture_mode="generation", k_samples=1,
-                      primary_temperature=0.0, sample_temperature=1.0, sample_top_p=1.0,
-                      max_tokens=4, seed=0, groups_in_flight=8, request_timeout=5.0)
+    root = tmp_path / "worker_0"
+    out = _open(root, "packed")
     calls: list[list[str]] = []
+    persist = out.persist_groups
+
+    def recording(groups):
+        calls.append([p["prompt_id"] for p, _ in groups])
+        return persist(groups)
+
+    out.persist_groups = recording
+    committer = GroupCommitter(out)
 
     async def main() -> list[object]:
-        worker = _Worker(spec, channel=None)
-        persist = worker.out.persist_groups
+        await committer.commit(*_group(PIDS[0]))
+        bad = _group(PIDS[1])  # its first sample reuses a key the store already holds
+        bad[1][0].activation_row["activation_key"] = f"{PIDS[0]}_0"
+        groups = [bad, *(_group(p) for p in PIDS[2:5])]
+        return await asyncio.gather(*[committer.commit(*g) for g in groups],
+                                    return_exceptions=True)
 
-        def recording(groups):
-            calls.append([p["prompt_id"] for p, _ in groups])
-            return persist(groups)
-
-        worker.out.persist_groups = recording
-        try:
-            await worker._commit(*_group(PIDS[0]))
-            bad = _group(PIDS[1])  # its first sample reuses a key the store already holds
-            bad[1][0].activation_row["activation_key"] = f"{PIDS[0]}_0"
-            groups = [bad, *(_group(p) for p in PIDS[2:5])]
-            return await asyncio.gather(*[worker._commit(*g) for g in groups],
-                                        return_exceptions=True)
-        finally:
-            worker._committing.shutdown(wait=True)
-            worker._loading.shutdown(wait=True)
-            worker.out.close()
-            await worker.client.close()
-
-    outcomes = asyncio.run(main())
+    try:
+        outcomes = asyncio.run(main())
+    finally:
+        committer.close()
+        out.close()
     assert calls[0] == [PIDS[0]]
     assert calls[1] == PIDS[1:5]  # the four waiting groups: one call
     assert calls[2:] == [[p] for p in PIDS[1:5]]  # it failed: one call per group
-    assert isinstance(outcomes[0], Exception) and outcomes[1:] == [None, None, None]
-    assert _recover(tmp_path / "worker_0", "packed") == {PIDS[0], *PIDS[2:5]}
-    errors = [json.loads(x) for x in (tmp_path / "worker_0" / layout.ERRORS).read_text(
-        ).splitlines()] if (tmp_path / "worker_0" / layout.ERRORS).exists() else []
-    assert errors == []  # _commit reports nothing itself: the caller reports the failure
-
+    assert isinstance(outcomes[0], Exception) and "already stored" in str(outcomes[0])
+    assert outcomes[1:] == [None, None, None]
+    assert _recover(root, "packed") == {PIDS[0], *PIDS[2:5]}
