@@ -64,6 +64,9 @@ def is_retryable(exc: BaseException) -> bool:
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
+#: seconds an idle connection is kept for reuse (the servers close theirs after 5 s)
+_KEEPALIVE_S = 4.0
+
 #: server error messages that no retry can fix
 _NOT_TRANSIENT = ("No space left on device", "Disk quota exceeded", "Read-only file system")
 
@@ -109,9 +112,13 @@ class BackendClient:
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            # limit=0: the worker bounds concurrency itself (groups in flight x samples)
+            # limit=0: the worker bounds concurrency itself (groups in flight x samples).
+            # keepalive_timeout below the servers' own (uvicorn's and vLLM's 5 s): a connection
+            # idle that long is dropped here first, instead of being reused just as the server
+            # closes it ("Server disconnected", then a retry after the backoff)
             self._session = aiohttp.ClientSession(
-                timeout=self._timeout, connector=aiohttp.TCPConnector(limit=0),
+                timeout=self._timeout,
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=_KEEPALIVE_S),
                 json_serialize=dumps)
         return self._session
 
