@@ -52,8 +52,12 @@ class WorkerBuffers:
     def take(self, need: int, cap: int, dtype: torch.dtype) -> torch.Tensor:
         """A flat shared tensor of ``need`` elements (a view after the buffer's flag)."""
         for flat, idle in self.buffers:
-            if flat.dtype == dtype and flat.numel() >= _HEAD + need and flat[0] == 0 \
-                    and use_count(flat) <= idle:
+            # The use count first, the flag after: the queue's feeder thread sets the flag while
+            # it pickles a batch and lets go of the batch after, so a count back to idle means
+            # the flag already says whether the main process holds the buffer. Read the other
+            # way round, the feeder could send the batch between the two reads.
+            if flat.dtype == dtype and flat.numel() >= _HEAD + need \
+                    and use_count(flat) <= idle and flat[0] == 0:
                 return flat[_HEAD:_HEAD + need]
         nbytes = (_HEAD + max(need, cap)) * torch.empty(0, dtype=dtype).element_size()
         flat = torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(nbytes))

@@ -140,6 +140,23 @@ CHILD = textwrap.dedent("""
 """)
 
 
+def _slow_use_count(_worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: every use-count read of the worker's buffers sleeps 5 ms
+    before and after, and thread switches are as frequent as they get."""
+    from storage import _worker_buffers
+
+    read = _worker_buffers.use_count
+
+    def slow(t):
+        time.sleep(0.005)
+        n = read(t)
+        time.sleep(0.005)
+        return n
+
+    sys.setswitchinterval(1e-6)
+    _worker_buffers.use_count = slow
+
+
 class StoreConformance:
     fmt: str = ""
     writer_options: dict = {}
@@ -455,6 +472,32 @@ class StoreConformance:
         for _idx, copy, view in views:
             assert torch.equal(copy, view)
         assert len(storages) < 30  # 30 batches went through fewer buffers
+
+    def test_worker_buffer_reuse_has_no_race_with_the_feeder(self, tmp_path):
+        """A worker never refills a buffer its queue's feeder thread is sending.
+
+        The feeder marks a batch's buffer as sent while it pickles the batch and lets go of the
+        batch after; a worker that read the mark before the use count could see "not sent" and
+        then "nobody uses it" around a send, and refill a batch the main process was about to
+        receive (a rare CI failure: one batch's ``acts`` held another sample's rows). The workers
+        here sleep around their use-count reads so that the feeder runs in that window."""
+        import torch
+        from storage import ActivationPairsDataset, collate_pairs
+
+        data, _ = self.fill(tmp_path, 12)
+        ds = ActivationPairsDataset(tmp_path, seed=11)
+        keys = [open_store(tmp_path).meta(i)["sample_key"] for i in range(12)]
+        for epoch in range(4):
+            ds.set_epoch(epoch)
+            dl = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=2, collate_fn=collate_pairs,
+                                             multiprocessing_context="fork",
+                                             worker_init_fn=_slow_use_count)
+            for b in dl:
+                for j, i in enumerate(b["index"].tolist()):
+                    t = int(b["seq_len"][j])
+                    for q, p in enumerate(b["layer_pos"][j].tolist()):
+                        np.testing.assert_array_equal(b["acts"][j, q, :t].numpy(), data[keys[i]][p],
+                                                      err_msg=f"epoch {epoch} sample {i}")
 
     def test_multi_store(self, tmp_path):
         a, _ = self.fill(tmp_path / "w0", 3)
