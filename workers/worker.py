@@ -13,6 +13,7 @@ serialised so that groups commit one at a time (see ``workers.persist``).
 from __future__ import annotations
 
 import asyncio
+import gc
 import errno
 import logging
 import os
@@ -106,6 +107,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
 
         install_from_env()
     channel = _Channel(conn)
+    _tune_gc()
     try:
         _run_event_loop(_Worker(spec, channel).run())
     except BaseException as exc:  # report, then die: the orchestrator decides what happens next
@@ -114,6 +116,21 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         raise
     finally:
         conn.close()
+
+
+def _tune_gc() -> None:
+    """Make the cyclic garbage collector cheap for a worker's allocation pattern.
+
+    Every reply allocates a few hundred dicts and lists (a top-5 logprob entry per token), none
+    of them in a cycle, which ran a collection every few replies; the older generations' walk
+    over every object the imports made came to ~8 % of a worker's CPU against the instant
+    backend (``gc.callbacks`` timing: 1.7 s of 22 s), most of it billed to ``orjson.loads``.
+    The imports' objects are frozen (never scanned again) and a collection runs per 20,000
+    net allocations instead of 700; cyclic garbage is rare here and still collected.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
 
 
 def _run_event_loop(main: Coroutine[Any, Any, None]) -> None:
