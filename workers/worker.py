@@ -13,15 +13,13 @@ serialised so that groups commit one at a time (see ``workers.persist``).
 from __future__ import annotations
 
 import asyncio
-import gc
 import errno
 import logging
 import os
 import signal
-import sys
 import threading
 import traceback
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -37,6 +35,7 @@ from workers.capture import (CaptureError, CapturedRows, discard_capture, load_c
 from workers.client import BackendClient, Completion
 from workers.group_commit import GroupCommitter
 from workers.persist import GenerationRecord, PersistBroken, WorkerDir
+from workers.runtime import run_event_loop, tune_gc
 
 T = TypeVar("T")
 
@@ -107,45 +106,15 @@ def worker_main(spec: WorkerSpec, conn) -> None:
 
         install_from_env()
     channel = _Channel(conn)
-    _tune_gc()
+    tune_gc()
     try:
-        _run_event_loop(_Worker(spec, channel).run())
+        run_event_loop(_Worker(spec, channel).run())
     except BaseException as exc:  # report, then die: the orchestrator decides what happens next
         channel.send({"event": "fatal", "worker_id": spec.worker_id,
                       "error": _error_record(spec, exc, None, None, "worker_crash")})
         raise
     finally:
         conn.close()
-
-
-def _tune_gc() -> None:
-    """Make the cyclic garbage collector cheap for a worker's allocation pattern.
-
-    Every reply allocates a few hundred dicts and lists (a top-5 logprob entry per token), none
-    of them in a cycle, which ran a collection every few replies; the older generations' walk
-    over every object the imports made came to ~8 % of a worker's CPU against the instant
-    backend (``gc.callbacks`` timing: 1.7 s of 22 s), most of it billed to ``orjson.loads``.
-    The imports' objects are frozen (never scanned again) and a collection runs per 20,000
-    net allocations instead of 700; cyclic garbage is rare here and still collected.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 20)
-
-
-def _run_event_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run ``main`` on uvloop's loop where it is installed (its socket, timer and thread
-    hand-off paths cost a worker ~10 % less CPU per generation against the instant backend),
-    else on asyncio's."""
-    try:
-        import uvloop
-    except ImportError:
-        uvloop = None
-    if uvloop is None or sys.version_info < (3, 11):  # asyncio.Runner is 3.11+
-        asyncio.run(main)
-        return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main)
 
 
 class _Channel:

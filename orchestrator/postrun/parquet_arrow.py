@@ -3,7 +3,7 @@
 The rows of ``generations.parquet`` and ``activation_index.parquet`` are JSONL lines that
 consolidation has in hand anyway; parsing a whole row group of them with ``pyarrow.json`` (C++)
 and shaping the columns with offsets arrays costs a fraction of walking every token's dicts in
-Python. The Python builders in orchestrator/postrun/parquet.py stay the reference: a batch is
+Python. The Python builders in orchestrator/postrun/parquet_rows.py stay the reference: a batch is
 built here only when the result is certain to be theirs, value for value, and ``None`` is
 returned otherwise (the caller then parses the lines and uses them):
 

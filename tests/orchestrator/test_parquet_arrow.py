@@ -11,7 +11,9 @@ import pyarrow as pa
 import pytest
 
 from contracts.jsonl import encode_line, encode_spaced_line
-from orchestrator.postrun import parquet
+from pathlib import Path
+
+from orchestrator.postrun import parquet, parquet_rows
 from orchestrator.postrun.parquet_arrow import activation_table, generation_table
 from tests.orchestrator.postrun_fixtures import generation_row
 
@@ -20,7 +22,7 @@ ACTS = parquet.SCHEMAS["activation_index.parquet"]
 
 
 def python_generations(rows: list[dict[str, Any]]) -> pa.Table:
-    builder = parquet._GenerationColumns(parquet.Path("generations.parquet"), GENS)
+    builder = parquet_rows.GenerationColumns(Path("generations.parquet"), GENS)
     for row in rows:
         builder.add(row)
     return builder.build()
@@ -29,7 +31,7 @@ def python_generations(rows: list[dict[str, Any]]) -> pa.Table:
 def arrow_generations(rows: list[dict[str, Any]],
                       encode: Callable[[dict], bytes] = encode_line) -> pa.Table | None:
     return generation_table(b"".join(encode(r) for r in rows),
-                            [parquet._generation_extra(r) for r in rows], GENS)
+                            [parquet_rows.generation_extra(r) for r in rows], GENS)
 
 
 def edit(row: dict[str, Any], change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
@@ -96,7 +98,7 @@ def test_arrow_hands_over_when_unsure(case: str):
 def test_int_minus_zero_hands_over():
     line = encode_line(BASE).replace(b'"logprob":-0.05,', b'"logprob":-0,', 1)
     assert b'"logprob":-0,' in line
-    assert generation_table(line, [parquet._generation_extra(json.loads(line))], GENS) is None
+    assert generation_table(line, [parquet_rows.generation_extra(json.loads(line))], GENS) is None
 
 
 def test_duplicate_key_hands_over():
@@ -118,8 +120,8 @@ def activation_row(sid: int) -> dict[str, Any]:
 def test_activation_rows_equal_python_rows():
     rows = [activation_row(0), activation_row(1), {**activation_row(2), "more": {"x": 1}},
             {**activation_row(3), "layers": None, "byte_offset": None}]
-    extras = [parquet._extra(r, parquet._ACTIVATION_KNOWN) for r in rows]
-    expected = parquet._tuples_table([parquet._activation_columns(r) for r in rows], ACTS, "t")
+    extras = [parquet_rows.extra_json(r, parquet_rows.ACTIVATION_KNOWN) for r in rows]
+    expected = parquet_rows.tuples_table([parquet_rows.activation_columns(r) for r in rows], ACTS, "t")
     got = activation_table(b"".join(encode_spaced_line(r) for r in rows), extras, ACTS)
     assert got is not None and got.equals(expected)
     odd = [activation_row(0), {**activation_row(1), "layers": "3,4"}]
