@@ -43,6 +43,7 @@ import httpx
 from contracts.process import die_with_parent
 from contracts.prompt_group import PromptGroup
 from workers.persist import recover_worker_dir
+from workers.runtime import run_event_loop, tune_gc
 from workers.worker import WorkerSpec, _Worker
 
 __all__ = ["SlotActor", "SharedFsError", "PROBE_NAME"]
@@ -156,7 +157,8 @@ class SlotActor:
 
     def _run_worker(self) -> None:
         try:
-            asyncio.run(_Worker(self.spec, self.channel).run())
+            tune_gc()
+            run_event_loop(_Worker(self.spec, self.channel).run())
         except BaseException as exc:  # the driver stops the run on it, as on one node
             self.channel.send({"event": "fatal", "worker_id": self.slot,
                                "error": {"error_message": f"{type(exc).__name__}: {exc}"}})
