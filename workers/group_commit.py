@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from workers.persist import GenerationRecord, PersistBroken, WorkerDir
+from workers.runtime import run_on
 
 __all__ = ["GroupCommitter"]
 
@@ -40,7 +41,7 @@ class GroupCommitter:
 
     async def run(self, fn, *args: Any) -> Any:
         """``fn(*args)`` on the commit thread (after the commits handed over before it)."""
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        return await run_on(self._thread, fn, *args)
 
     def close(self) -> None:
         """Wait for the commit thread to finish (call once no commit is awaited any more)."""

@@ -1,14 +1,18 @@
-"""How a worker process runs its event loop: uvloop where installed, a collector tuned to it."""
+"""How a worker process runs its event loop: uvloop where installed, a collector tuned to it,
+blocking calls handed to a thread."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import sys
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor
+from typing import Any, TypeVar
 
-__all__ = ["tune_gc", "run_event_loop"]
+__all__ = ["tune_gc", "run_event_loop", "run_on"]
+
+T = TypeVar("T")
 
 
 def tune_gc() -> None:
@@ -39,3 +43,8 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
         return
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(main)
+
+
+async def run_on(executor: Executor, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on ``executor``'s thread, awaited from the running event loop."""
+    return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from contracts.answer_match import alias_matcher
 from contracts.process import die_with_parent
@@ -35,9 +35,7 @@ from workers.capture import (CaptureError, CapturedRows, discard_capture, load_c
 from workers.client import BackendClient, Completion
 from workers.group_commit import GroupCommitter
 from workers.persist import GenerationRecord, PersistBroken, WorkerDir
-from workers.runtime import run_event_loop, tune_gc
-
-T = TypeVar("T")
+from workers.runtime import run_event_loop, run_on, tune_gc
 
 __all__ = ["WorkerSpec", "worker_main", "grade_answer", "answer_grader"]
 
@@ -141,11 +139,6 @@ class _Channel:
             loop.call_soon_threadsafe(inbox.put_nowait, item)
             if item is None:
                 return
-
-
-async def _on(executor: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` on ``executor``'s thread, awaited from the event loop."""
-    return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
 
 
 class _Worker:
@@ -281,7 +274,7 @@ class _Worker:
         if self._capture_bytes(completions) <= _INLINE_LOAD_BYTES:
             captured = self._load_rows(completions, paths)
         else:
-            captured = await _on(self._loading, self._load_rows, completions, paths)
+            captured = await run_on(self._loading, self._load_rows, completions, paths)
         records, errors = [], []
         grade = answer_grader(group)
         for sample_id, (comp, params, rows) in enumerate(zip(completions, requests, captured)):
