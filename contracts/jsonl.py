@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal
@@ -23,7 +22,7 @@ import orjson
 from contracts.errors import MalformedLineError
 
 __all__ = ["Line", "iter_lines", "iter_rows", "committed_size", "cut_torn_tail", "truncate_to",
-           "dumps", "encode", "encode_line", "encode_spaced_line", "parse_line", "spaced",
+           "dumps", "encode", "encode_line", "parse_line",
            "JsonlAppender", "MalformedLineError"]
 
 log = logging.getLogger(__name__)
@@ -163,46 +162,9 @@ def encode_line(row: dict[str, Any]) -> bytes:
                 ).encode("utf-8")
 
 
-def encode_spaced_line(row: dict[str, Any]) -> bytes:
-    """``json.dumps(row, ensure_ascii=False)`` plus a newline, as UTF-8 bytes (the spaced form
-    of the consolidated files and exports): orjson's line re-spaced by :func:`spaced`, the
-    stdlib where that is not certain (a string with a backslash)."""
-    return spaced(encode_line(row)) or (json.dumps(row, ensure_ascii=False) + "\n").encode()
-
-
 def encode(rows: Iterable[dict[str, Any]]) -> bytes:
     """Rows as the bytes of :func:`dumps` lines (for :meth:`JsonlAppender.append_encoded`)."""
     return b"".join(encode_line(r) for r in rows)
-
-
-_SPACE_OUTSIDE = (b" ", b"\t", b"\r")
-
-
-def spaced(raw: bytes) -> bytes | None:
-    """A compact line (:func:`dumps`) as ``json.dumps(row, ensure_ascii=False)`` writes it
-    (``", "`` and ``": "`` separators), without parsing; None when that is not certain.
-
-    The line is cut into JSON strings and the text between them (a plain split on ``"`` when
-    no quote is escaped, i.e. no ``\\"`` anywhere: then every quote opens or closes a string;
-    else a regex that knows escapes); in the text between strings, the structure, each
-    ``,``/``:`` gains its space.
-    """
-    escaped_quote = b'\\"' in raw
-    parts = _JSON_STRING.split(raw) if escaped_quote else raw.split(b'"')
-    if len(parts) % 2 == 0:
-        return None
-    if escaped_quote:  # the regex keeps the quotes in the strings; drop them to rejoin alike
-        parts[1::2] = [p[1:-1] for p in parts[1::2]]
-    # the text between strings, joined by NUL (never raw in JSON text), edited in one go
-    outside = b"\0".join(parts[0::2])
-    if any(ws in outside[:-1] for ws in _SPACE_OUTSIDE) or b"\0" in raw or b'"' in outside:
-        return None  # not compact (or a stray quote): leave it to the parser
-    parts[0::2] = outside.replace(b",", b", ").replace(b":", b": ").split(b"\0")
-    return b'"'.join(parts)
-
-
-#: one JSON string, escapes included, as a capturing group (re.split keeps it)
-_JSON_STRING = re.compile(rb'("[^"\\]*(?:\\.[^"\\]*)*")', re.DOTALL)
 
 
 class JsonlAppender:

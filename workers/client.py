@@ -1,11 +1,11 @@
 """The worker's OpenAI-protocol client: generation and capture requests, retries by tenacity.
 
-Requests go straight over one ``aiohttp.ClientSession`` (the protocol is two JSON POSTs). Profiled
-against the instant bench backend, the openai SDK's request building and response models and then
-httpx's connection pool (which re-checks every pooled connection per request) cost most of a
-worker's CPU per generation; aiohttp's C HTTP parser and connector cost a fraction of either. tenacity
-retries timeouts, connection errors, 429 and 5xx, 3 attempts with 1 s / 2 s backoff (capped at
-4 s), and never other 4xx (seed 003 §12); the last error is raised as it is.
+Requests go over :class:`workers.http.HTTPPool` (the protocol is two JSON POSTs). Profiled
+against the instant bench backend, the openai SDK's request building and response models, then
+httpx's connection pool, then aiohttp's request machinery each cost more of a worker's CPU per
+generation than the rest of the worker (docs/performance.md). tenacity retries timeouts,
+connection errors, 429 and 5xx, 3 attempts with 1 s / 2 s backoff (capped at 4 s), and never
+other 4xx (seed 003 §12); the last error is raised as it is.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from tenacity import (AsyncRetrying, retry_if_exception, stop_after_attempt,
                       wait_exponential)
 
-from contracts.jsonl import dumps, encode_line, parse_line
+from contracts.jsonl import encode_line, parse_line
+from workers.http import HTTPConnectionError, HTTPPool
 
 __all__ = ["BackendClient", "Completion", "is_retryable", "BackendRequestError",
            "BackendHTTPError"]
@@ -46,11 +46,10 @@ def is_retryable(exc: BaseException) -> bool:
     """Timeouts, connection errors, 429 and 5xx are retried (but not a server's full disk);
     other 4xx never.
 
-    Knows the worker's own (aiohttp) errors and the openai SDK's (the LLM judge's client uses
+    Knows the worker's own transport errors and the openai SDK's (the LLM judge's client uses
     that SDK, over httpx).
     """
-    if isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
-                        asyncio.TimeoutError)) \
+    if isinstance(exc, (HTTPConnectionError, asyncio.TimeoutError)) \
             or _is_lib_error(exc, "httpx", ("TimeoutException", "TransportError")) \
             or _is_openai(exc, "APIConnectionError"):  # APITimeoutError is one too
         return True
@@ -61,8 +60,6 @@ def is_retryable(exc: BaseException) -> bool:
         return status >= 500 or status == 429
     return False
 
-
-_JSON_HEADERS = {"Content-Type": "application/json"}
 
 #: seconds an idle connection is kept for reuse (the servers close theirs after 5 s)
 _KEEPALIVE_S = 4.0
@@ -105,27 +102,12 @@ class BackendClient:
                  attempts: int = 3, backoff_base: float = 1.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._session: aiohttp.ClientSession | None = None  # made in the running loop
+        self._http = HTTPPool(self.base_url, timeout=timeout, keepalive_s=_KEEPALIVE_S)
         self._attempts = attempts
         self._backoff_base = backoff_base
 
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            # limit=0: the worker bounds concurrency itself (groups in flight x samples).
-            # keepalive_timeout below the servers' own (uvicorn's and vLLM's 5 s): a connection
-            # idle that long is dropped here first, instead of being reused just as the server
-            # closes it ("Server disconnected", then a retry after the backoff)
-            self._session = aiohttp.ClientSession(
-                timeout=self._timeout,
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=_KEEPALIVE_S),
-                json_serialize=dumps)
-        return self._session
-
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._http.close()
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` as JSON with the retry policy; the reply's JSON object.
@@ -134,9 +116,9 @@ class BackendClient:
         worker's CPU against the instant backend); a retryable failure hands the remaining
         attempts to tenacity with the same waits (1 s, then 2 s with the default base).
         """
-        url = f"{self.base_url}/v1{path}"
+        path = f"/v1{path}"
         try:
-            return await self._post_once(url, body)
+            return await self._post_once(path, body)
         except Exception as exc:
             if self._attempts < 2 or not is_retryable(exc):
                 raise
@@ -153,18 +135,17 @@ class BackendClient:
         )
         async for attempt in retrying:
             with attempt:
-                return await self._post_once(url, body)
+                return await self._post_once(path, body)
         raise AssertionError("unreachable: tenacity reraises")
 
     def _log_retry(self, exc: BaseException | None, attempt: int) -> None:
         log.warning("retrying %s after %s (attempt %d)", self.base_url, exc, attempt)
 
-    async def _post_once(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        async with self._get_session().post(url, data=encode_line(body),
-                                            headers=_JSON_HEADERS) as resp:
-            data = await resp.read()
-        if resp.status >= 400:
-            raise BackendHTTPError(url, resp.status, _error_message(data))
+    async def _post_once(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        url = self.base_url + path
+        status, data = await self._http.post(path, encode_line(body))
+        if status >= 400:
+            raise BackendHTTPError(url, status, _error_message(data))
         try:
             reply = parse_line(data)
         except ValueError:

@@ -28,7 +28,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import storage
 from contracts import layout
-from contracts.jsonl import encode_spaced_line, iter_lines, iter_rows, spaced
+from contracts.jsonl import encode_line, iter_lines, iter_rows
 from orchestrator.errors import ArtifactError
 from orchestrator.postrun.commits import KeptCommits, RunCursor, pick_commits, scan_worker
 from orchestrator.postrun.exports import ExportWriter, stamp_exports
@@ -62,18 +62,16 @@ def _link_or_copy(src: Path, dst: Path) -> str:
 
 
 def _line(row: dict[str, Any]) -> bytes:
-    return encode_spaced_line(row)
+    return encode_line(row)
 
 
 def _with_label(raw: bytes, label: int) -> bytes | None:
     """``_line({**row, "label": label})`` from the row's compact bytes, when certain: the row
     has no ``label`` key yet, so the key goes last."""
-    if b'"label":' in raw:
+    if b'"label":' in raw or not raw.endswith(b"}\n"):
         return None
-    out = spaced(raw)
-    if out is None or not out.endswith(b"}\n"):
-        return None
-    return out[:-2] + b', "label": ' + str(label).encode() + b"}\n"
+    head = raw[:-2]
+    return b"%s%s\"label\":%d}\n" % (head, b"," if head.strip() != b"{" else b"", label)
 
 
 def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
@@ -104,8 +102,7 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
             seen.add(sid)
             kept_gens.append(gen)
             sample_labels.setdefault(sid, gen.get("label"))
-            # the row as it was: re-spaced from the worker's bytes, or dumped when that is unsure
-            write_gen(spaced(gen_line.raw) or _line(gen))
+            write_gen(gen_line.raw)  # the row as it was: the worker's own bytes
             tables.add_generation(gen, gen_line.raw)
         if len(seen) != k + 1:
             raise ArtifactError(

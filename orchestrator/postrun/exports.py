@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from contracts import layout
-from contracts.jsonl import encode_spaced_line, iter_rows
+from contracts.jsonl import encode_line, iter_rows
 
 __all__ = ["write_exports", "ExportWriter", "stamp_exports", "EXPORT_FILES"]
 
@@ -88,7 +88,7 @@ class ExportWriter:
         self.written = dict.fromkeys(EXPORT_FILES, 0)
 
     def _emit(self, name: str, row: dict[str, Any]) -> None:
-        self._files[name].write(encode_spaced_line(row))
+        self._files[name].write(encode_line(row))
         self.written[name] += 1
 
     def add(self, prompt: dict[str, Any] | None, gens: list[dict[str, Any]],

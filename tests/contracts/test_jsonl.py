@@ -8,8 +8,7 @@ import json
 import pytest
 
 from contracts.jsonl import (JsonlAppender, MalformedLineError, committed_size, cut_torn_tail,
-                             encode_spaced_line, iter_lines, iter_rows, spaced,
-                             truncate_to)
+                             encode_line, iter_lines, iter_rows, truncate_to)
 
 
 def test_reads_committed_lines_with_positions(tmp_path):
@@ -79,7 +78,6 @@ def test_truncate_refuses_to_grow(tmp_path):
     {"mix": 'a\\"b', "u": "é ü \u2028 \x01"},
     {'key "quoted"': ['"', "\\", '\\"', ":", ","]},
 ])
-def test_spaced_matches_the_stdlib(row):
+def test_encode_line_matches_the_stdlibs_compact_form(row):
     compact = json.dumps(row, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
-    assert spaced(compact) == (json.dumps(row, ensure_ascii=False) + "\n").encode()
-    assert encode_spaced_line(row) == (json.dumps(row, ensure_ascii=False) + "\n").encode()
+    assert encode_line(row) == compact

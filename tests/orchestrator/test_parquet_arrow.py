@@ -10,7 +10,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pytest
 
-from contracts.jsonl import encode_line, encode_spaced_line
+from contracts.jsonl import encode_line
 from pathlib import Path
 
 from orchestrator.postrun import parquet, parquet_rows
@@ -19,6 +19,11 @@ from tests.orchestrator.postrun_fixtures import generation_row
 
 GENS = parquet.SCHEMAS["generations.parquet"]
 ACTS = parquet.SCHEMAS["activation_index.parquet"]
+
+
+def _spaced_line(row: dict[str, Any]) -> bytes:
+    """The stdlib's default (spaced) form: Arrow's reader takes any JSON spacing."""
+    return (json.dumps(row, ensure_ascii=False) + "\n").encode()
 
 
 def python_generations(rows: list[dict[str, Any]]) -> pa.Table:
@@ -69,7 +74,7 @@ SAME = {
 def test_arrow_rows_equal_python_rows(case: str):
     rows = [BASE, edit(BASE, SAME[case]), generation_row("fedcba9876543210", 0, 1)]
     expected = python_generations(rows)
-    for encode in (encode_line, encode_spaced_line):
+    for encode in (encode_line, _spaced_line):
         got = arrow_generations(rows, encode)
         assert got is not None, case
         assert got.equals(expected), case
@@ -122,7 +127,7 @@ def test_activation_rows_equal_python_rows():
             {**activation_row(3), "layers": None, "byte_offset": None}]
     extras = [parquet_rows.extra_json(r, parquet_rows.ACTIVATION_KNOWN) for r in rows]
     expected = parquet_rows.tuples_table([parquet_rows.activation_columns(r) for r in rows], ACTS, "t")
-    got = activation_table(b"".join(encode_spaced_line(r) for r in rows), extras, ACTS)
+    got = activation_table(b"".join(_spaced_line(r) for r in rows), extras, ACTS)
     assert got is not None and got.equals(expected)
     odd = [activation_row(0), {**activation_row(1), "layers": "3,4"}]
     assert activation_table(b"".join(encode_line(r) for r in odd), [None, None], ACTS) is None

@@ -112,12 +112,12 @@ def test_4xx_is_not_retried(server):
 def test_a_dead_server_is_retried_then_raises_a_connection_error():
     import socket
 
-    import aiohttp
+    from workers.http import HTTPConnectionError
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens there once closed
-    with pytest.raises(aiohttp.ClientConnectorError):
+    with pytest.raises(HTTPConnectionError, match="cannot connect"):
         _chat(f"http://127.0.0.1:{port}")
 
 
