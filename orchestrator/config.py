@@ -78,7 +78,8 @@ SECRET_FIELDS = frozenset({"status_token"})
 
 # Fields that do not change what the run produces: excluded from the config fingerprint.
 FINGERPRINT_EXCLUDED = frozenset({
-    "artifact_root", "num_workers", "groups_in_flight", "gpus", "manage_servers", "server_urls",
+    "artifact_root", "num_workers", "groups_in_flight", "commit_interval_ms", "gpus",
+    "manage_servers", "server_urls",
     "server_base_port", "server_startup_timeout", "resume", "limit", "checkpoint_every",
     "checkpoint_interval", "server_max_restarts", "server_restart_backoff",
     "status_host", "status_port", "status_token", "progress", "request_timeout", "task_path",
@@ -162,6 +163,10 @@ class RunConfig:
     gets its share."""
     groups_in_flight: int = 4
     """Prompt groups each worker has in flight at once."""
+    commit_interval_ms: float = 20.0
+    """A worker starts a commit (one fsync per file) at most this often; the groups finished
+    meanwhile share it. 0: commit as soon as the previous commit is done. A crash loses at most
+    the groups of one interval, which the next run redoes."""
     gpus: tuple[int, ...] = ()
     """GPU ids; one server per GPU. Empty: one server on CPU."""
     manage_servers: bool = True
@@ -236,6 +241,8 @@ class RunConfig:
         _check(self.ray_cpus_per_actor > 0, "--ray-cpus-per-actor must be > 0")
         _check(self.ray_max_restarts >= 0, "--ray-max-restarts must be >= 0")
         _check(self.groups_in_flight >= 1, "--groups-in-flight must be >= 1")
+        _check(0 <= self.commit_interval_ms <= 60_000,
+               "--commit-interval-ms must be between 0 and 60000")
         _check(self.primary_temperature >= 0, "--primary-temperature must be >= 0")
         _check(self.sample_temperature >= 0, "--sample-temperature must be >= 0")
         _check(0 < self.sample_top_p <= 1, "--sample-top-p must be in (0, 1]")

@@ -52,13 +52,15 @@ def wait_for_capture(path: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     lock_path = path + ".lock"
     while True:
-        if os.path.exists(lock_path):
+        try:  # a bare descriptor: a file object costs three more syscalls per capture
+            lock = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            pass
+        else:
             try:
-                with open(lock_path, "rb") as lock:
-                    fcntl.flock(lock.fileno(), fcntl.LOCK_SH)
-                    fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
-            except FileNotFoundError:
-                pass
+                fcntl.flock(lock, fcntl.LOCK_SH)  # returns once the writer has let go
+            finally:
+                os.close(lock)  # releases the shared lock
         if os.path.exists(path):
             return
         if time.monotonic() > deadline:

@@ -74,6 +74,7 @@ class WorkerSpec:
     groups_in_flight: int
     request_timeout: float
     retry_backoff: float = 1.0
+    commit_interval_ms: float = 20.0
 
 
 def grade_answer(group: PromptGroup, text: str) -> tuple[int | None, str | None]:
@@ -151,7 +152,7 @@ class _Worker:
         self.out = WorkerDir(Path(spec.worker_dir), worker_id=spec.worker_id,
                              storage_format=spec.storage_format, layer_ids=list(spec.layer_ids),
                              hidden_size=spec.hidden_size, dtype=spec.dtype)
-        self.committer = GroupCommitter(self.out)
+        self.committer = GroupCommitter(self.out, min_interval_s=spec.commit_interval_ms / 1000)
         self.fatal = False
         # large captures load on a thread kept for the run (the loop's default executor, up to
         # six threads, cost ~10 % of a worker's CPU in hand-offs)

@@ -315,7 +315,7 @@ def _worker_specs(config: RunConfig, model: ModelInfo, layer_ids: list[int], roo
         primary_temperature=config.primary_temperature,
         sample_temperature=config.sample_temperature, sample_top_p=config.sample_top_p,
         max_tokens=config.max_tokens, seed=config.seed, groups_in_flight=config.groups_in_flight,
-        request_timeout=config.request_timeout,
+        request_timeout=config.request_timeout, commit_interval_ms=config.commit_interval_ms,
     ) for i in range(config.worker_count)]
 
 

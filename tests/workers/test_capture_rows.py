@@ -98,3 +98,43 @@ def test_a_truncated_capture_file_is_unreadable(tmp_path):
     path.write_bytes(path.read_bytes()[:-5])
     with pytest.raises(CaptureError, match="unreadable.*truncated"):
         load_capture(str(path), [1, 2, 3])
+
+
+def test_the_reader_waits_for_the_writers_lock_then_reads(tmp_path):
+    """The spool protocol (docs/vllm.md): the server answers before its file is written and
+    holds flock(LOCK_EX) on PATH.lock until the file is complete. Written in place here, as
+    upstream's connector does (no rename): only the lock tells the reader it is not done."""
+    import fcntl
+    import os
+    import threading
+    import time
+
+    path = str(tmp_path / "hs-1.safetensors")
+    lock = os.open(path + ".lock", os.O_CREAT | os.O_WRONLY, 0o644)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+
+    save_file({"hidden_states": np.ones((3, 2, 4), np.float32),
+               "token_ids": np.array([5, 6, 7])}, str(tmp_path / "whole"))
+    data = (tmp_path / "whole").read_bytes()
+    os.unlink(tmp_path / "whole")
+
+    def write_late() -> None:
+        with open(path, "wb") as f:
+            f.write(data[:20])  # the file exists, half written
+            f.flush()
+            time.sleep(0.3)
+            f.write(data[20:])
+        os.close(lock)
+
+    writer = threading.Thread(target=write_late)
+    start = time.monotonic()
+    writer.start()
+    hidden = load_capture(path, [5, 6, 7])
+    writer.join()
+    assert time.monotonic() - start >= 0.25 and hidden.shape == (3, 2, 4)
+    assert os.listdir(tmp_path) == []  # the file and its lock are deleted after reading
+
+
+def test_a_capture_that_never_comes_times_out(tmp_path):
+    with pytest.raises(CaptureError, match="not written within"):
+        load_capture(str(tmp_path / "never.safetensors"), [1], timeout=0.1)

@@ -123,3 +123,48 @@ def test_waiting_groups_commit_together_and_a_bad_one_fails_alone(tmp_path):
     assert isinstance(outcomes[0], Exception) and "already stored" in str(outcomes[0])
     assert outcomes[1:] == [None, None, None]
     assert _recover(root, "packed") == {PIDS[0], *PIDS[2:5]}
+
+
+@pytest.mark.parametrize("interval", [0.0, 0.3])
+def test_commits_start_at_most_once_per_interval(tmp_path, interval):
+    """Groups that finish one after another within the interval share the next commit; with
+    no interval each finds the committer idle and commits alone. The first group after a
+    quiet spell never waits."""
+    import time
+
+    from workers.group_commit import GroupCommitter
+
+    out = _open(tmp_path / "worker_0", "packed")
+    calls: list[tuple[float, list[str]]] = []
+    persist = out.persist_groups
+
+    def recording(groups):
+        calls.append((time.monotonic(), [p["prompt_id"] for p, _ in groups]))
+        return persist(groups)
+
+    out.persist_groups = recording
+    committer = GroupCommitter(out, min_interval_s=interval)
+
+    async def main() -> float:
+        start = time.monotonic()
+        pending = []
+        for pid in PIDS[:4]:
+            pending.append(asyncio.ensure_future(committer.commit(*_group(pid))))
+            await asyncio.sleep(0.05)  # each group finishes 50 ms after the one before
+            if not interval:
+                await pending[-1]
+        await asyncio.gather(*pending)
+        return start
+
+    try:
+        start = asyncio.run(main())
+    finally:
+        committer.close()
+        out.close()
+    if interval:
+        assert [ids for _, ids in calls] == [PIDS[:1], PIDS[1:4]]
+        assert calls[0][0] - start < 0.1  # the first group did not wait
+        assert calls[1][0] - calls[0][0] >= interval - 0.01
+    else:
+        assert [ids for _, ids in calls] == [[p] for p in PIDS[:4]]
+    assert _recover(tmp_path / "worker_0", "packed") == set(PIDS[:4])
