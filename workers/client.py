@@ -142,8 +142,8 @@ class BackendClient:
         log.warning("retrying %s after %s (attempt %d)", self.base_url, exc, attempt)
 
     async def _post_once(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        url = self.base_url + path
         status, data = await self._http.post(path, encode_line(body))
+        url = self.base_url + path
         if status >= 400:
             raise BackendHTTPError(url, status, _error_message(data))
         try:

@@ -5,10 +5,10 @@ lot), on one thread kept for the run.
 Commits start at most once per ``min_interval_s`` (``--commit-interval-ms``, 20 ms): against a
 fast backend the groups of that slice share one commit (against the instant bench backend a
 commit per group or two cost ~20 % of the run's CPU in fsyncs and thread hand-offs); against a
-slow one a group finds the last commit long past and is committed at once, as before. A crash loses at most the groups of
-the slice not yet committed, which the next run redoes. A batch that fails is rolled back whole by
-``persist_groups`` and retried one group at a time, so that one group's error (a store refusing
-a key, say) is not its neighbours'.
+slow one a group finds the last commit long past and is committed at once, as before. A crash
+loses at most the groups of the slice not yet committed, which the next run redoes. A batch that
+fails is rolled back whole by ``persist_groups`` and retried one group at a time, so that one
+group's error (a store refusing a key, say) is not its neighbours'.
 """
 
 from __future__ import annotations

@@ -61,13 +61,9 @@ def _link_or_copy(src: Path, dst: Path) -> str:
         return "copy"
 
 
-def _line(row: dict[str, Any]) -> bytes:
-    return encode_line(row)
-
-
 def _with_label(raw: bytes, label: int) -> bytes | None:
-    """``_line({**row, "label": label})`` from the row's compact bytes, when certain: the row
-    has no ``label`` key yet, so the key goes last."""
+    """``encode_line({**row, "label": label})`` from the row's compact bytes, when certain:
+    the row has no ``label`` key yet, so the key goes last."""
     if b'"label":' in raw or not raw.endswith(b"}\n"):
         return None
     head = raw[:-2]
@@ -88,7 +84,7 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
         if line >= len(keep) or not keep[line]:
             continue
         row = apply_label(row, labels.get(row["prompt_id"]))
-        write_prompt(_line(row))
+        write_prompt(encode_line(row))
         tables.add_prompt(row)
         # readers of the store take each sample's label from the activation rows
         sample_labels: dict[int, Any] = {0: row.get("label")}
@@ -128,7 +124,7 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
             if line_out is not None:  # the worker's line plus the label: parses back to act
                 tables.add_activation(act, line_out)
             else:
-                line_out = _line(act)
+                line_out = encode_line(act)
                 tables.add_activation(act, line_out, act)
             write_act(line_out)
             if act["sample_id"] == 0:
