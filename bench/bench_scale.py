@@ -3,9 +3,12 @@
 The real orchestrator (``python -m orchestrator run --manage-servers false --server-urls ...``)
 runs a synthetic TriviaQA file against ``--servers`` instances of ``bench/instant_backend.py``
 (canned 12-token answers, random hidden states; no model), light profile, K=5, with a tiny fake
-model directory (``config.json`` only: layers and hidden size). Then every post-run phase runs in
-its own process: label counts, consolidate (+ Parquet), exports, validate, status from files,
-the ``--retry-failed`` scan.
+model directory (``config.json`` only: layers and hidden size). The backends write their capture
+files to ``--spool-root`` (default /dev/shm, a tmpfs; ``run``: the run's directory on the disk):
+on this machine's journal-less ext4 the kernel's inode allocator makes each file create dearer as
+a long run goes on, which is the backends' cost but takes the two cores from the workers. Then
+every post-run phase runs in its own process: label counts, consolidate (+ Parquet), exports,
+validate, status from files, the ``--retry-failed`` scan.
 
 Printed per size: generations/s of the run; CPU ms per generation of orchestrator + workers
 (utime + stime of the process tree, backends excluded) for the run and for the post-run the run
@@ -222,9 +225,11 @@ def _session(cmd: list[str], env: dict[str, str], *, kill_when: int | None = Non
 
 def bench_size(generations: int, *, k: int, servers: int, workers: int, groups_in_flight: int,
                base_port: int, storage_format: str, keep: bool,
-               kill_at: float | None = None) -> dict:
+               kill_at: float | None = None, spool_root: str | None = None) -> dict:
     prompts = -(-generations // (k + 1))
     tmp = Path(tempfile.mkdtemp(prefix=f"bench_scale_{generations}_"))
+    spool = Path(tempfile.mkdtemp(prefix="bench_scale_spool_", dir=spool_root)) \
+        if spool_root else tmp / "spool"
     root, model = tmp / "run", tmp / "fake-model"
     write_model(model)
     task = tmp / "questions.jsonl"
@@ -236,7 +241,7 @@ def bench_size(generations: int, *, k: int, servers: int, workers: int, groups_i
             port = base_port + i
             backends.append(subprocess.Popen(
                 [sys.executable, str(REPO / "bench" / "instant_backend.py"), "--port", str(port),
-                 "--spool-dir", str(tmp / "spool" / f"s{i}"), "--num-layer-ids", "2",
+                 "--spool-dir", str(spool / f"s{i}"), "--num-layer-ids", "2",
                  "--hidden-size", str(HIDDEN), "--served-model-name", model.name],
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             urls.append(f"http://127.0.0.1:{port}")
@@ -283,6 +288,7 @@ def bench_size(generations: int, *, k: int, servers: int, workers: int, groups_i
         return {
             "generations": made, "prompts": prompts, "k_samples": k, "servers": servers,
             "workers": workers, "storage_format": storage_format,
+            "spool": {"dir": str(spool), "filesystem": _filesystem(spool)},
             "run_wall_s": round(wall, 2), "generations_per_s": round(made / wall, 1),
             "run_cpu_ms_per_generation": round(1000 * run_cpu / made, 3),
             "postrun_cpu_ms_per_generation": round(1000 * post_cpu / made, 3),
@@ -307,10 +313,22 @@ def bench_size(generations: int, *, k: int, servers: int, workers: int, groups_i
                 b.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 b.kill()
+        if spool_root:
+            shutil.rmtree(spool, ignore_errors=True)
         if not keep:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             print(f"kept {tmp}", file=sys.stderr)
+
+
+def _filesystem(path: Path) -> str:
+    """The type of the filesystem ``path`` is on (the mount point with the longest prefix)."""
+    best = ("", "?")
+    for part in psutil.disk_partitions(all=True):
+        mount = part.mountpoint.rstrip("/") + "/"
+        if (str(path.resolve()) + "/").startswith(mount) and len(mount) > len(best[0]):
+            best = (mount, part.fstype)
+    return best[1]
 
 
 def bench_synthetic(generations: int, *, k: int, workers: int, storage_format: str,
@@ -384,6 +402,10 @@ def main() -> None:
     p.add_argument("--kill-at", type=float, default=None, metavar="FRACTION",
                    help="SIGKILL the orchestrator once this share of the prompts is committed, "
                         "then resume it; reports how many committed prompts were redone")
+    p.add_argument("--spool-root", default="/dev/shm" if os.path.isdir("/dev/shm") else "run",
+                   help="where the backends write their capture files: a directory (default "
+                        "/dev/shm, a tmpfs, as `orchestrator run --spool-root` allows), or "
+                        "'run' for the run's own directory on the disk under test")
     p.add_argument("--synthetic", action="store_true",
                    help="post-run phases only, on run directories written by the real writer "
                         "(no orchestrator, no backend)")
@@ -425,14 +447,15 @@ def main() -> None:
         r = bench_size(n, k=args.k_samples, servers=args.servers, workers=args.workers,
                        groups_in_flight=args.groups_in_flight, base_port=args.base_port,
                        storage_format=args.storage_format, keep=args.keep,
-                       kill_at=args.kill_at)
+                       kill_at=args.kill_at,
+                       spool_root=None if args.spool_root == "run" else args.spool_root)
         results.append(r)
         print(f"{r['generations']:>8} generations: {r['generations_per_s']:.0f} gen/s, "
               f"CPU {r['cpu_ms_per_generation']:.2f} ms/gen "
               f"(run {r['run_cpu_ms_per_generation']:.2f} + post-run {r['postrun_cpu_ms_per_generation']:.2f}; "
               f"status + retry scan {r['on_demand_cpu_ms_per_generation']:.2f} more), peak RSS run "
               f"{r['run_peak_rss_mb']:.0f} MB / post-run {r['postrun_peak_rss_mb']:.0f} MB, "
-              f"server shares {r['server_request_share']}")
+              f"server shares {r['server_request_share']}, spool on {r['spool']['filesystem']}")
         if "sigkill_resume" in r:
             kr = r["sigkill_resume"]
             print(f"    SIGKILL with {kr['killed_with_committed_prompts']} prompts committed; "

@@ -3,7 +3,7 @@
 ```
 {artifact_root}/
   run_manifest.json  completed_prompts.json  completions.log  labels.jsonl
-  servers/server_{i}.log   spool/server_{i}/
+  servers/server_{i}.log   spool/server_{i}/   (or --spool-root: run_spool_dir)
   worker_{i}/  prompt_index.jsonl generations.jsonl activation_index.jsonl errors.jsonl activations/
   consolidated/  prompt_index.jsonl generations.jsonl activation_index.jsonl activations/
                  prompts.parquet generations.parquet activation_index.parquet labels.parquet
@@ -16,6 +16,8 @@ Modules that read or write these files take their names from here, never spell t
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 
 __all__ = [
@@ -23,7 +25,7 @@ __all__ = [
     "EVALUATION", "VALIDATION_REPORT", "PROMPT_INDEX", "GENERATIONS", "ACTIVATION_INDEX",
     "ERRORS", "WORKER_JSONL_FILES", "CONSOLIDATED_JSONL_FILES", "PARQUET_TABLES", "worker_dir",
     "worker_dirs", "worker_id_of", "consolidated_dir", "exports_dir", "evaluation_dir",
-    "servers_dir", "spool_dir",
+    "servers_dir", "spool_dir", "run_spool_dir",
 ]
 
 MANIFEST = "run_manifest.json"
@@ -82,6 +84,18 @@ def servers_dir(artifact_root: str | Path) -> Path:
     return Path(artifact_root) / "servers"
 
 
-def spool_dir(artifact_root: str | Path, server_index: int) -> Path:
+def run_spool_dir(artifact_root: str | Path, spool_root: str | Path | None = None) -> Path:
+    """The directory of a run's server spools: ``spool/`` in the artifact root, or, with
+    ``--spool-root``, a directory of its own there named after the artifact root (two runs
+    sharing one spool root, e.g. ``/dev/shm``, never clear each other's files; a resumed run
+    finds its own)."""
+    if spool_root is None:
+        return Path(artifact_root) / "spool"
+    digest = hashlib.sha256(os.fsencode(Path(artifact_root).resolve())).hexdigest()[:16]
+    return Path(spool_root) / f"hallulog-spool-{digest}"
+
+
+def spool_dir(artifact_root: str | Path, server_index: int,
+              spool_root: str | Path | None = None) -> Path:
     """Where server ``server_index`` writes capture files for the workers to pick up."""
-    return Path(artifact_root) / "spool" / f"server_{server_index}"
+    return run_spool_dir(artifact_root, spool_root) / f"server_{server_index}"

@@ -128,8 +128,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         manifest = load_manifest(given.get("artifact_root", RunConfig.artifact_root))
         if manifest is not None:
             names = {f.name for f in dataclasses.fields(RunConfig)}
+            # the spool root only matters while servers run (it may be gone by now)
             recorded = {k: tuple(v) if isinstance(v, list) else v
-                        for k, v in manifest.get("config", {}).items() if k in names}
+                        for k, v in manifest.get("config", {}).items()
+                        if k in names and k != "spool_root"}
             for key in ("artifact_root", "cache_dir"):
                 if recorded.get(key) is not None:
                     recorded[key] = Path(recorded[key])

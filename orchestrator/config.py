@@ -78,7 +78,7 @@ SECRET_FIELDS = frozenset({"status_token"})
 
 # Fields that do not change what the run produces: excluded from the config fingerprint.
 FINGERPRINT_EXCLUDED = frozenset({
-    "artifact_root", "num_workers", "groups_in_flight", "commit_interval_ms", "gpus",
+    "artifact_root", "num_workers", "groups_in_flight", "commit_interval_ms", "spool_root", "gpus",
     "manage_servers", "server_urls",
     "server_base_port", "server_startup_timeout", "resume", "limit", "checkpoint_every",
     "checkpoint_interval", "server_max_restarts", "server_restart_backoff",
@@ -167,6 +167,12 @@ class RunConfig:
     """A worker starts a commit (one fsync per file) at most this often; the groups finished
     meanwhile share it. 0: commit as soon as the previous commit is done. A crash loses at most
     the groups of one interval, which the next run redoes."""
+    spool_root: Path | None = None
+    """Where managed servers write their capture files (one per request; the worker reads and
+    deletes it within milliseconds). Default: ``spool/`` in the artifact root. A local tmpfs such
+    as /dev/shm spares the artifact disk a file create and delete per generation (on a
+    journal-less ext4 or a network filesystem the dearest part of a fast run); it must hold the
+    captures in flight (requests in flight × one capture)."""
     gpus: tuple[int, ...] = ()
     """GPU ids; one server per GPU. Empty: one server on CPU."""
     manage_servers: bool = True
@@ -243,6 +249,8 @@ class RunConfig:
         _check(self.groups_in_flight >= 1, "--groups-in-flight must be >= 1")
         _check(0 <= self.commit_interval_ms <= 60_000,
                "--commit-interval-ms must be between 0 and 60000")
+        _check(self.spool_root is None or Path(self.spool_root).is_dir(),
+               f"--spool-root {self.spool_root} is not a directory")
         _check(self.primary_temperature >= 0, "--primary-temperature must be >= 0")
         _check(self.sample_temperature >= 0, "--sample-temperature must be >= 0")
         _check(0 < self.sample_top_p <= 1, "--sample-top-p must be in (0, 1]")

@@ -205,7 +205,7 @@ class _Worker:
                 if not isinstance(o, BaseException):
                     discard_capture(o.hidden_states_path)
             sample_id, exc = failures[0]
-            if _disk_full(exc):  # the server's spool lives on the artifact root's filesystem
+            if _disk_full(exc):  # the server's spool (the artifact root's, or --spool-root)
                 self._report_failure(group.prompt_id, sample_id, self._full(exc),
                                      "storage_full", fatal=True)
                 return
@@ -251,8 +251,8 @@ class _Worker:
 
     def _full(self, cause: BaseException | str) -> OSError:
         return OSError(errno.ENOSPC, f"disk full under the artifact root (this worker writes "
-                       f"{self.spec.worker_dir}, its server's spool sits beside it): {cause}",
-                       self.spec.worker_dir)
+                       f"{self.spec.worker_dir}) or under its server's spool (--spool-root, "
+                       f"default the artifact root's spool/): {cause}", self.spec.worker_dir)
 
     def _request_params(self, prompt_id: str, sample_id: int) -> dict[str, Any]:
         spec = self.spec

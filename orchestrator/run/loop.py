@@ -34,7 +34,7 @@ from orchestrator.run.fleet import HEALTHY, ServerFleet
 from orchestrator.run.pool import WorkerPool
 from orchestrator.run.progress import Progress
 from orchestrator.run.servers import (ModelInfo, ServerProcess, hallulog_cache_dir, remote_model,
-                                      clear_spool, resolve_model, start_servers)
+                                      remove_spools, resolve_model, start_servers)
 from orchestrator.run.status import StatusBoard
 from orchestrator.tasks import TaskStream, open_task
 from orchestrator.tasks.base import MalformedCollector
@@ -210,8 +210,7 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
             fleet.close(timeout=30)
         for server in servers:
             server.stop()
-        for spool in (root / "spool").glob("server_*"):
-            clear_spool(spool)
+        remove_spools(root, config.spool_root)
         if checkpoint is not None:
             checkpoint.close(final=completed)
         completions.close()

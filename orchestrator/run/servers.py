@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from orchestrator.config import RunConfig
     from orchestrator.run.status import StatusBoard
 
-__all__ = ["start_servers", "clear_spool", "remote_model", "ServerProcess", "ModelInfo", "resolve_model", "embedded_server_command",
+__all__ = ["start_servers", "clear_spool", "remove_spools", "remote_model", "ServerProcess", "ModelInfo", "resolve_model", "embedded_server_command",
            "hallulog_cache_dir", "wait_healthy", "kill_stale_servers"]
 
 log = logging.getLogger(__name__)
@@ -278,7 +279,7 @@ def start_servers(config: "RunConfig", model: ModelInfo, layer_ids: list[int], r
     servers = []
     for i, (gpu, port) in enumerate(zip(slots, ports)):
         url = f"http://127.0.0.1:{port}"
-        spool = layout.spool_dir(root, i)
+        spool = layout.spool_dir(root, i, config.spool_root)
         clear_spool(spool)
         env = dict(os.environ)
         if gpu is not None:
@@ -320,6 +321,17 @@ def clear_spool(spool: Path) -> None:
             if leftover.is_file():
                 leftover.unlink()
     spool.mkdir(parents=True, exist_ok=True)
+
+
+def remove_spools(root: Path, spool_root: Path | None) -> None:
+    """Empty the run's server spools once its servers are stopped; with ``--spool-root`` the
+    run's own directory there is removed."""
+    parent = layout.run_spool_dir(root, spool_root)
+    if spool_root is not None:
+        shutil.rmtree(parent, ignore_errors=True)
+        return
+    for spool in parent.glob("server_*"):
+        clear_spool(spool)
 
 
 def remote_model(config: "RunConfig") -> ModelInfo:

@@ -10,8 +10,11 @@ import collections
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -52,6 +55,13 @@ def _generations_per_prompt(root: Path) -> collections.Counter:
                                read_jsonl(root / "consolidated" / "generations.jsonl"))
 
 
+def _watch_spools(spool_root: Path, seen: set[str], proc) -> None:
+    """Names of the server spools that appear under ``spool_root`` while the run lives."""
+    while proc.poll() is None:
+        seen.update(p.name for p in spool_root.glob("hallulog-spool-*/server_*"))
+        time.sleep(0.2)
+
+
 def _assert_complete(root: Path, prompts: int, k: int = 1) -> None:
     per_prompt = _generations_per_prompt(root)
     assert len(per_prompt) == prompts, per_prompt
@@ -63,25 +73,49 @@ def _assert_complete(root: Path, prompts: int, k: int = 1) -> None:
 
 
 def test_two_servers_share_the_work_and_sigkilled_workers_lose_nothing(tmp_path: Path):
-    """Default: one worker per server, both busy; SIGKILL workers at random moments."""
+    """Default: one worker per server, both busy; SIGKILL workers at random moments. The
+    servers' spools are on a tmpfs (``--spool-root``, /dev/shm where there is one): the run's
+    own directory there is used and removed at the end, the artifact root gets no spool/."""
     prompts = 8
+    shm = Path("/dev/shm")
+    spool_root = Path(tempfile.mkdtemp(prefix="hallulog-test-", dir=shm if shm.is_dir() else
+                                       tmp_path.parent))
     rng = random.Random(3)
     killed = []
 
     def killer(proc):
+        first: list[int] = []
         for threshold in (1, 4):
             while _committed(tmp_path) < threshold and proc.poll() is None:
                 time.sleep(0.2)
             time.sleep(rng.uniform(0, 3))
             pids = _worker_pids(proc.pid)
+            first = first or pids
+            # one original worker per kill: killing the same server's worker twice could
+            # leave it no time to take its share of 8 short prompts
+            untouched = sorted(set(first) & set(pids) - set(killed))
             if pids and proc.poll() is None:
-                victim = rng.choice(pids)
+                victim = rng.choice(untouched or pids)
                 os.kill(victim, signal.SIGKILL)
                 killed.append(victim)
 
-    returncode, _, err = run_with_saboteur(
-        orchestrator_cmd(tmp_path, "--limit", str(prompts), *ARGS), killer, timeout=1500)
-    assert returncode == 0, err[-4000:]
+    spools_seen: set[str] = set()
+
+    def saboteur(proc):
+        threading.Thread(target=_watch_spools, args=(spool_root, spools_seen, proc),
+                         daemon=True).start()
+        killer(proc)
+
+    try:
+        returncode, _, err = run_with_saboteur(
+            orchestrator_cmd(tmp_path, "--limit", str(prompts), "--spool-root",
+                             str(spool_root), *ARGS), saboteur, timeout=1500)
+        assert returncode == 0, err[-4000:]
+        assert spools_seen == {"server_0", "server_1"}  # both servers spooled there
+        assert not any(spool_root.iterdir())  # the run removed its directory
+        assert not (tmp_path / "spool").exists()
+    finally:
+        shutil.rmtree(spool_root, ignore_errors=True)
     assert len(killed) == 2, err[-4000:]
     assert err.count("died (exit code -9)") == 2, err[-4000:]
     _assert_complete(tmp_path, prompts)

@@ -7,7 +7,9 @@ import pytest
 
 from orchestrator.cli import build_parser, config_from_args
 from orchestrator.config import ConfigError, RunConfig, select_layer_ids
+from contracts import layout
 from contracts.ids import activation_key, prompt_id_for, sample_seed
+from orchestrator.run.servers import remove_spools
 
 
 def test_prompt_id_is_sha256_of_compact_json():
@@ -45,6 +47,7 @@ def test_profiles_and_overrides():
     (dict(logging_profile="huge"), "--logging-profile"),
     (dict(manage_servers=False), "--server-urls"),
     (dict(status_port=8080, status_host="0.0.0.0"), "--status-token"),
+    (dict(spool_root="/nonexistent/spool"), "--spool-root"),
 ])
 def test_bad_values_name_the_flag(kwargs, flag):
     with pytest.raises(ConfigError, match=flag):
@@ -54,7 +57,8 @@ def test_bad_values_name_the_flag(kwargs, flag):
 def test_fingerprint_ignores_paths_and_workers_only():
     base = RunConfig()
     assert base.fingerprint_fields() == RunConfig(artifact_root="x", num_workers=3,
-                                                   limit=5).fingerprint_fields()
+                                                   limit=5, spool_root="/"
+                                                   ).fingerprint_fields()
     assert base.fingerprint_fields() != RunConfig(k_samples=2).fingerprint_fields()
     assert base.fingerprint_fields() != RunConfig(storage_format="npy").fingerprint_fields()
 
@@ -72,6 +76,7 @@ def test_cli_maps_flags_to_config():
     (["--resume", "maybe"], "argument --resume: expected true or false"),
     (["--sample-top-p", "2"], "--sample-top-p must be in (0, 1]"),
     (["--logging-profile", "huge"], "argument --logging-profile: invalid choice"),
+    (["--spool-root", "/nonexistent/spool"], "--spool-root /nonexistent/spool is not a directory"),
 ])
 def test_bad_flag_is_a_clear_cli_error(argv, needle, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "run", *argv,
@@ -80,3 +85,32 @@ def test_bad_flag_is_a_clear_cli_error(argv, needle, tmp_path):
     assert proc.returncode == 2
     assert needle in proc.stderr
     assert not (tmp_path / "run_manifest.json").exists()
+
+
+def test_spool_root_gives_each_artifact_root_its_own_spool(tmp_path):
+    """Default: spool/ in the artifact root. Under --spool-root (e.g. /dev/shm, shared by
+    every run on the machine) each artifact root gets a directory of its own, the same one on
+    resume, so that one run's start-up and clean-up never touch another's capture files."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert layout.spool_dir(a, 1) == a / "spool" / "server_1"
+    shared = tmp_path / "shm"
+    sa, sb = layout.spool_dir(a, 0, shared), layout.spool_dir(b, 0, shared)
+    assert sa.parent.parent == sb.parent.parent == shared and sa != sb
+    assert sa == layout.spool_dir(tmp_path / "x" / ".." / "a", 0, shared)  # same root
+    assert sa.parent == layout.run_spool_dir(a, shared)
+
+
+def test_remove_spools_leaves_other_runs_alone(tmp_path):
+    shared = tmp_path / "shm"
+    mine, other = layout.spool_dir(tmp_path / "a", 0, shared), \
+        layout.spool_dir(tmp_path / "b", 0, shared)
+    for spool in (mine, other):
+        spool.mkdir(parents=True)
+        (spool / "req.safetensors").write_bytes(b"x")
+    remove_spools(tmp_path / "a", shared)
+    assert not mine.parent.exists() and (other / "req.safetensors").exists()
+    default = layout.spool_dir(tmp_path / "c", 0)
+    default.mkdir(parents=True)
+    (default / "req.safetensors").write_bytes(b"x")
+    remove_spools(tmp_path / "c", None)
+    assert default.is_dir() and not any(default.iterdir())  # emptied, kept in the layout
