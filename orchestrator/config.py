@@ -172,7 +172,8 @@ class RunConfig:
     deletes it within milliseconds). Default: ``spool/`` in the artifact root. A local tmpfs such
     as /dev/shm spares the artifact disk a file create and delete per generation (on a
     journal-less ext4 or a network filesystem the dearest part of a fast run); it must hold the
-    captures in flight (requests in flight × one capture)."""
+    captures in flight (requests in flight × one capture). With --executor ray each actor's
+    server spools to a temporary directory on its node instead."""
     gpus: tuple[int, ...] = ()
     """GPU ids; one server per GPU. Empty: one server on CPU."""
     manage_servers: bool = True

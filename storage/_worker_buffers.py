@@ -25,6 +25,8 @@ import os
 import numpy as np
 import torch
 
+from ._padding import StaleRanges
+
 __all__ = ["WorkerBuffers", "SharedBatch", "use_count", "numpy_dtype_to_torch"]
 
 _HEAD = 64 // 2  # elements before the data: the flag, and 64-byte alignment for 2-byte dtypes
@@ -47,24 +49,27 @@ class WorkerBuffers:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.buffers: list[tuple[torch.Tensor, int]] = []  # (flat buffer, its idle use count)
+        # (flat buffer, its idle use count, the stale ranges of its data part)
+        self.buffers: list[tuple[torch.Tensor, int, StaleRanges]] = []
 
-    def take(self, need: int, cap: int, dtype: torch.dtype) -> torch.Tensor:
-        """A flat shared tensor of ``need`` elements (a view after the buffer's flag)."""
-        for flat, idle in self.buffers:
+    def take(self, need: int, cap: int, dtype: torch.dtype) -> tuple[torch.Tensor, StaleRanges]:
+        """A flat shared tensor of ``need`` elements (a view after the buffer's flag) and the
+        ranges of it that may hold bytes of an earlier batch."""
+        for flat, idle, stale in self.buffers:
             # The use count first, the flag after: the queue's feeder thread sets the flag while
             # it pickles a batch and lets go of the batch after, so a count back to idle means
             # the flag already says whether the main process holds the buffer. Read the other
             # way round, the feeder could send the batch between the two reads.
             if flat.dtype == dtype and flat.numel() >= _HEAD + need \
                     and use_count(flat) <= idle and flat[0] == 0:
-                return flat[_HEAD:_HEAD + need]
+                return flat[_HEAD:_HEAD + need], stale
         nbytes = (_HEAD + max(need, cap)) * torch.empty(0, dtype=dtype).element_size()
         flat = torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(nbytes))
         flat[0] = 0
+        stale = StaleRanges(max(need, cap))
         if len(self.buffers) < self.CAPACITY:
-            self.buffers.append((flat, use_count(flat)))
-        return flat[_HEAD:_HEAD + need]
+            self.buffers.append((flat, use_count(flat), stale))
+        return flat[_HEAD:_HEAD + need], stale
 
 
 class SharedBatch(dict):

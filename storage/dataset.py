@@ -8,7 +8,8 @@ them any more: a fresh 50 MB buffer would cost a page fault and a kernel zeroing
 is more than the read itself. In the main process (``num_workers=0``) that is a small pool; in a
 DataLoader worker, buffers in shared memory that the main process hands back when it has let go
 of a batch (``_worker_buffers``), so a batch crosses to the main process without a copy and
-without a fresh allocation. File handles are opened lazily in each process (after fork);
+without a fresh allocation. A reused buffer zeroes only the padding an earlier batch left bytes
+in (``_padding.StaleRanges``), not all of it. File handles are opened lazily in each process (after fork);
 ``pin_memory=True`` allocates the output pinned (main process, CUDA builds only).
 """
 
@@ -22,6 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ._layer_draw import draw_layers
+from ._padding import StaleRanges
 from ._worker_buffers import SharedBatch, WorkerBuffers, numpy_dtype_to_torch, use_count
 from .base import ActivationReader
 from .registry import open_store
@@ -59,7 +61,8 @@ class ActivationPairsDataset(Dataset):
         self.layer_ids = np.asarray(r.layer_ids)
         self._len = len(r)
         self._meta_cols = None
-        self._pool: list[tuple[torch.Tensor, int]] = []  # (flat buffer, its idle use count)
+        # (flat buffer, its idle use count, its stale ranges)
+        self._pool: list[tuple[torch.Tensor, int, StaleRanges]] = []
         self._shared: WorkerBuffers | None = None  # a DataLoader worker's shared buffers
 
     @property
@@ -135,14 +138,13 @@ class ActivationPairsDataset(Dataset):
         pos = self._layers_of(index)
         b, k = pos.shape
         t_max = int(seq.max()) if b else 0
-        acts = self._output((b, k, t_max, r.hidden_size), r.dtype)
+        acts, stale = self._output((b, k, t_max, r.hidden_size), r.dtype)
         a = acts.numpy()
+        stale.zero_padding(a.reshape(-1), seq, k, t_max, r.hidden_size)
         outs = []
         for j in range(b):
             t = int(seq[j])
             outs.extend(a[j, q, :t] for q in range(k))
-            if t < t_max:
-                a[j, :, t:] = 0
         r.read_pairs_into(np.repeat(index, k), pos.reshape(-1), outs)
         mask = torch.from_numpy(np.arange(t_max)[None, :] < seq[:, None])
         pos = pos.astype(np.int64)
@@ -158,9 +160,10 @@ class ActivationPairsDataset(Dataset):
 
     _POOL_SIZE = 3  # a batch being built, the one the caller holds, one in flight
 
-    def _output(self, shape, dtype) -> torch.Tensor:
-        """The padded output: in a worker a reused buffer of shared memory
-        (``_worker_buffers``), else a reused buffer of the pool."""
+    def _output(self, shape, dtype) -> tuple[torch.Tensor, StaleRanges]:
+        """The padded output and the ranges of it that may hold bytes of an earlier batch: in
+        a worker a reused buffer of shared memory (``_worker_buffers``), else a reused buffer
+        of the pool."""
         need = int(np.prod(shape))
         cap = need
         if shape and len(self) and shape[0]:
@@ -169,15 +172,17 @@ class ActivationPairsDataset(Dataset):
         if torch.utils.data.get_worker_info() is not None:
             if self._shared is None or self._shared.pid != os.getpid():
                 self._shared = WorkerBuffers()
-            return self._shared.take(need, cap, numpy_dtype_to_torch(dtype)).view(shape)
-        for flat, idle in self._pool:
+            flat, stale = self._shared.take(need, cap, numpy_dtype_to_torch(dtype))
+            return flat.view(shape), stale
+        for flat, idle, stale in self._pool:
             if flat.numel() >= need and use_count(flat) <= idle:
-                return flat[:need].view(shape)  # a view: the caller's reference counts
+                return flat[:need].view(shape), stale  # a view: the caller's reference counts
         flat = _empty((cap,), dtype, self.pin_memory)
+        stale = StaleRanges(cap)
         if len(self._pool) >= self._POOL_SIZE:
             self._pool.pop(0)
-        self._pool.append((flat, use_count(flat)))
-        return flat[:need].view(shape)
+        self._pool.append((flat, use_count(flat), stale))
+        return flat[:need].view(shape), stale
 
 
 class PairsBatch(Sequence):

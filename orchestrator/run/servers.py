@@ -31,8 +31,11 @@ if TYPE_CHECKING:
     from orchestrator.config import RunConfig
     from orchestrator.run.status import StatusBoard
 
-__all__ = ["start_servers", "clear_spool", "remove_spools", "remote_model", "ServerProcess", "ModelInfo", "resolve_model", "embedded_server_command",
-           "hallulog_cache_dir", "wait_healthy", "kill_stale_servers"]
+__all__ = [
+    "start_servers", "clear_spool", "remove_spools", "remote_model", "ServerProcess", "ModelInfo",
+    "resolve_model", "embedded_server_command", "hallulog_cache_dir", "wait_healthy",
+    "kill_stale_servers",
+]
 
 log = logging.getLogger(__name__)
 say = logging.getLogger("orchestrator.startup")
