@@ -128,13 +128,15 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         manifest = load_manifest(given.get("artifact_root", RunConfig.artifact_root))
         if manifest is not None:
             names = {f.name for f in dataclasses.fields(RunConfig)}
-            # the spool root only matters while servers run (it may be gone by now)
             recorded = {k: tuple(v) if isinstance(v, list) else v
-                        for k, v in manifest.get("config", {}).items()
-                        if k in names and k != "spool_root"}
-            for key in ("artifact_root", "cache_dir"):
+                        for k, v in manifest.get("config", {}).items() if k in names}
+            for key in ("artifact_root", "cache_dir", "spool_root"):
                 if recorded.get(key) is not None:
                     recorded[key] = Path(recorded[key])
+            # --retry-failed starts servers again and spools where the run did; a spool root
+            # gone since (a tmpfs after a reboot) falls back to the artifact root's spool/
+            if recorded.get("spool_root") is not None and not recorded["spool_root"].is_dir():
+                del recorded["spool_root"]
             given = {**recorded, **given}
     if given.get("status_token") is None and os.environ.get("HALLULOG_STATUS_TOKEN"):
         given["status_token"] = os.environ["HALLULOG_STATUS_TOKEN"]

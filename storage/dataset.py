@@ -9,8 +9,8 @@ is more than the read itself. In the main process (``num_workers=0``) that is a 
 DataLoader worker, buffers in shared memory that the main process hands back when it has let go
 of a batch (``_worker_buffers``), so a batch crosses to the main process without a copy and
 without a fresh allocation. A reused buffer zeroes only the padding an earlier batch left bytes
-in (``_padding.StaleRanges``), not all of it. File handles are opened lazily in each process (after fork);
-``pin_memory=True`` allocates the output pinned (main process, CUDA builds only).
+in (``_padding.StaleRanges``), not all of it. File handles are opened lazily in each process
+(after fork); ``pin_memory=True`` allocates the output pinned (main process, CUDA builds only).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """RunConfig checks, the CLI derived from it, ids and the fingerprint."""
 
+import json
 import subprocess
 import sys
 
@@ -114,3 +115,19 @@ def test_remove_spools_leaves_other_runs_alone(tmp_path):
     (default / "req.safetensors").write_bytes(b"x")
     remove_spools(tmp_path / "c", None)
     assert default.is_dir() and not any(default.iterdir())  # emptied, kept in the layout
+
+
+def test_post_run_commands_keep_a_recorded_spool_root_only_while_it_exists(tmp_path):
+    """--retry-failed starts servers again: they spool where the run did, unless that directory
+    is gone (a tmpfs after a reboot), when the artifact root's spool/ is used."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    root = tmp_path / "run"
+    root.mkdir()
+    (root / layout.MANIFEST).write_text(json.dumps({"config": {"spool_root": str(shm),
+                                                               "k_samples": 2}}))
+    argv = ["run", "--artifact-root", str(root), "--retry-failed"]
+    cfg = config_from_args(build_parser().parse_args(argv))
+    assert cfg.spool_root == shm and cfg.k_samples == 2
+    shm.rmdir()
+    assert config_from_args(build_parser().parse_args(argv)).spool_root is None
