@@ -16,19 +16,25 @@ import json
 import logging
 import os
 import time
-import zlib
 from array import array
 
 import numpy as np
 
 from ._commitlog import RecordColumns, append_records, record_line, tail_to_drop
 from ._io import (atomic_save_npy, atomic_write_json, fsync_dir, malformed_is_manifest_error,
-                  pread_into, write_all)
+                  pread_into, start_writeback, write_all)
 from .base import ActivationWriter, ExtentReader, SampleMeta
 from .errors import CorruptShardError, ManifestError, StorageError
-from .packed_layout import (FORMAT, SCHEMA_VERSION, MANIFEST, COMMIT_LOG, DEFAULT_SHARD_BYTES, MANIFEST_FIELDS, SHARD_FIELDS, INDEX_ARRAYS, LOCATION_FIELDS, HEADER_FIELDS, RECORD_FIELDS, shard_name, _hash_content, _hashed_head)
+from .packed_layout import (FORMAT, SCHEMA_VERSION, MANIFEST, COMMIT_LOG, DEFAULT_SHARD_BYTES, MANIFEST_FIELDS, SHARD_FIELDS, INDEX_ARRAYS, LOCATION_FIELDS, HEADER_FIELDS, RECORD_FIELDS, shard_name, _hash_content, _hashed_head,
+                            ADDED_IN_SCHEMA_2, CHECKSUMS, DEFAULT_CHECKSUM, checksum_name)
 
 log = logging.getLogger(__name__)
+
+#: ``write`` starts the writeback of the open shard's bytes once this many are waiting (as
+#: RocksDB's ``bytes_per_sync``): the disk works while the group is still being written, and
+#: small samples still reach the disk in large requests.
+WRITEBACK_BYTES = 1 << 20
+_PAGE = 4096
 
 __all__ = ["PackedWriter", "PackedReader", "FORMAT", "SCHEMA_VERSION", "SHARD_FIELDS", "LOCATION_FIELDS"]
 
@@ -48,12 +54,15 @@ class PackedWriter(ActivationWriter):
         self._dirty = False  # the open shard has bytes not yet fdatasync'ed
         self._shard = 0
         self._shard_size = 0
+        self._writeback_from = 0  # the open shard's bytes from here on: no writeback started
         self._shard_fd: int | None = None
         self._closed = False
+        self.checksum = DEFAULT_CHECKSUM  # a reopened store keeps its own (_recover)
         os.makedirs(self.path, exist_ok=True)
         header = {
             "schema_version": SCHEMA_VERSION, "format": FORMAT, "dtype": self.dtype.str,
             "layer_ids": self.layer_ids, "hidden_size": self.hidden_size, "shard_bytes": self.shard_bytes,
+            "checksum": self.checksum,
         }
         log_path = os.path.join(self.path, COMMIT_LOG)
         if os.path.exists(log_path) and os.path.getsize(log_path) > 0:
@@ -85,10 +94,18 @@ class PackedWriter(ActivationWriter):
             except ValueError:
                 raise ManifestError("unparsable commit log line", log_path, line=n + 1) from None
             if n == 0:
-                got = {k: obj.get(k) for k in HEADER_FIELDS if k != "shard_bytes"}
-                want = {k: header[k] for k in HEADER_FIELDS if k != "shard_bytes"}
+                # the store keeps its own schema version, checksum and shard budget
+                fixed = [k for k in HEADER_FIELDS if k not in ("schema_version", "shard_bytes", "checksum")]
+                got, want = {k: obj.get(k) for k in fixed}, {k: header[k] for k in fixed}
                 if got != want:
                     raise StorageError(f"store was created with {got}, reopened with {want}", log_path)
+                if obj.get("schema_version", 1) > SCHEMA_VERSION:
+                    raise StorageError(f"schema_version {obj['schema_version']} is newer than this "
+                                       f"writer ({SCHEMA_VERSION})", log_path)
+                try:
+                    self.checksum = checksum_name(obj)
+                except ValueError as exc:
+                    raise ManifestError(str(exc), log_path, line=1) from None
                 self.shard_bytes = int(obj.get("shard_bytes", self.shard_bytes))
             else:
                 missing = [k for k in RECORD_FIELDS if k not in obj]
@@ -141,7 +158,7 @@ class PackedWriter(ActivationWriter):
                 raise CorruptShardError("committed shard is missing", os.path.join(self.path, shard_name(k)))
         fsync_dir(self.path)
         self._shard = last
-        self._shard_size = ends.get(last, 0)
+        self._shard_size = self._writeback_from = ends.get(last, 0)
 
     # ---- writing --------------------------------------------------------------------------
     def _open_shard(self) -> int:
@@ -171,7 +188,7 @@ class PackedWriter(ActivationWriter):
         if self._shard_size > 0 and self._shard_size + nbytes > self.shard_bytes:
             self._close_shard(sync=True)  # pending samples in it stay durable
             self._shard += 1
-            self._shard_size = 0
+            self._shard_size = self._writeback_from = 0
         fd = self._open_shard()
         offset = self._shard_size
         try:
@@ -187,11 +204,15 @@ class PackedWriter(ActivationWriter):
         record = {
             "key": key, "shard": self._shard, "offset": offset, "seq_len": int(acts.shape[1]),
             "prompt_len": meta.prompt_len, "response_len": meta.response_len, "label": meta.label,
-            "crc32": zlib.crc32(acts.reshape(-1).view(np.uint8)),
+            "crc32": CHECKSUMS[self.checksum](acts.reshape(-1).view(np.uint8)),
         }
         self._pending.append((key, record))
         self._pending_keys.add(key)
         self._shard_size = offset + nbytes
+        if self._shard_size - self._writeback_from >= WRITEBACK_BYTES:
+            upto = self._shard_size & ~(_PAGE - 1)  # a partial page would be written twice
+            start_writeback(fd, self._writeback_from, upto - self._writeback_from)
+            self._writeback_from = upto
         return {
             "file_path": f"activations/{shard_name(self._shard)}",
             "byte_offset": offset,
@@ -206,6 +227,7 @@ class PackedWriter(ActivationWriter):
         if self._shard_fd is not None and self._dirty:
             os.fdatasync(self._shard_fd)
             self._dirty = False
+            self._writeback_from = self._shard_size
         if on_durable is not None:
             on_durable()
         # pending stays pending until its log lines are durable: a failed append leaves the
@@ -284,7 +306,7 @@ class PackedWriter(ActivationWriter):
         for name, a in arrays.items():
             atomic_save_npy(os.path.join(self.path, name + ".npy"), a)
         manifest = {
-            "schema_version": SCHEMA_VERSION, "format": FORMAT, "dtype": self.dtype.str,
+            "schema_version": SCHEMA_VERSION, "checksum": self.checksum, "format": FORMAT, "dtype": self.dtype.str,
             "layer_ids": self.layer_ids, "hidden_size": self.hidden_size, "num_samples": n,
             "num_tokens": int(seq.sum()), "shard_bytes": self.shard_bytes, "shards": shards,
             "index_arrays": {k: f"{k}.npy" for k in INDEX_ARRAYS},
@@ -315,11 +337,16 @@ class PackedReader(ExtentReader):
                 m = json.load(f)
         except ValueError as e:
             raise ManifestError(f"unparsable JSON ({e})", mpath) from None
-        missing = [k for k in MANIFEST_FIELDS if k not in m]
+        old = () if m.get("schema_version", 0) >= 2 else ADDED_IN_SCHEMA_2
+        missing = [k for k in MANIFEST_FIELDS if k not in m and k not in old]
         if missing or m.get("format") != FORMAT:
             raise ManifestError(f"not a {FORMAT} manifest (missing {missing})", mpath)
         if m["schema_version"] > SCHEMA_VERSION:
             raise ManifestError(f"schema_version {m['schema_version']} is newer than this reader ({SCHEMA_VERSION})", mpath)
+        try:
+            self.checksum = checksum_name(m)
+        except ValueError as exc:
+            raise ManifestError(str(exc), mpath) from None
         try:
             self.dtype = np.dtype(m["dtype"])
         except TypeError:
@@ -413,7 +440,7 @@ class PackedReader(ExtentReader):
             k = int(ix["shard_index"][i])
             buf = np.empty(self.num_layers * int(ix["seq_len"][i]) * self.hidden_size, self.dtype)
             pread_into(self._fd(k), buf, int(ix["byte_offsets"][i]), self._shard_files[k])
-            if zlib.crc32(buf.view(np.uint8)) != int(ix["crc32"][i]):
+            if CHECKSUMS[self.checksum](buf.view(np.uint8)) != int(ix["crc32"][i]):
                 raise CorruptShardError(
                     f"checksum mismatch in sample {ix['sample_key'][i].decode()} at byte {int(ix['byte_offsets'][i])}",
                     self._shard_files[k])

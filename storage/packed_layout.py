@@ -5,22 +5,35 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zlib
+from typing import Callable
 
+import google_crc32c
 import numpy as np
 
-__all__ = ["FORMAT", "SCHEMA_VERSION", "MANIFEST", "COMMIT_LOG", "DEFAULT_SHARD_BYTES", "MANIFEST_FIELDS", "SHARD_FIELDS", "INDEX_ARRAYS", "LOCATION_FIELDS", "HEADER_FIELDS", "RECORD_FIELDS", "shard_name", "_hash_content", "_hashed_head"]
+__all__ = ["FORMAT", "SCHEMA_VERSION", "MANIFEST", "CHECKSUMS", "DEFAULT_CHECKSUM", "checksum_name", "ADDED_IN_SCHEMA_2", "COMMIT_LOG", "DEFAULT_SHARD_BYTES", "MANIFEST_FIELDS", "SHARD_FIELDS", "INDEX_ARRAYS", "LOCATION_FIELDS", "HEADER_FIELDS", "RECORD_FIELDS", "shard_name", "_hash_content", "_hashed_head"]
 
 FORMAT = "hallulog.packed"
-SCHEMA_VERSION = 1
+#: 2: the ``checksum`` field (``crc32c`` for new stores); 1: no such field, zlib's ``crc32``
+SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
 COMMIT_LOG = "commit.log"
 DEFAULT_SHARD_BYTES = 2 << 30
 
+#: the per-sample checksum's name -> the function of a sample's bytes. crc32c: CRC-32 with the
+#: Castagnoli polynomial (SSE4.2 / ARMv8 instructions, ~13 GB/s here against zlib's ~3 GB/s)
+CHECKSUMS: dict[str, Callable[[object], int]] = {"crc32": zlib.crc32,
+                                                 "crc32c": google_crc32c.value}
+DEFAULT_CHECKSUM = "crc32c"
+
 #: manifest.json keys (docs/formats/packed.md, table "manifest.json")
 MANIFEST_FIELDS = (
     "schema_version", "format", "dtype", "layer_ids", "hidden_size", "num_samples",
-    "num_tokens", "shard_bytes", "shards", "index_arrays", "content_hash", "created_unix",
+    "num_tokens", "shard_bytes", "checksum", "shards", "index_arrays", "content_hash",
+    "created_unix",
 )
+#: fields a schema-1 manifest or commit-log header lacks
+ADDED_IN_SCHEMA_2 = ("checksum",)
 #: one entry of manifest["shards"] (table "shards[]")
 SHARD_FIELDS = ("file", "num_samples", "size_bytes")
 #: index arrays: name -> dtype (table "index arrays")
@@ -37,7 +50,8 @@ INDEX_ARRAYS = {
 #: keys of the dict PackedWriter.write returns (table "writer location fields")
 LOCATION_FIELDS = ("file_path", "byte_offset", "shape", "dtype", "size_bytes")
 #: commit.log first line (table "commit.log header")
-HEADER_FIELDS = ("schema_version", "format", "dtype", "layer_ids", "hidden_size", "shard_bytes")
+HEADER_FIELDS = ("schema_version", "format", "dtype", "layer_ids", "hidden_size", "shard_bytes",
+                 "checksum")
 #: commit.log record lines (table "commit.log records")
 RECORD_FIELDS = ("key", "shard", "offset", "seq_len", "prompt_len", "response_len", "label", "crc32")
 
@@ -55,6 +69,15 @@ def _hash_content(head: dict, arrays: dict[str, np.ndarray]) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def checksum_name(head: dict) -> str:
+    """The checksum a manifest or commit-log header names (schema 1: zlib's ``crc32``)."""
+    name = head.get("checksum", "crc32") if head.get("schema_version", 1) >= 2 else "crc32"
+    if name not in CHECKSUMS:
+        raise ValueError(f"unknown checksum {name!r} (known: {sorted(CHECKSUMS)})")
+    return name
+
+
 def _hashed_head(m: dict) -> dict:
-    keys = ("schema_version", "format", "dtype", "layer_ids", "hidden_size", "num_samples", "num_tokens", "shards")
+    keys = ("schema_version", "format", "dtype", "layer_ids", "hidden_size", "num_samples",
+            "num_tokens", "shards") + (ADDED_IN_SCHEMA_2 if m["schema_version"] >= 2 else ())
     return {k: m[k] for k in keys}

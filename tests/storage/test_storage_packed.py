@@ -108,3 +108,124 @@ def test_group_commit_syncs_each_file_once(tmp_path, monkeypatch):
     w.commit()
     assert len(calls) == 2 and len(set(calls)) == 2
     w.close()
+
+
+def _flip_a_byte(shard) -> None:
+    with open(shard, "r+b") as f:
+        f.seek(7)
+        byte = f.read(1)
+        f.seek(7)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_new_stores_checksum_with_crc32c(tmp_path):
+    import google_crc32c
+
+    w = open_writer("packed", tmp_path, layer_ids=[0, 1], hidden_size=8)
+    acts = [make_sample(k, 2, 8) for k in range(3)]
+    for k, (a, meta) in enumerate(acts):
+        w.write(f"k_{k}", a, meta)
+    w.close()
+    d = tmp_path / "activations"
+    header = json.loads((d / "commit.log").read_text().splitlines()[0])
+    assert header["schema_version"] == 2 and header["checksum"] == "crc32c"
+    r = open_store(tmp_path)
+    assert r.manifest["checksum"] == "crc32c"
+    want = [google_crc32c.value(np.ascontiguousarray(a, np.float16).tobytes()) for a, _ in acts]
+    assert np.load(d / "crc32.npy").tolist() == want
+    r.verify()
+
+
+def _as_schema_1(path) -> None:
+    """Rewrite a header or manifest as a schema-1 store wrote it: no ``checksum``."""
+    import storage.packed_layout as pl
+
+    if path.name == "commit.log":
+        lines = path.read_text().splitlines(keepends=True)
+        head = json.loads(lines[0])
+        assert head.pop("checksum") == "crc32"
+        head["schema_version"] = 1
+        path.write_text(json.dumps(head, sort_keys=True) + "\n" + "".join(lines[1:]))
+        return
+    m = json.loads(path.read_text())
+    assert m.pop("checksum") == "crc32"
+    m["schema_version"] = 1
+    ix = {name: np.load(path.parent / f"{name}.npy") for name in pl.INDEX_ARRAYS}
+    m["content_hash"] = pl._hash_content(pl._hashed_head(m), ix)
+    path.write_text(json.dumps(m))
+
+
+def test_schema_1_stores_keep_zlib_crc32(tmp_path, monkeypatch):
+    """A store written before schema 2 is read, verified and resumed with zlib's CRC-32."""
+    import zlib
+
+    import storage.packed
+
+    monkeypatch.setattr(storage.packed, "DEFAULT_CHECKSUM", "crc32")  # what the old writer did
+    w = open_writer("packed", tmp_path, layer_ids=[0, 1], hidden_size=8)
+    first = make_sample(0, 2, 8)
+    w.write("k_0", *first)
+    w.commit()
+    monkeypatch.undo()
+    d = tmp_path / "activations"
+    _as_schema_1(d / "commit.log")  # the old writer crashed here; the new one resumes it
+    w = open_writer("packed", tmp_path, layer_ids=[0, 1], hidden_size=8)
+    assert w.checksum == "crc32"
+    w.write("k_1", *make_sample(1, 2, 8))
+    w.close()
+    r = open_store(tmp_path)
+    assert (r.manifest["schema_version"], r.manifest["checksum"]) == (2, "crc32")
+    r.verify()
+    _as_schema_1(d / "manifest.json")  # as the old writer would have finalized it
+    r = open_store(tmp_path)
+    assert r.checksum == "crc32" and "checksum" not in r.manifest
+    crc = np.load(d / "crc32.npy")
+    assert crc[0] == zlib.crc32(np.ascontiguousarray(first[0], np.float16).tobytes())
+    r.verify()
+    _flip_a_byte(d / "shard_000000.bin")
+    with pytest.raises(CorruptShardError, match="checksum"):
+        open_store(tmp_path).verify()
+
+
+def test_unknown_checksum_is_a_manifest_error(tmp_path):
+    w = open_writer("packed", tmp_path, layer_ids=[0], hidden_size=4)
+    w.write("a_0", *make_sample(0, 1, 4))
+    w.close()
+    p = tmp_path / "activations" / "manifest.json"
+    m = json.loads(p.read_text())
+    m["checksum"] = "md5"
+    p.write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match="unknown checksum 'md5'") as err:
+        open_store(tmp_path, verify_hash=False)
+    assert str(p) in str(err.value)
+
+
+def test_writeback_starts_in_page_aligned_runs_while_a_group_is_written(tmp_path, monkeypatch):
+    """Once WRITEBACK_BYTES wait, write() starts their writeback; only commit() syncs."""
+    import storage.packed
+
+    started = []
+    real = storage.packed.start_writeback
+    monkeypatch.setattr(storage.packed, "start_writeback",
+                        lambda fd, off, n: (started.append((off, n)), real(fd, off, n)))
+    monkeypatch.setattr(storage.packed, "WRITEBACK_BYTES", 10_000)
+    w = open_writer("packed", tmp_path, layer_ids=[0, 1], hidden_size=64)
+    locs = [w.write(f"k_{k}", *make_sample(k, 2, 64, t=20 + k)) for k in range(8)]
+    end = locs[-1]["byte_offset"] + locs[-1]["size_bytes"]
+    assert started and started[0][0] == 0
+    for (off, n), (nxt, _) in zip(started, started[1:] + [(None, None)]):
+        assert off % 4096 == 0 and n % 4096 == 0 and n >= 10_000 - 4096
+        assert nxt is None or nxt == off + n  # contiguous: each byte written back once
+    assert started[-1][0] + started[-1][1] > end - 10_000
+    w.commit()
+    started.clear()
+    w.write("k_8", *make_sample(8, 2, 64, t=20))  # below the budget after the commit's sync
+    assert started == []
+    w.close()
+    assert len(open_store(tmp_path)) == 9
+    read_r, write_w = os.pipe()
+    try:  # not a file: nothing happens (the commit's fdatasync reports real errors)
+        real(write_w, 0, 10)
+    finally:
+        os.close(read_r)
+        os.close(write_w)
