@@ -14,15 +14,16 @@ same bytes (stored activations + the same JSONL lines) written with ``os.write``
 reported).
 
 The disk of a VM changes speed from one second to the next (here 250-1300 MB/s for the same
-sequential write), so by default (``--in-flight 1``) each group is persisted and then written
-sequentially, in an order that swaps every group: both see the disk in the same state, and
-each round gives one paired ratio; the ratio reported is the median of the rounds'. With
-``--in-flight 2`` the next group's capture files are read while a group commits, as the worker
-does with groups in flight; then whole phases alternate round by round. Capture files are made
-before each round (in ``DIR/spool``, on the store's disk as in a run, or ``--spool-dir``) and are
-in the page cache, as a just-written spool file is; ``os.sync()`` before each round keeps their
-writeback out of the timed part. An unmeasured warm-up phase comes first. Also reports fsyncs
-per group. The last line is one JSON object.
+sequential write), so each group is persisted and its bytes written sequentially one after the
+other, in an order that swaps every group: both sides see the disk in the same state, and each
+round gives one paired ratio; the ratio reported is the median of the rounds'. ``--in-flight
+2``: the next group's capture files are read on a thread while a group commits, as the worker
+does with groups in flight (the read overlaps the commit, never the sequential write). Capture
+files are made before each round (in ``DIR/spool``, on the store's disk as in a run, or
+``--spool-dir``) and are in the page cache, not yet written back, as a just-written spool file
+is (deleting a written-back file costs ~5x more here: ext4 frees its blocks, with online
+discard on this disk). An unmeasured warm-up round comes first and measures the bytes each
+group persists. Also reports fsyncs per group. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from serving.capture import SpoolWriter  # noqa: E402
 from workers.capture import load_capture, select_rows  # noqa: E402
+from storage._io import write_all  # noqa: E402
 from workers.persist import GenerationRecord, WorkerDir  # noqa: E402
 
 MB = 1e6
@@ -120,80 +122,57 @@ class FsyncCounter:
         os.fsync, os.fdatasync = self._real
 
 
-def persist_phase(args, groups, paths, root: Path, layer_ids) -> tuple[float, float, int, int]:
-    """Returns (seconds in all, seconds in persist_group, bytes written: activations + JSONL,
-    fsync calls)."""
-    wdir = WorkerDir(root, worker_id=0, storage_format=args.format, layer_ids=layer_ids,
-                     hidden_size=args.hidden, dtype="float16")
-    nbytes, store = 0, 0.0
-    ahead = max(0, args.in_flight - 1)
-    with FsyncCounter() as fs, ThreadPoolExecutor(max(1, ahead)) as pool:
-        t = time.perf_counter()
-        loads = [pool.submit(records_for, s, p, layer_ids)
-                 for s, p in zip(groups[:ahead], paths[:ahead])]
-        for g, samples in enumerate(groups):
-            if ahead and g + ahead < len(groups):  # the next groups' captures load while this one commits
-                loads.append(pool.submit(records_for, groups[g + ahead], paths[g + ahead],
-                                         layer_ids))
-            records = (loads[g].result() if ahead
-                       else records_for(samples, paths[g], layer_ids))
-            nbytes += sum(r.acts.nbytes for r in records)
-            t_store = time.perf_counter()
-            wdir.persist_group({"prompt_id": samples[0]["prompt_id"], "dataset": "bench"}, records)
-            store += time.perf_counter() - t_store
-        wall = time.perf_counter() - t
-    wdir.close()
-    nbytes += sum((root / n).stat().st_size for n in ("generations.jsonl", "activation_index.jsonl",
-                                                       "prompt_index.jsonl"))
-    return wall, store, nbytes, fs.n
-
-
 def interleaved_round(args, groups, paths, root: Path, layer_ids, seq_path: Path,
-                      per_group: int) -> tuple[float, float, float, int]:
-    """One group persisted, then the same bytes written sequentially, group by group (the
-    order swapped every group), so both see the disk in the same state. Returns (persist
-    seconds, of which persist_group, sequential seconds, persist fsync calls)."""
+                      seq_bytes: list[int] | None) -> dict:
+    """Persist each group, and write the same bytes sequentially, one group at a time, the
+    order swapped every group, so both see the disk in the same state.
+
+    ``seq_bytes`` (bytes each group persists: its activations and JSONL lines, as a warm-up
+    round measured; None: that warm-up, persist only). ``--in-flight 2``: the next group's
+    captures load on a thread while a group commits; a group's persist step ends once they are
+    loaded, so the load overlaps the commit and never the sequential write. Returns the
+    seconds of each side, of ``persist_group`` alone, the bytes per group and the persist
+    side's fsync calls.
+    """
     wdir = WorkerDir(root, worker_id=0, storage_format=args.format, layer_ids=layer_ids,
                      hidden_size=args.hidden, dtype="float16")
-    buf = memoryview(np.random.default_rng(1).integers(0, 255, per_group, dtype=np.uint8))
+    files = [root / n for n in ("generations.jsonl", "activation_index.jsonl", "prompt_index.jsonl")]
+    buf = memoryview(np.random.default_rng(1).integers(0, 255, max(seq_bytes or [1]), np.uint8))
     fd = os.open(seq_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    persist = store = seq = 0.0
-    with FsyncCounter() as fs:
-        for g, samples in enumerate(groups):
-            for step in (("persist", "sequential") if g % 2 == 0 else ("sequential", "persist")):
-                t = time.perf_counter()
-                if step == "persist":
-                    records = records_for(samples, paths[g], layer_ids)
-                    t_store = time.perf_counter()
-                    wdir.persist_group({"prompt_id": samples[0]["prompt_id"], "dataset": "bench"},
-                                       records)
-                    store += time.perf_counter() - t_store
-                    persist += time.perf_counter() - t
-                else:
-                    done = 0
-                    while done < per_group:
-                        done += os.write(fd, buf[done:])
-                    os.fdatasync(fd)
-                    seq += time.perf_counter() - t
-        n_fsync = fs.n - len(groups)  # the sequential file's own fdatasyncs
+    out = {"persist": 0.0, "store": 0.0, "sequential": 0.0, "bytes": [], "fsyncs": 0}
+    ahead = args.in_flight > 1
+
+    def persist_step(g: int) -> None:
+        t = time.perf_counter()
+        records = loads[g].result() if ahead else records_for(groups[g], paths[g], layer_ids)
+        if ahead and g + 1 < len(groups):
+            loads.append(pool.submit(records_for, groups[g + 1], paths[g + 1], layer_ids))
+        jsonl = sum(f.stat().st_size for f in files if f.exists())
+        t_store = time.perf_counter()
+        wdir.persist_group({"prompt_id": groups[g][0]["prompt_id"], "dataset": "bench"}, records)
+        out["store"] += time.perf_counter() - t_store
+        if ahead and g + 1 < len(groups):
+            loads[g + 1].result()
+        out["persist"] += time.perf_counter() - t
+        out["bytes"].append(sum(r.acts.nbytes for r in records)
+                            + sum(f.stat().st_size for f in files) - jsonl)
+
+    def sequential_step(g: int) -> None:
+        t = time.perf_counter()
+        write_all(fd, buf[:seq_bytes[g]])
+        os.fdatasync(fd)
+        out["sequential"] += time.perf_counter() - t
+
+    with FsyncCounter() as fs, ThreadPoolExecutor(1) as pool:
+        loads = [pool.submit(records_for, groups[0], paths[0], layer_ids)] if ahead else []
+        for g in range(len(groups)):
+            steps = [persist_step] if seq_bytes is None else [persist_step, sequential_step]
+            for step in steps[::1 if g % 2 == 0 else -1]:
+                step(g)
+        out["fsyncs"] = fs.n - (0 if seq_bytes is None else len(groups))
     os.close(fd)
     wdir.close()
-    return persist, store, seq, n_fsync
-
-
-def sequential_phase(path: Path, group_bytes: list[int]) -> float:
-    buf = np.random.default_rng(1).integers(0, 255, max(group_bytes), dtype=np.uint8)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    t = time.perf_counter()
-    for n in group_bytes:
-        mv = memoryview(buf[:n])
-        done = 0
-        while done < n:
-            done += os.write(fd, mv[done:])
-        os.fdatasync(fd)
-    wall = time.perf_counter() - t
-    os.close(fd)
-    return wall
+    return out
 
 
 def main() -> None:
@@ -204,9 +183,9 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=576)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--format", default="packed")
-    ap.add_argument("--in-flight", type=int, default=1,
-                    help="groups in flight, as in the worker: the captures of the next group(s) "
-                         "are read while one commits (1: strictly one group after the other)")
+    ap.add_argument("--in-flight", type=int, default=1, choices=(1, 2),
+                    help="2: the captures of the next group are read while one commits, as in "
+                         "the worker (1: strictly one group after the other)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--dir", default="/tmp/hallulog_ingest")
     ap.add_argument("--spool-dir", default=None,
@@ -220,37 +199,24 @@ def main() -> None:
     groups = make_groups(args, rng)
     layer_ids = list(range(args.layers))
     persist_runs, store_runs, seq_runs, fsyncs = [], [], [], []
-    # an unmeasured warm-up persist: imports, first allocations, and the bytes a phase writes
     spool = Path(args.spool_dir) if args.spool_dir else base / "spool"
     shutil.rmtree(spool, ignore_errors=True)
-    paths = spool_captures(groups, SpoolWriter(spool), args.layers, args.hidden, rng)
-    nbytes = persist_phase(args, groups, paths, base / "warm_up", layer_ids)[2]
-    shutil.rmtree(base / "warm_up")
-    per_group = nbytes // args.groups
-    for r in range(args.rounds):
+    seq_bytes = None  # the first round is an unmeasured warm-up that measures them
+    for r in range(-1, args.rounds):
         paths = spool_captures(groups, SpoolWriter(spool), args.layers, args.hidden, rng)
         root = base / f"worker_{r}"
-        os.sync()  # no other dirty data (the spool's) queued for the disk
-        if args.in_flight == 1:
-            # the disk's speed drifts (this VM's: 250-1300 MB/s from one second to the next),
-            # so the two alternate group by group
-            wall, store, seq_wall, n_fsync = interleaved_round(
-                args, groups, paths, root, layer_ids, base / "sequential.bin", per_group)
-        else:
-            # the next groups' captures load while one commits: whole phases, in an order
-            # that alternates round by round
-            for phase in ("persist", "sequential")[::1 if r % 2 == 0 else -1]:
-                if phase == "persist":
-                    wall, store, _, n_fsync = persist_phase(args, groups, paths, root, layer_ids)
-                else:  # the same bytes, group by group: a group's activations + JSONL share
-                    seq_wall = sequential_phase(base / "sequential.bin",
-                                                [per_group] * args.groups)
-        persist_runs.append(nbytes / wall)
-        store_runs.append(nbytes / store)
-        seq_runs.append(per_group * args.groups / seq_wall)
-        fsyncs.append(n_fsync / args.groups)
+        got = interleaved_round(args, groups, paths, root, layer_ids, base / "sequential.bin",
+                                seq_bytes)
         shutil.rmtree(root)
         (base / "sequential.bin").unlink()
+        if seq_bytes is None:
+            seq_bytes = got["bytes"]
+            nbytes = sum(seq_bytes)
+            continue
+        persist_runs.append(nbytes / got["persist"])
+        store_runs.append(nbytes / got["store"])
+        seq_runs.append(nbytes / got["sequential"])
+        fsyncs.append(got["fsyncs"] / args.groups)
     shutil.rmtree(base, ignore_errors=True)
     shutil.rmtree(spool, ignore_errors=True)
     p, s = statistics.median(persist_runs), statistics.median(seq_runs)
