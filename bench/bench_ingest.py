@@ -2,6 +2,7 @@
 
     python bench/bench_ingest.py [--groups 12] [--samples 6] [--layers 31] [--hidden 576]
                                  [--format packed] [--in-flight 1] [--rounds 6]
+                                 [--capture-dtype float32|bfloat16]
                                  [--dir /tmp/hallulog_ingest] [--spool-dir DIR]
 
 ``persist``: per prompt group, what the worker does after generation — read each sample's
@@ -68,10 +69,12 @@ def make_groups(args, rng) -> list[list[dict]]:
     return groups
 
 
-def spool_captures(groups, spool: SpoolWriter, layers: int, hidden: int, rng) -> list[list[str]]:
+def spool_captures(groups, spool: SpoolWriter, layers: int, hidden: int, rng,
+                   capture_dtype: str = "float32") -> list[list[str]]:
     import torch
 
     base = torch.from_numpy(rng.standard_normal((160 * layers * hidden,), dtype=np.float32))
+    base = base.to(getattr(torch, capture_dtype))
     paths = []
     for samples in groups:
         row = []
@@ -187,6 +190,9 @@ def main() -> None:
                     help="2: the captures of the next group are read while one commits, as in "
                          "the worker (1: strictly one group after the other)")
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--capture-dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="what the server writes: float32 (the embedded CPU server), bfloat16 "
+                         "(vLLM serving a bf16 model on a GPU)")
     ap.add_argument("--dir", default="/tmp/hallulog_ingest")
     ap.add_argument("--spool-dir", default=None,
                     help="where the capture files are made (default: DIR/spool, on the store's "
@@ -203,7 +209,8 @@ def main() -> None:
     shutil.rmtree(spool, ignore_errors=True)
     seq_bytes = None  # the first round is an unmeasured warm-up that measures them
     for r in range(-1, args.rounds):
-        paths = spool_captures(groups, SpoolWriter(spool), args.layers, args.hidden, rng)
+        paths = spool_captures(groups, SpoolWriter(spool), args.layers, args.hidden, rng,
+                               args.capture_dtype)
         root = base / f"worker_{r}"
         got = interleaved_round(args, groups, paths, root, layer_ids, base / "sequential.bin",
                                 seq_bytes)
@@ -232,6 +239,7 @@ def main() -> None:
     print(f"ratio persist / sequential (median of the rounds' pairs): {paired:.2f}   "
           f"fsyncs per group: {statistics.median(fsyncs):.1f}")
     print(json.dumps({"bench": "ingest", "format": args.format, "groups": args.groups,
+                      "capture_dtype": args.capture_dtype,
                       "samples": args.samples, "layers": args.layers, "hidden": args.hidden,
                       "mb_per_group": round(nbytes / args.groups / MB, 2), "rounds": args.rounds,
                       "in_flight": args.in_flight, "persist_MBps": round(p / MB, 1), "sequential_MBps": round(s / MB, 1),

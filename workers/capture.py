@@ -17,6 +17,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 import orjson
 
@@ -103,9 +104,11 @@ def load_capture(path: str, expected_token_ids: list[int], *, delete: bool = Tru
     return hidden
 
 
-#: safetensors dtype names this module maps without a copy (BF16 goes through torch).
-_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
-           "I8": "i1", "U8": "u1", "BOOL": "?"}
+#: safetensors dtype names this module maps without a copy. BF16 (what vLLM writes for a bf16
+#: model) is ml_dtypes' numpy bfloat16: cast once, by torch, into the stored dtype.
+_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": ml_dtypes.bfloat16, "I64": "<i8",
+           "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def _load(path: str) -> dict[str, np.ndarray]:
@@ -129,14 +132,8 @@ def _load(path: str) -> dict[str, np.ndarray]:
         os.close(fd)
     try:
         return _parse(mapped, size)
-    except _NotNumpy:
-        return _load_bf16(path)
     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         raise CaptureError(f"{path}: unreadable capture file: {exc}") from exc
-
-
-class _NotNumpy(Exception):
-    pass
 
 
 def _parse(mapped: mmap.mmap, size: int) -> dict[str, np.ndarray]:
@@ -149,8 +146,6 @@ def _parse(mapped: mmap.mmap, size: int) -> dict[str, np.ndarray]:
         if name == "__metadata__":
             continue
         if info["dtype"] not in _DTYPES:
-            if info["dtype"] == "BF16":
-                raise _NotNumpy
             raise ValueError(f"tensor {name}: dtype {info['dtype']}")
         dtype, shape = np.dtype(_DTYPES[info["dtype"]]), [int(n) for n in info["shape"]]
         begin, end = (int(x) for x in info["data_offsets"])
@@ -160,16 +155,6 @@ def _parse(mapped: mmap.mmap, size: int) -> dict[str, np.ndarray]:
                              f"{info['dtype']} in a file of {size} (truncated?)")
         tensors[name] = np.frombuffer(mapped, dtype, count, base + begin).reshape(shape)
     return tensors
-
-
-def _load_bf16(path: str) -> dict[str, np.ndarray]:
-    # numpy has no bfloat16: read through torch and widen to float32.
-    from safetensors.torch import load_file as load_torch
-    import torch
-
-    tensors = load_torch(path)
-    return {k: (v.to(torch.float32) if v.dtype == torch.bfloat16 else v).numpy()
-            for k, v in tensors.items()}
 
 
 def select_rows(hidden: np.ndarray, *, prompt_len: int, response_len: int, sequence_mode: str,
@@ -217,11 +202,13 @@ def transpose_cast(rows: np.ndarray, layer_index: list[int] | None, dtype: str) 
     and each layer is copied (and cast) straight into its place: no intermediate array. numpy
     casts float32→float16 one element at a time (~8 ns each); torch's vectorised cast is 20-40×
     faster and rounds the same way (IEEE round to nearest even: bit-identical for every
-    non-NaN value; a signalling NaN comes out quiet), so large float32→float16 casts use it.
+    non-NaN value; a signalling NaN comes out quiet), so large float32→float16 casts use it,
+    and so do large casts from bfloat16 (ml_dtypes' numpy casts go element by element too).
     """
     src_layers = range(rows.shape[1]) if layer_index is None else layer_index
     out = np.empty((len(src_layers), rows.shape[0], rows.shape[2]), dtype)
-    if rows.dtype == np.float32 and out.dtype == np.float16 and out.size >= TORCH_CAST_MIN:
+    if out.size >= TORCH_CAST_MIN and out.dtype != rows.dtype and (
+            rows.dtype == _BFLOAT16 or (rows.dtype == np.float32 and out.dtype == np.float16)):
         _torch_copy(rows, src_layers, out)
     else:
         for j, layer in enumerate(src_layers):
@@ -232,14 +219,40 @@ def transpose_cast(rows: np.ndarray, layer_index: list[int] | None, dtype: str) 
 def _torch_copy(rows: np.ndarray, src_layers, out: np.ndarray) -> None:
     import torch
 
-    src, dst = _readonly_tensor(rows), torch.from_numpy(out)
+    if rows.dtype == _BFLOAT16:  # torch.from_numpy knows no ml_dtypes: the same bits, viewed
+        src = _readonly_tensor(rows.view(np.uint16)).view(torch.bfloat16)
+    else:
+        src = _readonly_tensor(rows)
+    dst = torch.from_numpy(out)
+    # torch casts bfloat16 to float16 in scalar code (~3x slower than either half of the way
+    # through float32): widen each token block into a small float32 scratch first
+    widen = src.dtype == torch.bfloat16 and dst.dtype == torch.float16
     step = max(1, _TORCH_BLOCK // max(1, rows.shape[2]))
     dst_blocks, src_blocks = [], []
     for d, s in zip(dst.split(step, 1), src.split(step, 0)):  # token blocks, then layers
-        dst_blocks += d.unbind(0)
         src_by_layer = s.unbind(1)
-        src_blocks += [src_by_layer[layer] for layer in src_layers]
-    torch._foreach_copy_(dst_blocks, src_blocks)  # one call, each block copied inline
+        layers = [src_by_layer[layer] for layer in src_layers]
+        if widen:
+            scratch = _scratch(torch, d.numel())[:d.numel()].view(d.shape).unbind(0)
+            torch._foreach_copy_(scratch, layers)
+            torch._foreach_copy_(d.unbind(0), scratch)
+        else:
+            dst_blocks += d.unbind(0)
+            src_blocks += layers
+    if dst_blocks:
+        torch._foreach_copy_(dst_blocks, src_blocks)  # one call, each block copied inline
+
+
+_scratch_of_thread = threading.local()
+
+
+def _scratch(torch, numel: int):
+    """This thread's float32 scratch of at least ``numel`` elements (one token block of every
+    layer: a few MB), kept for the next cast."""
+    have = getattr(_scratch_of_thread, "tensor", None)
+    if have is None or have.numel() < numel:
+        have = _scratch_of_thread.tensor = torch.empty(numel, dtype=torch.float32)
+    return have
 
 
 _first_readonly = threading.Lock()

@@ -77,6 +77,35 @@ def test_transpose_cast_is_numpys_cast_bit_for_bit(layer_index, dtype, tokens):
         assert got.size >= TORCH_CAST_MIN
 
 
+@pytest.mark.parametrize("layer_index", [None, [0, 2, 5]])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("tokens", [3, 300])  # 300 x 6 x 600: the torch cast path
+def test_bfloat16_captures_cast_as_ml_dtypes_does_bit_for_bit(layer_index, dtype, tokens):
+    """vLLM writes a bf16 model's hidden states as BF16: they are mapped as ml_dtypes'
+    bfloat16 and cast once, by torch for large casts, exactly as numpy's ml_dtypes cast."""
+    import ml_dtypes
+
+    from workers.capture import TORCH_CAST_MIN, transpose_cast
+
+    rng = np.random.default_rng(tokens)
+    bits = rng.integers(0, 2**16, (tokens, 6, 600), dtype=np.uint64).astype(np.uint16)
+    hidden = bits.view(ml_dtypes.bfloat16).copy()
+    nan = np.isnan(hidden.astype(np.float32))
+    hidden[nan] = ml_dtypes.bfloat16(np.nan)  # NaN payloads: only "is NaN" is kept
+    hidden[-1, 0, :4] = [np.inf, 70000.0, 65520.0, 2.0 ** -25]  # float16 overflow / rounding
+    rows = hidden[1:] if tokens > 3 else hidden
+    rows.flags.writeable = False  # as a mapped capture file is
+    with np.errstate(over="ignore"):
+        want = rows if layer_index is None else rows[:, layer_index, :]
+        want = np.ascontiguousarray(np.transpose(want, (1, 0, 2)).astype(dtype))
+        got = transpose_cast(rows, layer_index, dtype)
+    assert got.dtype == want.dtype and got.shape == want.shape and got.flags.c_contiguous
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert got[~np.isnan(got)].tobytes() == want[~np.isnan(want)].tobytes()
+    if tokens == 300:
+        assert got.size >= TORCH_CAST_MIN
+
+
 def test_load_capture_reads_every_dtype_the_servers_write(tmp_path):
     import torch
     from safetensors.torch import save_file as save_torch
