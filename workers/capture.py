@@ -207,7 +207,7 @@ def transpose_cast(rows: np.ndarray, layer_index: list[int] | None, dtype: str) 
     """
     src_layers = range(rows.shape[1]) if layer_index is None else layer_index
     out = np.empty((len(src_layers), rows.shape[0], rows.shape[2]), dtype)
-    if out.size >= TORCH_CAST_MIN and out.dtype != rows.dtype and (
+    if out.size >= TORCH_CAST_MIN and (
             rows.dtype == _BFLOAT16 or (rows.dtype == np.float32 and out.dtype == np.float16)):
         _torch_copy(rows, src_layers, out)
     else:
@@ -233,7 +233,7 @@ def _torch_copy(rows: np.ndarray, src_layers, out: np.ndarray) -> None:
         src_by_layer = s.unbind(1)
         layers = [src_by_layer[layer] for layer in src_layers]
         if widen:
-            scratch = _scratch(torch, d.numel())[:d.numel()].view(d.shape).unbind(0)
+            scratch = _scratch(d.numel())[:d.numel()].view(d.shape).unbind(0)
             torch._foreach_copy_(scratch, layers)
             torch._foreach_copy_(d.unbind(0), scratch)
         else:
@@ -246,9 +246,11 @@ def _torch_copy(rows: np.ndarray, src_layers, out: np.ndarray) -> None:
 _scratch_of_thread = threading.local()
 
 
-def _scratch(torch, numel: int):
+def _scratch(numel: int):
     """This thread's float32 scratch of at least ``numel`` elements (one token block of every
     layer: a few MB), kept for the next cast."""
+    import torch
+
     have = getattr(_scratch_of_thread, "tensor", None)
     if have is None or have.numel() < numel:
         have = _scratch_of_thread.tensor = torch.empty(numel, dtype=torch.float32)
