@@ -1,9 +1,10 @@
-"""One real vLLM server (vllm-cpu on CPU) with all-layer capture, shared by test_server.py.
+"""Real vLLM servers (vllm-cpu on CPU) with all-layer capture: float32 for test_server.py,
+bfloat16 for test_server_bf16.py.
 
-Startup is slow (1.5 min to several minutes on a busy 2-core machine), so every test that needs
-a server uses this one. Module scope: only test_server.py uses it, and it is gone before other
-modules (the orchestrator's e2e run) start servers of their own. The server runs SmolLM2-135M-Instruct in float32
-from ``serving.model_loader.default_model_dir()``; its compile cache lives in the hallulog cache
+Startup is slow (1.5 min to several minutes on a busy 2-core machine), so every test of a module
+shares its server. Module scope: each server is gone before other modules (the orchestrator's e2e
+run) start servers of their own. The servers run SmolLM2-135M-Instruct from
+``serving.model_loader.default_model_dir()``; their compile cache lives in the hallulog cache
 (``$HALLULOG_CACHE_DIR/vllm-cpu``), so later sessions start warm.
 """
 
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,21 +68,33 @@ def _stop(process: subprocess.Popen) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory) -> VllmServer:
+def vllm_server(tmp_path_factory) -> Iterator[VllmServer]:
+    """A float32 server: its captures compare with transformers to float32 precision."""
+    yield from _serve(tmp_path_factory, "float32")
+
+
+@pytest.fixture(scope="module")
+def vllm_server_bf16(tmp_path_factory) -> Iterator[VllmServer]:
+    """A bfloat16 server, the dtype of real deployments: its capture files hold BF16 tensors."""
+    yield from _serve(tmp_path_factory, "bfloat16")
+
+
+def _serve(tmp_path_factory, dtype: str) -> Iterator[VllmServer]:
+    """Start a capture server in ``dtype``, yield it once healthy, stop it and its engine."""
     pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install_vllm_cpu.sh)")
     import httpx
 
     from serving.model_loader import cache_dir, default_model_dir
 
     model_dir = default_model_dir()
-    work = tmp_path_factory.mktemp("vllm")
+    work = tmp_path_factory.mktemp(f"vllm-{dtype}")
     spool = work / "spool"
     spool.mkdir()
     server_cache = cache_dir() / "vllm-cpu"
     port = _free_port()
     argv = vllm_server_command(
         model_dir, host="127.0.0.1", port=port, layer_ids=LAYER_IDS, spool_dir=spool,
-        dtype="float32", served_model_name="smollm2", python=sys.executable,
+        dtype=dtype, served_model_name="smollm2", python=sys.executable,
         extra_args=["--max-model-len", "2048"],
     )
     env = vllm_server_env(os.environ, gpu=None, cache_dir=server_cache)
@@ -107,7 +121,7 @@ def vllm_server(tmp_path_factory) -> VllmServer:
                 pass
             time.sleep(1)
         server.startup_s = time.monotonic() - t0
-        print(f"\nvLLM server ready in {server.startup_s:.1f} s", file=sys.stderr)
+        print(f"\nvLLM server ({dtype}) ready in {server.startup_s:.1f} s", file=sys.stderr)
         yield server
     finally:
         children = engine_child_pids(process.pid)
@@ -128,3 +142,26 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state[state.rfind(")") + 2 :].split()[0] != "Z"
+
+
+def transformers_states(model, token_ids: list[int]):
+    """(hidden_states [T, 31, H] as transformers returns them, pre-norm output of the last layer)."""
+    import torch
+
+    captured = {}
+
+    def hook(_module, _inputs, output):
+        captured["last"] = output[0] if isinstance(output, tuple) else output
+
+    handle = model.model.layers[-1].register_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            out = model(torch.tensor([token_ids]), output_hidden_states=True)
+    finally:
+        handle.remove()
+    return torch.stack(out.hidden_states, dim=2)[0], captured["last"][0]
+
+
+def rel_error(a, b) -> float:
+    """Relative Frobenius error of tensor ``a`` against ``b``."""
+    return ((a - b).norm() / b.norm()).item()

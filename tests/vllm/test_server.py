@@ -16,7 +16,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from orchestrator.run.vllm_backend import engine_child_pids, parse_prometheus_counters  # noqa: E402
 
-from .conftest import LAYER_IDS  # noqa: E402
+from .conftest import LAYER_IDS, rel_error, transformers_states  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -55,26 +55,6 @@ def reference_model(vllm_server):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(vllm_server.model_dir, dtype=torch.float32).eval()
-
-
-def _transformers_states(model, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(hidden_states [T, 31, H] as transformers returns them, pre-norm output of the last layer)."""
-    captured = {}
-
-    def hook(_module, _inputs, output):
-        captured["last"] = output[0] if isinstance(output, tuple) else output
-
-    handle = model.model.layers[-1].register_forward_hook(hook)
-    try:
-        with torch.no_grad():
-            out = model(torch.tensor([token_ids]), output_hidden_states=True)
-    finally:
-        handle.remove()
-    return torch.stack(out.hidden_states, dim=2)[0], captured["last"][0]
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
 
 
 def test_plugin_fixes_applied_in_the_server(vllm_server):
@@ -123,13 +103,13 @@ def test_prefill_capture_matches_transformers(vllm_server, reference_model):
     states = data["hidden_states"]
     assert tuple(states.shape) == (len(ids), len(LAYER_IDS), HIDDEN)
 
-    want, last_pre_norm = _transformers_states(reference_model, ids)
+    want, last_pre_norm = transformers_states(reference_model, ids)
     for layer in range(30):  # transformers' hidden_states[k] for k < 30: same definition
-        assert _rel(states[:, layer], want[:, layer]) < REL_TOL, layer
+        assert rel_error(states[:, layer], want[:, layer]) < REL_TOL, layer
     # id 30 is the residual stream BEFORE the final norm (transformers' hidden_states[30] is after)
-    assert _rel(states[:, 30], last_pre_norm) < REL_TOL
-    assert _rel(reference_model.model.norm(states[:, 30]), want[:, 30]) < REL_TOL
-    assert _rel(states[:, 30], want[:, 30]) > 0.5
+    assert rel_error(states[:, 30], last_pre_norm) < REL_TOL
+    assert rel_error(reference_model.model.norm(states[:, 30]), want[:, 30]) < REL_TOL
+    assert rel_error(states[:, 30], want[:, 30]) > 0.5
 
 
 def test_generation_capture_equals_prefill_capture(vllm_server):
@@ -143,7 +123,7 @@ def test_generation_capture_equals_prefill_capture(vllm_server):
     after = _take_capture(pre["kv_transfer_params"]["hidden_states_path"])
     n = during["hidden_states"].shape[0]
     assert n == len(ids) - 1
-    assert _rel(during["hidden_states"], after["hidden_states"][:n]) < REL_TOL
+    assert rel_error(during["hidden_states"], after["hidden_states"][:n]) < REL_TOL
 
 
 def _adjacent_repeat_rate(server, temperature: float) -> float:
