@@ -225,17 +225,25 @@ def _torch_copy(rows: np.ndarray, src_layers, out: np.ndarray) -> None:
         src = _readonly_tensor(rows)
     dst = torch.from_numpy(out)
     # torch casts bfloat16 to float16 in scalar code (~3x slower than either half of the way
-    # through float32): widen each token block into a small float32 scratch first
+    # through float32): each (token block, layer) goes through a float32 scratch first
     widen = src.dtype == torch.bfloat16 and dst.dtype == torch.float16
     step = max(1, _TORCH_BLOCK // max(1, rows.shape[2]))
+    in_order = widen and _foreach_copies_in_order()
+    scratch = _scratch(step * rows.shape[2] * (1 if in_order else len(src_layers))) if widen \
+        else None
     dst_blocks, src_blocks = [], []
     for d, s in zip(dst.split(step, 1), src.split(step, 0)):  # token blocks, then layers
         src_by_layer = s.unbind(1)
         layers = [src_by_layer[layer] for layer in src_layers]
-        if widen:
-            scratch = _scratch(d.numel())[:d.numel()].view(d.shape).unbind(0)
-            torch._foreach_copy_(scratch, layers)
-            torch._foreach_copy_(d.unbind(0), scratch)
+        if in_order:  # one scratch of one layer's block, filled and emptied pair after pair
+            hot = scratch[:d[0].numel()].view(d[0].shape)
+            for d_layer, layer in zip(d.unbind(0), layers):
+                dst_blocks += (hot, d_layer)
+                src_blocks += (layer, hot)
+        elif widen:
+            wide = scratch[:d.numel()].view(d.shape).unbind(0)
+            torch._foreach_copy_(wide, layers)
+            torch._foreach_copy_(d.unbind(0), wide)
         else:
             dst_blocks += d.unbind(0)
             src_blocks += layers
@@ -243,12 +251,32 @@ def _torch_copy(rows: np.ndarray, src_layers, out: np.ndarray) -> None:
         torch._foreach_copy_(dst_blocks, src_blocks)  # one call, each block copied inline
 
 
+_in_order: bool | None = None
+
+
+def _foreach_copies_in_order() -> bool:
+    """Whether ``torch._foreach_copy_`` copies its pairs one after the other, in list order.
+
+    It does on CPU (a loop of ``copy_``), which lets a bf16 cast reuse one scratch of 0.1 MB,
+    still in cache, for every layer: 2x faster than widening all layers of a block into a
+    scratch of several MB first. Probed once per process; the wide scratch is the fallback.
+    """
+    global _in_order
+    if _in_order is None:
+        import torch
+
+        hot, first, second = torch.zeros(4), torch.zeros(4), torch.zeros(4)
+        torch._foreach_copy_([hot, first, hot, second], [torch.ones(4), hot, torch.full((4,), 2.0), hot])
+        _in_order = bool((first == 1).all() and (second == 2).all())
+    return _in_order
+
+
 _scratch_of_thread = threading.local()
 
 
 def _scratch(numel: int):
-    """This thread's float32 scratch of at least ``numel`` elements (one token block of every
-    layer: a few MB), kept for the next cast."""
+    """This thread's float32 scratch of at least ``numel`` elements (one token block of one
+    layer, 128 KB; of every layer where copies may not run in order), kept for the next cast."""
     import torch
 
     have = getattr(_scratch_of_thread, "tensor", None)

@@ -167,3 +167,20 @@ def test_the_reader_waits_for_the_writers_lock_then_reads(tmp_path):
 def test_a_capture_that_never_comes_times_out(tmp_path):
     with pytest.raises(CaptureError, match="not written within"):
         load_capture(str(tmp_path / "never.safetensors"), [1], timeout=0.1)
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_bfloat16_cast_with_and_without_in_order_copies(monkeypatch, in_order):
+    """The bf16 cast reuses one small scratch per layer where ``_foreach_copy_`` copies in list
+    order (probed), and widens every layer of a block at once where it might not: same bits."""
+    import ml_dtypes
+
+    import workers.capture as capture
+
+    assert capture._foreach_copies_in_order()  # torch on CPU: a loop of copy_, in order
+    monkeypatch.setattr(capture, "_in_order", in_order)
+    rng = np.random.default_rng(7)
+    hidden = rng.standard_normal((500, 9, 700), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    got = capture.transpose_cast(hidden, [8, 0, 3, 4], "float16")
+    want = np.ascontiguousarray(hidden[:, [8, 0, 3, 4]].transpose(1, 0, 2).astype(np.float16))
+    assert got.tobytes() == want.tobytes()
