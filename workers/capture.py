@@ -266,7 +266,8 @@ def _foreach_copies_in_order() -> bool:
         import torch
 
         hot, first, second = torch.zeros(4), torch.zeros(4), torch.zeros(4)
-        torch._foreach_copy_([hot, first, hot, second], [torch.ones(4), hot, torch.full((4,), 2.0), hot])
+        torch._foreach_copy_([hot, first, hot, second],
+                             [torch.ones(4), hot, torch.full((4,), 2.0), hot])
         _in_order = bool((first == 1).all() and (second == 2).all())
     return _in_order
 

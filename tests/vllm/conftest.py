@@ -145,7 +145,7 @@ def _alive(pid: int) -> bool:
 
 
 def transformers_states(model, token_ids: list[int]):
-    """(hidden_states [T, 31, H] as transformers returns them, pre-norm output of the last layer)."""
+    """(hidden_states [T, 31, H] as transformers returns them, the last layer's pre-norm output)."""
     import torch
 
     captured = {}

@@ -55,7 +55,8 @@ def test_bf16_capture_through_the_worker_path(vllm_server_bf16, float32_model):
 
     hidden = load_capture(path, positions)
 
-    assert not os.path.exists(path) and not os.path.exists(path + ".lock")  # the worker deletes both
+    # the worker deletes the file and its lock
+    assert not os.path.exists(path) and not os.path.exists(path + ".lock")
     assert hidden.dtype == np.dtype(ml_dtypes.bfloat16)  # mapped as it is on disk, not widened
     assert hidden.shape == (len(positions), len(LAYER_IDS), HIDDEN)
     rows = select_rows(hidden, prompt_len=len(prompt), response_len=len(response),
