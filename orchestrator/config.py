@@ -83,6 +83,9 @@ FINGERPRINT_EXCLUDED = frozenset({
     "server_base_port", "server_startup_timeout", "resume", "limit", "checkpoint_every",
     "checkpoint_interval", "server_max_restarts", "server_restart_backoff",
     "status_host", "status_port", "status_token", "progress", "request_timeout", "task_path",
+    # the prompt's text (template, system prompt, few-shot examples) enters the fingerprint as
+    # its hash (RunConfig.fingerprint_fields' prompt_template_hash), not as file paths
+    "task_format", "prompt_template_file", "fewshot_path",
     "consolidate", "watchdog_stall_seconds", "cache_dir", "extra", "judge_url", "judge_model",
     # the shards of one run share its fingerprint; the shard itself is recorded in the manifest
     # and checked on resume (orchestrator.manifest.check_resumable)
@@ -98,9 +101,59 @@ class RunConfig:
     artifact_root: Path = Path("artifacts/run")
     """Output directory for all artifacts (seed 003 §6 layout)."""
     task: str = "triviaqa"
-    """Task to run: triviaqa, precisewikiqa, longwiki, mixedentities."""
+    """Task to run: a built-in task (triviaqa, precisewikiqa, longwiki, mixedentities), a preset
+    reading a released dataset file as downloaded (nq_open, squad, hotpotqa, popqa, truthfulqa,
+    sciq, mmlu, gsm8k, svamp, bioasq), or ``qa``: any QA file through the field mapping flags
+    (docs/tasks.md)."""
     task_path: str | None = None
-    """Dataset file of the task; default: the bundled sample."""
+    """Dataset file of the task (a directory for a Hugging Face ``save_to_disk`` dataset);
+    default: the bundled sample."""
+    task_format: Literal["auto", "jsonl", "json", "csv", "tsv", "parquet", "hf"] = "auto"
+    """File format of --task-path for the presets and ``qa``: ``auto`` goes by the extension
+    (.jsonl/.ndjson, .json, .csv, .tsv, .parquet; a directory is a ``save_to_disk`` dataset)."""
+    records_key: str | None = None
+    """JSON documents: the dotted key of the list of records (e.g. ``data`` or
+    ``questions``); default: the document itself when it is a list, else its only list."""
+    question_field: str | None = None
+    """--task qa: the record field holding the question (default ``question``; dotted keys
+    reach into nested objects)."""
+    answers_field: str | None = None
+    """--task qa: the field holding the reference answer(s): a string, a list of strings, or a
+    JSON-encoded list in a CSV cell (default ``answer``, else ``answers``)."""
+    id_field: str | None = None
+    """--task qa: the field holding the record's id (default: the 0-based record index)."""
+    context_field: str | None = None
+    """--task qa: the field holding a context passage (the template's ``context``)."""
+    choices_field: str | None = None
+    """--task qa: the field holding the answer choices (a list; with --answer-kind choice the
+    answer is the correct choice's letter, index or text)."""
+    answer_kind: Literal["aliases", "choice", "numeric", "judge"] | None = None
+    """How answers are graded (docs/labels.md): ``aliases`` (TriviaQA alias match), ``choice``
+    (the letter or the text of the right choice), ``numeric`` (the parsed number within
+    --numeric-tolerance) or ``judge`` (the LLM judge). Default: the task's own (``qa``:
+    aliases)."""
+    numeric_tolerance: float = 1e-6
+    """--answer-kind numeric: an answer is correct when |parsed - reference| <=
+    tolerance * max(1, |reference|)."""
+    with_context: bool = False
+    """Put the record's context passage (SQuAD paragraph, HotpotQA paragraphs, SciQ support,
+    BioASQ snippets, --context-field) in the prompt: the task's context template."""
+    prompt_template: str | None = None
+    """The prompt as a Jinja2 template (inline text; fields: question, context, choices,
+    choices_text, record, ...; docs/tasks.md). Default: the task's own template."""
+    prompt_template_file: str | None = None
+    """The prompt template read from this file (instead of --prompt-template)."""
+    system_prompt: str | None = None
+    """A system message sent before the prompt (chat) or prepended to it (--chat false)."""
+    fewshot_path: str | None = None
+    """Few-shot examples: a file of the task's own format (e.g. the set's train split); its
+    records are rendered with the same template and answered with their reference answer."""
+    fewshot_k: int = 0
+    """Number of few-shot examples, drawn from --fewshot-path with --seed (0: none; all of
+    the file when it holds fewer)."""
+    chat: bool = True
+    """Send the prompt through the model's chat template (``/v1/chat/completions``); false:
+    the rendered text as is to ``/v1/completions``."""
     split: str | None = None
     """Dataset split name recorded in ids (default: the file's own, else ``dev``)."""
     limit: int | None = None
@@ -230,6 +283,12 @@ class RunConfig:
                               f"choose one of {', '.join(PROFILES)}")
         self.profile  # validates the overrides
         _check(self.k_samples >= 0, "--k-samples must be >= 0")
+        _check(self.fewshot_k >= 0, "--fewshot-k must be >= 0")
+        _check(self.fewshot_k == 0 or self.fewshot_path is not None,
+               "--fewshot-k needs --fewshot-path (the file to draw the examples from)")
+        _check(self.numeric_tolerance >= 0, "--numeric-tolerance must be >= 0")
+        _check(self.prompt_template is None or self.prompt_template_file is None,
+               "give --prompt-template or --prompt-template-file, not both")
         _check(self.max_tokens >= 1, "--max-tokens must be >= 1")
         _check(self.limit is None or self.limit >= 1, "--limit must be >= 1")
         _check(self.num_workers is None or self.num_workers >= self.server_count,
