@@ -14,15 +14,17 @@ docs/contracts.md) as far as the worker uses them:
   ``kv_transfer_params: {"include_output_tokens": true}`` writes a capture file of prompt + every
   generated token but the last (the last choice, as vLLM does);
 - ``POST /v1/completions`` with ``prompt`` a list of token ids and ``max_tokens=1``: prefill
-  capture of every token given.
+  capture of every token given; with a text ``prompt`` (``--chat false``): the same canned
+  answer as chat, legacy ``logprobs`` (``tokens``, ``token_logprobs``, ``top_logprobs`` as
+  ``{token: logprob}``, ``token_logits``), token ids and generation capture.
 
 Capture files are safetensors with ``hidden_states [num_tokens, num_layer_ids, hidden]`` (float16,
 random) and ``token_ids [num_tokens]`` int64, renamed into place under ``--spool-dir`` with the
 ``PATH.lock`` flock protocol of ``serving/capture.py``.
 
-Prompt token ids are a pure function of the message text (one id per UTF-8 byte, capped at
-``--max-prompt-tokens``), so a prefill capture of prompt + answer checks out against the worker's
-expectation. The HTTP layer is a minimal asyncio HTTP/1.1 server with keep-alive: the backend's
+Prompt token ids are a pure function of the message (or prompt) text (one id per UTF-8 byte,
+capped at ``--max-prompt-tokens``), so a prefill capture of prompt + answer checks out against
+the worker's expectation. The HTTP layer is a minimal asyncio HTTP/1.1 server with keep-alive: the backend's
 own CPU competes with what is being measured on a small machine, so it is kept small.
 
     python bench/instant_backend.py --port 9201 --spool-dir /tmp/spool --num-layer-ids 3 \\
@@ -145,22 +147,34 @@ class InstantBackend:
 
     def completions(self, req: dict[str, Any]) -> dict[str, Any]:
         prompt = req.get("prompt")
-        if not isinstance(prompt, list) or not prompt:
-            raise _HttpError(400, "the instant backend takes prompts as token id lists only")
-        prefill = req.get("max_tokens") == 1
-        path = self.capture(list(prompt)) if prefill else None
-        answer = self.answer(req.get("max_tokens"), 0)
-        self._count(len(prompt), len(answer))
+        if isinstance(prompt, str) and prompt:
+            ids = list(prompt.encode("utf-8")[: self.max_prompt_tokens])
+        elif isinstance(prompt, list) and prompt:
+            ids = list(prompt)
+        else:
+            raise _HttpError(400, "prompt must be a non-empty string or list of token ids")
+        limit = req.get("max_tokens")
+        answer = self.answer(limit, int(req.get("seed") or 0))
+        kv = req.get("kv_transfer_params") or {}
+        if isinstance(prompt, list) and limit == 1:  # prefill capture of every token given
+            path = self.capture(ids)
+        else:
+            path = self.capture(ids + answer[:-1]) if kv.get("include_output_tokens") else None
+        self._count(len(ids), len(answer))
         want_ids = bool(req.get("return_token_ids"))
+        top = req.get("logprobs")
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
                 "created": int(time.time()), "model": self.model,
                 "choices": [{"index": 0, "text": "".join(_VOCAB[t - 1000] for t in answer),
-                             "logprobs": None, "finish_reason": "length", "stop_reason": None,
-                             "prompt_token_ids": prompt if want_ids else None,
+                             "logprobs": None if top is None else _legacy(
+                                 [self._entries[t - 1000] for t in answer], int(top)),
+                             "finish_reason": "length" if limit and len(answer) >= limit
+                             else "stop", "stop_reason": None,
+                             "prompt_token_ids": ids if want_ids else None,
                              "token_ids": answer if want_ids else None}],
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(answer),
-                          "total_tokens": len(prompt) + len(answer)},
-                "prompt_token_ids": prompt if want_ids else None,
+                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(answer),
+                          "total_tokens": len(ids) + len(answer)},
+                "prompt_token_ids": ids if want_ids else None,
                 "kv_transfer_params": {"hidden_states_path": path} if path else None}
 
     def _count(self, prompt_tokens: int, generation_tokens: int) -> None:
@@ -256,6 +270,19 @@ class _HttpError(Exception):
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}
+
+
+def _legacy(entries: list[dict[str, Any]], top: int) -> dict[str, Any]:
+    """Chat logprob entries in the legacy completions shape (chosen token among the top)."""
+    offsets, offset = [], 0
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["token"])
+    return {"text_offset": offsets, "tokens": [e["token"] for e in entries],
+            "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{**{t["token"]: t["logprob"] for t in e["top_logprobs"][:top]},
+                              e["token"]: e["logprob"]} for e in entries],
+            "token_logits": [e["logit"] for e in entries]}
 
 
 def _text(content: Any) -> str:

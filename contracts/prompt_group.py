@@ -25,21 +25,28 @@ class PromptGroup:
     dataset_id: str
     """The item's index or identifier as the dataset gives it, stringified."""
     messages: list[dict[str, str]]
-    """Chat messages sent to ``/v1/chat/completions``."""
+    """Chat messages sent to ``/v1/chat/completions`` (empty when ``prompt`` is set)."""
     reference: Any = None
     """What the grader compares against: for triviaqa a dict with ``value`` and ``aliases``."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Dataset-specific fields kept in ``prompt_index.jsonl`` (question_type, entity_type, ...)."""
+    prompt: str | None = None
+    """Raw text sent to ``/v1/completions`` when the study turns the chat template off
+    (``--chat false``); ``messages`` is then empty."""
 
     @classmethod
     def create(cls, dataset: str, split: str, dataset_id: Any, messages: list[dict[str, str]],
-               reference: Any = None, meta: dict[str, Any] | None = None) -> "PromptGroup":
+               reference: Any = None, meta: dict[str, Any] | None = None,
+               prompt: str | None = None) -> "PromptGroup":
         """Build a group, deriving ``prompt_id`` from ``(dataset, split, dataset_id)``."""
         return cls(prompt_id=prompt_id_for(dataset, split, dataset_id), dataset=dataset, split=split,
                    dataset_id=str(dataset_id), messages=messages, reference=reference,
-                   meta=dict(meta or {}))
+                   meta=dict(meta or {}), prompt=prompt)
 
     @property
     def prompt_text(self) -> str:
-        """The user-visible prompt (last user message), as stored in ``prompt_index.jsonl``."""
+        """The prompt as stored in ``prompt_index.jsonl``: ``prompt`` when set, else the last
+        user message."""
+        if self.prompt is not None:
+            return self.prompt
         return next((m["content"] for m in reversed(self.messages) if m["role"] == "user"), "")

@@ -17,6 +17,8 @@ def format_result(result: RunResult) -> str:
                f"hallucinated / {labels.get('unlabeled', 0)} unlabeled")
     if graded:
         balance += f" ({100 * labels.get('hallucinated', 0) / graded:.0f}% hallucinated)"
+    if labels.get("unparsed"):  # choice/numeric answers with nothing to compare (hallucinated)
+        balance += f"; {labels['unparsed']} unparsed"
     return "\n".join([
         f"run finished in {result.wall_seconds:.1f} s: {done}/{result.total} prompts done "
         f"({result.done} this session, {result.done_before} before), {len(result.failed)} failed, "
@@ -89,8 +91,7 @@ def retry_failed(config: RunConfig) -> int:
 
 
 def _expected_ids(config: RunConfig) -> set[str]:
-    from orchestrator.tasks import open_task
+    from orchestrator.tasks import open_config_task
 
-    stream = open_task(config.task, config.task_path, split=config.split, limit=config.limit,
-                       shard=config.shard)
+    stream = open_config_task(config.to_dict())
     return {g.prompt_id for g in stream.groups()}

@@ -282,6 +282,10 @@ class RunConfig:
             raise ConfigError(f"--logging-profile: unknown profile {self.logging_profile!r}; "
                               f"choose one of {', '.join(PROFILES)}")
         self.profile  # validates the overrides
+        from orchestrator.tasks import TASKS
+
+        _check(self.task in TASKS, f"--task: unknown task {self.task!r}; choose one of "
+               f"{', '.join(TASKS)}")
         _check(self.k_samples >= 0, "--k-samples must be >= 0")
         _check(self.fewshot_k >= 0, "--fewshot-k must be >= 0")
         _check(self.fewshot_k == 0 or self.fewshot_path is not None,
@@ -330,7 +334,10 @@ class RunConfig:
         if self.executor == "ray" and not self.manage_servers:
             raise ConfigError("--executor ray starts a server in every actor: drop "
                               "--manage-servers false / --server-urls")
-        if self.executor == "ray" and self.task != "triviaqa" and not self.judge_url:
+        from orchestrator.tasks.study import default_answer_kind
+
+        if self.executor == "ray" and not self.judge_url \
+                and (self.answer_kind or default_answer_kind(self.task)) == "judge":
             raise ConfigError(f"--executor ray with --task {self.task} needs --judge-url (the "
                               "actors' servers are not reachable from the driver)")
         if not self.manage_servers and not self.server_urls:

@@ -36,9 +36,20 @@ def _versions() -> dict[str, str]:
 def build_manifest(config: RunConfig, *, run_id: str | None, model_name: str, model_path: str,
                    layer_ids: list[int], hidden_size: int, num_hidden_layers: int,
                    dataset: str, split: str, prompt_template: str, worker_count: int,
-                   total_prompts: int) -> dict[str, Any]:
-    """A fresh manifest for ``config`` (a new run id unless one is given)."""
+                   total_prompts: int, answer_kind: str | None = None,
+                   prompt_fingerprinted: bool = False) -> dict[str, Any]:
+    """A fresh manifest for ``config`` (a new run id unless one is given).
+
+    ``prompt_template`` is the prompt's whole text (template, system prompt, few-shot examples,
+    chat flag); with ``prompt_fingerprinted`` its hash enters the config fingerprint, so a
+    resume with another prompt is refused (the original tasks with their own prompt leave it
+    out, which keeps the fingerprints of their earlier runs).
+    """
     profile = config.profile
+    template_hash = hashlib.sha256(prompt_template.encode()).hexdigest()
+    fingerprint_fields = config.fingerprint_fields()
+    if prompt_fingerprinted:
+        fingerprint_fields["prompt_template_hash"] = template_hash
     return {
         "run_id": run_id or str(uuid.uuid4()),
         "model": model_name,
@@ -46,7 +57,9 @@ def build_manifest(config: RunConfig, *, run_id: str | None, model_name: str, mo
         "dataset": dataset,
         "split": split,
         "timestamp": datetime.now(timezone.utc).isoformat(),
-        "prompt_template_hash": hashlib.sha256(prompt_template.encode()).hexdigest(),
+        "prompt_template_hash": template_hash,
+        "prompt_template": prompt_template,
+        "answer_kind": answer_kind,
         "k_samples": config.k_samples,
         "primary_temperature": config.primary_temperature,
         "sample_temperature": config.sample_temperature,
@@ -74,8 +87,8 @@ def build_manifest(config: RunConfig, *, run_id: str | None, model_name: str, mo
         "shard": config.shard,
         "completed_prompt_ids": [],
         "config": config.to_dict(),
-        "config_fingerprint": fingerprint(config.fingerprint_fields()),
-        "fingerprint_fields": config.fingerprint_fields(),
+        "config_fingerprint": fingerprint(fingerprint_fields),
+        "fingerprint_fields": fingerprint_fields,
         "versions": _versions(),
     }
 

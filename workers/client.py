@@ -64,6 +64,9 @@ def is_retryable(exc: BaseException) -> bool:
 #: seconds an idle connection is kept for reuse (the servers close theirs after 5 s)
 _KEEPALIVE_S = 4.0
 
+#: alternatives asked for per generated token
+_TOP_LOGPROBS = 5
+
 #: server error messages that no retry can fix
 _NOT_TRANSIENT = ("No space left on device", "Disk quota exceeded", "Read-only file system")
 
@@ -160,16 +163,13 @@ class BackendClient:
         body: dict[str, Any] = {
             "model": self.model, "messages": messages, "temperature": temperature,
             "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "n": 1, "logprobs": True,
-            "top_logprobs": 5, "return_token_ids": True}
+            "top_logprobs": _TOP_LOGPROBS, "return_token_ids": True}
         if capture:
             body["kv_transfer_params"] = {"include_output_tokens": True}
         start = time.perf_counter()
         reply = await self._post("/chat/completions", body)
         elapsed_ms = int((time.perf_counter() - start) * 1000)
-        try:
-            choice = reply["choices"][0]
-        except (KeyError, IndexError, TypeError):
-            raise BackendRequestError(f"{self.base_url}: chat reply without choices") from None
+        choice = self._first_choice(reply, "chat")
         content = (choice.get("logprobs") or {}).get("content") or []
         return Completion(
             text=(choice.get("message") or {}).get("content") or "",
@@ -181,6 +181,48 @@ class BackendClient:
             hidden_states_path=_hidden_states_path(reply),
             elapsed_ms=elapsed_ms,
         )
+
+    async def complete(self, prompt: str, *, temperature: float, top_p: float, max_tokens: int,
+                       seed: int, capture: bool) -> Completion:
+        """One text completion (``/v1/completions``, n=1) of a raw prompt, no chat template:
+        token ids and top-5 logprobs in the shape :meth:`chat` gives; optionally captured.
+
+        The legacy logprobs (``tokens``, ``token_logprobs``, ``top_logprobs`` as
+        ``{token: logprob}``, the embedded server's ``token_logits``) become one dict per
+        token; the alternatives sorted by logprob and cut to 5 (vLLM adds the chosen token to
+        them). ``prompt_token_ids`` is top-level on the embedded server, per choice on vLLM.
+        """
+        body: dict[str, Any] = {
+            "model": self.model, "prompt": prompt, "temperature": temperature, "top_p": top_p,
+            "max_tokens": max_tokens, "seed": seed, "n": 1, "logprobs": _TOP_LOGPROBS,
+            "return_token_ids": True}
+        if capture:
+            body["kv_transfer_params"] = {"include_output_tokens": True}
+        start = time.perf_counter()
+        reply = await self._post("/completions", body)
+        elapsed_ms = int((time.perf_counter() - start) * 1000)
+        choice = self._first_choice(reply, "completion")
+        return Completion(
+            text=choice.get("text") or "",
+            finish_reason=choice.get("finish_reason"),
+            prompt_token_ids=list(reply.get("prompt_token_ids")
+                                  or choice.get("prompt_token_ids") or []),
+            token_ids=list(choice.get("token_ids") or []),
+            logprobs=_legacy_logprobs(choice.get("logprobs")),
+            usage=_usage(reply.get("usage")),
+            hidden_states_path=_hidden_states_path(reply),
+            elapsed_ms=elapsed_ms,
+        )
+
+    def _first_choice(self, reply: dict[str, Any], what: str) -> dict[str, Any]:
+        """The reply's (only) choice, or a BackendRequestError naming the server."""
+        try:
+            choice = reply["choices"][0]
+        except (KeyError, IndexError, TypeError):
+            raise BackendRequestError(f"{self.base_url}: {what} reply without choices") from None
+        if not isinstance(choice, dict):
+            raise BackendRequestError(f"{self.base_url}: {what} reply's choice is not an object")
+        return choice
 
     async def prefill_capture(self, token_ids: list[int]) -> str:
         """Prefill-only request over ``token_ids``; returns the capture file's path."""
@@ -219,6 +261,26 @@ def _token_logprob(entry: dict[str, Any]) -> dict[str, Any]:
     out = {"token": entry.get("token"), "logprob": entry.get("logprob"), "top_logprobs": top}
     if entry.get("logit") is not None:
         out["logit"] = entry["logit"]
+    return out
+
+
+def _legacy_logprobs(logprobs: Any) -> list[dict[str, Any]]:
+    """The legacy completions logprobs as :func:`_token_logprob` dicts, one per token."""
+    if not isinstance(logprobs, dict):
+        return []
+    values = logprobs.get("token_logprobs") or []
+    tops = logprobs.get("top_logprobs") or []
+    logits = logprobs.get("token_logits") or []
+    out = []
+    for i, token in enumerate(logprobs.get("tokens") or []):
+        top = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
+        alts = [(t, lp) for t, lp in top.items() if lp is not None]
+        best = sorted(alts, key=lambda alt: -alt[1])[:_TOP_LOGPROBS]
+        entry = {"token": token, "logprob": values[i] if i < len(values) else None,
+                 "top_logprobs": [{"token": t, "logprob": lp} for t, lp in best]}
+        if i < len(logits) and logits[i] is not None:
+            entry["logit"] = logits[i]
+        out.append(entry)
     return out
 
 

@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from contracts.answer_match import alias_matcher
+from contracts.answer_kinds import Grade, answer_grader as kinds_answer_grader
 from contracts.process import die_with_parent
 from contracts.ids import activation_key, sample_seed
 from contracts.prompt_group import PromptGroup
@@ -37,7 +37,7 @@ from workers.group_commit import GroupCommitter
 from workers.persist import GenerationRecord, PersistBroken, WorkerDir
 from workers.runtime import run_event_loop, run_on, tune_gc
 
-__all__ = ["WorkerSpec", "worker_main", "grade_answer", "answer_grader"]
+__all__ = ["WorkerSpec", "worker_main", "answer_grader"]
 
 log = logging.getLogger(__name__)
 
@@ -77,22 +77,16 @@ class WorkerSpec:
     commit_interval_ms: float = 20.0
 
 
-def grade_answer(group: PromptGroup, text: str) -> tuple[int | None, str | None]:
-    """Label of one answer where a reference allows grading now: (label, grader name).
+def answer_grader(group: PromptGroup) -> Callable[[str], Grade | None]:
+    """The grader of one group's answers, prepared once (aliases normalized once): the kind of
+    its reference decides (:mod:`contracts.answer_kinds`, docs/labels.md). References graded
+    after the run (the LLM judge) or missing give None for every answer."""
+    grade = kinds_answer_grader(group.reference)
+    return grade if grade is not None else _ungraded
 
-    TriviaQA-style references (aliases) are graded by alias match; other tasks are graded after
-    the run (LLM judge) and get (None, None) here.
-    """
-    return answer_grader(group)(text)
 
-
-def answer_grader(group: PromptGroup) -> Callable[[str], tuple[int | None, str | None]]:
-    """:func:`grade_answer` for the answers of one group (its aliases normalized once)."""
-    ref = group.reference
-    if isinstance(ref, dict) and ref.get("aliases"):
-        match = alias_matcher(list(ref["aliases"]))
-        return lambda text: (match(text), "alias_match")
-    return lambda text: (None, None)
+def _ungraded(text: str) -> None:
+    return None
 
 
 def worker_main(spec: WorkerSpec, conn) -> None:
@@ -198,6 +192,8 @@ class _Worker:
         requests = [self._request_params(group.prompt_id, sid) for sid in range(spec.k_samples + 1)]
         outcomes = await asyncio.gather(*[
             self.client.chat(group.messages, capture=capture_in_generation, **params)
+            if group.prompt is None else  # --chat false: the raw text to /v1/completions
+            self.client.complete(group.prompt, capture=capture_in_generation, **params)
             for params in requests], return_exceptions=True)
         failures = [(sid, o) for sid, o in enumerate(outcomes) if isinstance(o, BaseException)]
         if failures:
@@ -225,8 +221,7 @@ class _Worker:
                                  self._full(full[0]["error_message"]), "storage_full",
                                  fatal=True)
             return
-        prompt_row = self._prompt_row(group, completions[0], records[0].label,
-                                      records[0].row["label_grader"])
+        prompt_row = self._prompt_row(group, completions[0], records[0].row)
         try:
             await self.committer.commit(prompt_row, records)
         except OSError as exc:  # persist_groups rolled the group back (or says it could not)
@@ -279,9 +274,10 @@ class _Worker:
         records, errors = [], []
         grade = answer_grader(group)
         for sample_id, (comp, params, rows) in enumerate(zip(completions, requests, captured)):
-            label, grader = grade(comp.text)
+            graded = grade(comp.text)
             record = GenerationRecord(row=self._generation_row(group, sample_id, comp, params,
-                                                               label, grader), label=label)
+                                                               graded),
+                                      label=graded.label if graded is not None else None)
             if isinstance(rows, BaseException):  # activations are optional: keep the generation
                 log.warning("capture failed for %s sample %d: %s", group.prompt_id, sample_id,
                             rows)
@@ -355,8 +351,7 @@ class _Worker:
         }
 
     def _generation_row(self, group: PromptGroup, sample_id: int, comp: Completion,
-                        params: dict[str, Any], label: int | None, grader: str | None
-                        ) -> dict[str, Any]:
+                        params: dict[str, Any], graded: Grade | None) -> dict[str, Any]:
         return {
             "prompt_id": group.prompt_id, "sample_id": sample_id,
             "role": "primary" if sample_id == 0 else "sample",
@@ -365,20 +360,25 @@ class _Worker:
             "request_params": {**params, "model": self.spec.model_name, "n": 1,
                                "timestamp": _now()},
             "generation_time_ms": comp.elapsed_ms,
-            "label": label, "label_grader": grader,
+            **_grade_fields(graded),
+            "answer_span": list(graded.span) if graded and graded.span is not None else None,
             "worker_id": self.spec.worker_id,
         }
 
-    def _prompt_row(self, group: PromptGroup, primary: Completion, label: int | None,
-                    grader: str | None) -> dict[str, Any]:
+    def _prompt_row(self, group: PromptGroup, primary: Completion,
+                    primary_row: dict[str, Any]) -> dict[str, Any]:
+        """The group's ``prompt_index.jsonl`` row; its label fields are the primary answer's
+        (``primary_row``: sample 0's generation row)."""
         ref = group.reference
         reference_answer = ref.get("value") if isinstance(ref, dict) else ref
         return {
             "prompt_id": group.prompt_id, "dataset": group.dataset, "split": group.split,
             "dataset_id": group.dataset_id, "prompt": group.prompt_text,
             "messages": group.messages, "reference_answer": reference_answer,
-            "reference": ref, "label": label, "label_grader": grader,
-            "meta": group.meta, "prompt_token_ids": primary.prompt_token_ids,
+            "reference": ref, "label": primary_row["label"],
+            "label_grader": primary_row["label_grader"],
+            "label_status": primary_row["label_status"], "meta": group.meta,
+            "prompt_token_ids": primary.prompt_token_ids,
             "num_generations": self.spec.k_samples + 1, "worker_id": self.spec.worker_id,
             "completed_at": _now(),
         }
@@ -395,6 +395,13 @@ class _Worker:
         if fatal:
             self.fatal = True
             self.channel.send({"event": "fatal", "worker_id": self.spec.worker_id, "error": err})
+
+
+def _grade_fields(graded: Grade | None) -> dict[str, Any]:
+    """``label``, ``label_grader``, ``label_status`` of a generation row (null: not graded)."""
+    if graded is None:
+        return {"label": None, "label_grader": None, "label_status": None}
+    return {"label": graded.label, "label_grader": graded.grader, "label_status": graded.status}
 
 
 def _disk_full(exc: BaseException | str) -> bool:

@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Iterable, Iterator
 
 from contracts import layout
+from contracts.answer_kinds import answer_kind
 from contracts.answer_match import CORRECT, HALLUCINATED
 from contracts.jsonl import JsonlAppender, iter_lines, iter_rows
 from orchestrator.errors import ArtifactError, HallulogError
 from orchestrator.tasks.grading import grader_for, needs_judge
 from orchestrator.tasks.judge_client import JudgeError
-from orchestrator.tasks.verdict import JUDGE_GRADER, Grader, Verdict
+from orchestrator.tasks.verdict import JUDGE_GRADER, JUDGE_TASKS, Grader, Verdict
 
 __all__ = ["LABELS_FILE", "LabelIndex", "load_labels", "label_row", "apply_label", "label_run",
            "label_with_judge", "needs_judge", "unlabeled_prompts", "label_counts",
@@ -34,6 +35,10 @@ __all__ = ["LABELS_FILE", "LabelIndex", "load_labels", "label_row", "apply_label
 log = logging.getLogger(__name__)
 
 LABELS_FILE = layout.LABELS
+UNPARSED = "unparsed"
+"""The status (worker rows) and verdict (labels.jsonl) of an answer a choice or numeric grader
+could not parse."""
+_BUILTIN_TASKS = ("triviaqa", *JUDGE_TASKS)
 
 
 class LabelIndex:
@@ -161,7 +166,8 @@ async def label_run(artifact_root: str | Path, *, task: str | None, judge_url: s
     remaining prompts are left for a later call and ``aborted`` is True.
 
     Returns counts over all of ``labels.jsonl`` afterwards: ``correct`` (label 0),
-    ``hallucinated`` (1), ``ungraded`` (None), ``abstained`` (flag; overlaps the three), plus
+    ``hallucinated`` (1), ``ungraded`` (None), ``abstained`` (flag; overlaps the three),
+    ``unparsed`` (a choice/numeric answer with nothing to compare: among the hallucinated), plus
     ``total``, ``graded_now``, ``errors`` (+ ``first_error``), ``missing_primary``,
     ``skipped_other_task``, ``aborted``. ``grader`` overrides the grader choice (tests, custom
     judges); it is not closed here.
@@ -174,7 +180,7 @@ async def label_run(artifact_root: str | Path, *, task: str | None, judge_url: s
     labels_path = root / LABELS_FILE
     counts: dict[str, Any] = {"graded_now": 0, "errors": 0, "missing_primary": 0,
                               "skipped_other_task": 0, "aborted": False}
-    graders: dict[str, Grader] = {}
+    graders: dict[tuple[str, str | None], Grader] = {}
 
     def grader_of(row: dict[str, Any]) -> Grader:
         if grader is not None:
@@ -183,9 +189,12 @@ async def label_run(artifact_root: str | Path, *, task: str | None, judge_url: s
         if not isinstance(name, str):
             raise ArtifactError(f"prompt {row.get('prompt_id')}: no dataset to pick a grader by; "
                                 "pass task=")
-        if name not in graders:
-            graders[name] = grader_for(name, judge_url=judge_url, judge_model=judge_model)
-        return graders[name]
+        # the built-in tasks have one grader each; any other task's by its references' kind
+        kind = None if name in _BUILTIN_TASKS else answer_kind(row.get("reference"))
+        if (name, kind) not in graders:
+            graders[name, kind] = grader_for(name, judge_url=judge_url, judge_model=judge_model,
+                                             answer_kind=kind)
+        return graders[name, kind]
 
     def todo() -> Iterator[tuple[str, dict[str, Any], str]]:
         labeled = load_labels(root)
@@ -236,12 +245,13 @@ async def label_run(artifact_root: str | Path, *, task: str | None, judge_url: s
         await _close_all(graders.values())
 
     summary: dict[str, Any] = {"correct": 0, "hallucinated": 0, "ungraded": 0, "abstained": 0,
-                               "total": 0}
+                               "unparsed": 0, "total": 0}
     for row in _last_label_rows(labels_path):
         label = row.get("label")
         summary["correct" if label == CORRECT else "hallucinated" if label == HALLUCINATED
                 else "ungraded"] += 1
         summary["abstained"] += bool(row.get("abstained"))
+        summary["unparsed"] += row.get("verdict") == UNPARSED
         summary["total"] += 1
     summary.update(counts)
     if first_error:
@@ -307,9 +317,12 @@ def label_with_judge(artifact_root: Path, *, task: str, judge_url: str | None,
 
 
 def label_counts(root: Path) -> dict[str, int]:
-    """Label balance over the committed prompts (judge labels from labels.jsonl win)."""
+    """Label balance over the committed prompts (judge labels from labels.jsonl win):
+    ``correct``, ``hallucinated``, ``unlabeled``, and ``unparsed`` — primary answers a choice or
+    numeric grader could not parse (``label_status`` / labels.jsonl ``verdict`` ``unparsed``),
+    counted among the hallucinated too."""
     judged = load_labels(root)
-    counts = {"correct": 0, "hallucinated": 0, "unlabeled": 0}
+    counts = {"correct": 0, "hallucinated": 0, "unlabeled": 0, "unparsed": 0}
     seen: set[str] = set()
     try:
         for wdir in layout.worker_dirs(root):
@@ -318,11 +331,13 @@ def label_counts(root: Path) -> dict[str, int]:
                 if pid in seen:
                     continue
                 seen.add(pid)
-                label = row.get("label")
+                label, status = row.get("label"), row.get("label_status")
                 if pid in judged:
-                    label = judged.get(pid).get("label")  # type: ignore[union-attr]
+                    judge_row = judged.get(pid) or {}
+                    label, status = judge_row.get("label"), judge_row.get("verdict")
                 counts["correct" if label == 0 else "hallucinated" if label == 1
                      else "unlabeled"] += 1
+                counts["unparsed"] += status == UNPARSED
     finally:
         judged.close()
     return counts

@@ -75,12 +75,10 @@ class ShardRoot:
 
     def expected(self) -> set[str]:
         """The prompt ids this shard has to hold (its task, limit and shard)."""
-        from orchestrator.tasks import open_task
+        from orchestrator.tasks import open_config_task
 
-        c = self.config
         try:
-            stream = open_task(c["task"], c.get("task_path"), split=c.get("split"),
-                               limit=c.get("limit"), shard=self.manifest["shard"])
+            stream = open_config_task(self.config, shard=self.manifest["shard"])
             return {g.prompt_id for g in stream.groups()}
         except (OSError, ValueError) as exc:
             raise MergeRefused(f"{self.name}: cannot load its prompts to check it: {exc}") from None

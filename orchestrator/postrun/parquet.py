@@ -41,7 +41,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("prompt_id", _S), ("dataset", _S), ("split", _S), ("dataset_id", _S), ("prompt", _S),
         ("messages", pa.list_(pa.struct([("role", _S), ("content", _S)]))),
         ("question", _S), ("reference_answer", _S), ("reference_aliases", pa.list_(_S)),
-        ("label", _I8), ("label_grader", _S), ("judge_verdict", _S),
+        ("label", _I8), ("label_grader", _S), ("label_status", _S), ("judge_verdict", _S),
         ("prompt_token_ids", pa.list_(_I32)), ("num_generations", _I32), ("worker_id", _I32),
         ("completed_at", _S), ("commit_id", _S), ("meta_json", _S), ("extra_json", _S),
     ]),
@@ -54,6 +54,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("top_logprobs", pa.list_(pa.list_(_F32))),
         ("temperature", _F32), ("top_p", _F32), ("seed", _I64), ("max_tokens", _I32),
         ("generation_time_ms", _I64), ("label", _I8), ("label_grader", _S),
+        ("label_status", _S), ("answer_span", pa.list_(_I32)),
         ("activation_key", _S), ("worker_id", _I32), ("commit_id", _S), ("extra_json", _S),
     ]),
     layout.PARQUET_TABLES[2]: pa.schema([

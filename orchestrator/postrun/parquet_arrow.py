@@ -43,6 +43,7 @@ _GENERATION_JSON = pa.schema([
     ("request_params", pa.struct([("temperature", _F64), ("top_p", _F64), ("seed", _I64),
                                   ("max_tokens", _I32)])),
     ("generation_time_ms", _I64), ("label", _I8), ("label_grader", _S),
+    ("label_status", _S), ("answer_span", pa.list_(_I32)),
     ("activation_key", _S), ("worker_id", _I32), ("commit_id", _S),
 ])
 
@@ -148,8 +149,8 @@ def generation_table(data: bytes | bytearray, extras: Sequence[str | None], sche
                                            mask=pc.is_null(ids)),
         extra_json=pa.array(extras, type=_S))
     for name in ("prompt_id", "sample_id", "role", "text", "finish_reason",
-                 "generation_time_ms", "label", "label_grader", "activation_key", "worker_id",
-                 "commit_id"):
+                 "generation_time_ms", "label", "label_grader", "label_status", "answer_span",
+                 "activation_key", "worker_id", "commit_id"):
         out[name] = col[name]
     return pa.Table.from_arrays([out[f.name] for f in schema], schema=schema)
 

@@ -72,7 +72,8 @@ def prompt_columns(row: dict[str, Any]) -> tuple:
             _str(row.get("dataset_id")), _str(row.get("prompt")), messages,
             _str(meta.get("question")) if isinstance(meta, dict) else None,
             _str(row.get("reference_answer")), aliases, row.get("label"),
-            _str(row.get("label_grader")), _str(row.get("judge_verdict")),
+            _str(row.get("label_grader")), _str(row.get("label_status")),
+            _str(row.get("judge_verdict")),
             row.get("prompt_token_ids"), row.get("num_generations"), row.get("worker_id"),
             _str(row.get("completed_at")), _str(row.get("commit_id")), _json_or_none(meta),
             extra_json(row, _PROMPT_KNOWN))
@@ -80,14 +81,15 @@ def prompt_columns(row: dict[str, Any]) -> tuple:
 
 _PROMPT_KNOWN = frozenset({
     "prompt_id", "dataset", "split", "dataset_id", "prompt", "messages", "meta",
-    "reference_answer", "label", "label_grader", "judge_verdict", "prompt_token_ids",
+    "reference_answer", "label", "label_grader", "label_status", "judge_verdict",
+    "prompt_token_ids",
     "num_generations", "worker_id", "completed_at", "commit_id"})
 
 
 _GENERATION_KNOWN = frozenset({
     "prompt_id", "sample_id", "role", "text", "finish_reason", "usage", "logprobs",
     "token_ids", "request_params", "generation_time_ms", "label", "label_grader",
-    "activation_key", "worker_id", "commit_id"})
+    "label_status", "answer_span", "activation_key", "worker_id", "commit_id"})
 _PARAMS_KNOWN = frozenset({"temperature", "top_p", "seed", "max_tokens"})
 
 
@@ -139,8 +141,8 @@ class GenerationColumns:
 
     SCALARS = ("prompt_id", "sample_id", "role", "text", "finish_reason", "prompt_tokens",
                "completion_tokens", "temperature", "top_p", "seed", "max_tokens",
-               "generation_time_ms", "label", "label_grader", "activation_key", "worker_id",
-               "commit_id", "extra_json")
+               "generation_time_ms", "label", "label_grader", "label_status", "answer_span",
+               "activation_key", "worker_id", "commit_id", "extra_json")
 
     def __init__(self, path: Path, schema: pa.Schema) -> None:
         self.path, self.schema = path, schema
@@ -178,6 +180,7 @@ class GenerationColumns:
                 ("seed", params.get("seed")), ("max_tokens", params.get("max_tokens")),
                 ("generation_time_ms", get("generation_time_ms")), ("label", get("label")),
                 ("label_grader", _str(get("label_grader"))),
+                ("label_status", _str(get("label_status"))), ("answer_span", get("answer_span")),
                 ("activation_key", _str(get("activation_key"))),
                 ("worker_id", get("worker_id")), ("commit_id", _str(get("commit_id"))),
                 ("extra_json", generation_extra(row))):

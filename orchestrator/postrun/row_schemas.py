@@ -7,8 +7,9 @@ import re
 from typing import Any, Callable
 
 from contracts import layout
+from contracts.answer_kinds import STATUSES
 
-__all__ = ["SCHEMAS", "schema_errors", "MAX_SAMPLE_ID"]
+__all__ = ["SCHEMAS", "OPTIONAL", "schema_errors", "MAX_SAMPLE_ID"]
 
 
 _HEX16 = re.compile(r"^[0-9a-f]{16}$")
@@ -22,6 +23,15 @@ def _is_int(v: Any) -> bool:
 
 def _label_ok(v: Any) -> bool:
     return v is None or v in (0, 1)
+
+
+def _status_ok(v: Any) -> bool:
+    return v is None or v in STATUSES
+
+
+def _span_ok(v: Any) -> bool:
+    return v is None or (isinstance(v, list) and len(v) == 2 and _is_int(v[0]) and _is_int(v[1])
+                         and 0 <= v[0] <= v[1])
 
 
 def _logprobs_ok(v: Any) -> bool:
@@ -83,6 +93,13 @@ SCHEMAS: dict[str, dict[str, Callable[[Any], bool]]] = {
 }
 
 
+OPTIONAL: dict[str, dict[str, Callable[[Any], bool]]] = {
+    layout.PROMPT_INDEX: {"label_status": _status_ok},
+    layout.GENERATIONS: {"label_status": _status_ok, "answer_span": _span_ok},
+}
+"""Checks of fields that rows written before they existed lack: applied when present."""
+
+
 def _generation_ok(row: dict[str, Any]) -> bool:
     """Every check of ``SCHEMAS[GENERATIONS]`` in one call (True: no problem)."""
     try:
@@ -128,12 +145,12 @@ def schema_errors(name: str, row: Any) -> list[str]:
     """Field-level problems of one row of JSONL file ``name``."""
     if not isinstance(row, dict):
         return ["row is not a JSON object"]
+    errs = [f"field {key!r} has an invalid value {str(row[key])[:60]!r}"
+            for key, ok in OPTIONAL.get(name, {}).items() if key in row and not ok(row[key])]
     row_ok = _ROW_OK.get(name)
     if row_ok is not None and row_ok(row):
-        return []
-    checks = SCHEMAS.get(name, {})
-    errs = []
-    for key, ok in checks.items():
+        return errs
+    for key, ok in SCHEMAS.get(name, {}).items():
         if key not in row:
             errs.append(f"missing field {key!r}")
         elif not ok(row[key]):

@@ -23,8 +23,7 @@ from contracts.jsonl import truncate_to
 from contracts.layout import worker_dir, worker_dirs
 from contracts.prompt_group import PromptGroup
 from orchestrator.errors import HallulogError
-from orchestrator.postrun.labels import (label_counts, label_with_judge, needs_judge,
-                                         unlabeled_prompts)
+from orchestrator.postrun.labels import label_counts, label_with_judge, unlabeled_prompts
 from orchestrator.postrun.evaluate import report_path
 from orchestrator.postrun.exports import write_exports
 from orchestrator.manifest import (build_manifest, check_resumable, load_manifest,
@@ -36,7 +35,7 @@ from orchestrator.run.progress import Progress
 from orchestrator.run.servers import (ModelInfo, ServerProcess, hallulog_cache_dir, remote_model,
                                       remove_spools, resolve_model, start_servers)
 from orchestrator.run.status import StatusBoard
-from orchestrator.tasks import TaskStream, open_task
+from orchestrator.tasks import TaskStream, open_config_task
 from orchestrator.tasks.base import MalformedCollector
 from orchestrator.postrun.validate import validate
 from orchestrator.run.watchdog import ServerProgress, Watchdog
@@ -91,8 +90,8 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
     root.mkdir(parents=True, exist_ok=True)
     cache_dir = hallulog_cache_dir(config.cache_dir)
 
-    stream = open_task(config.task, config.task_path, split=config.split, limit=config.limit,
-                       shard=config.shard)
+    stream = open_config_task(config.to_dict())
+    answer_kind = stream.answer_kind
     all_ids, split = _prompt_ids(stream)  # the groups themselves are read again as dispatched
     if not all_ids:
         raise HallulogError(f"task {config.task} ({stream.source}) has no prompts")
@@ -104,7 +103,8 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
                            layer_ids=layer_ids, hidden_size=model.hidden_size,
                            num_hidden_layers=model.num_hidden_layers, dataset=config.task,
                            split=split, prompt_template=stream.prompt_template,
-                           worker_count=config.worker_count, total_prompts=len(all_ids))
+                           worker_count=config.worker_count, total_prompts=len(all_ids),
+                           answer_kind=answer_kind, prompt_fingerprinted=stream.spec is not None)
     existing = load_manifest(root)
     if existing is not None:
         if not config.resume:
@@ -141,7 +141,7 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
     completions = CompletionLog(root)
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_stop)
     try:
-        judge = needs_judge(config.task) and bool(unlabeled_prompts(root) or pending)
+        judge = answer_kind == "judge" and bool(unlabeled_prompts(root) or pending)
         if (pending or judge) and config.executor == "local":
             board.set_phase("starting")
             servers, urls = start_servers(config, model, layer_ids, root, cache_dir, board,

@@ -14,18 +14,24 @@ Formats, fields and id rules: docs/tasks.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from contracts.prompt_group import PromptGroup
 from orchestrator.shards import ShardSpec, parse_shard, select_shard
 from orchestrator.tasks import hallulens, triviaqa
 from orchestrator.tasks.base import (DatasetFormatError, MalformedCollector, MalformedLine,
                                      TaskData)
+from orchestrator.tasks.presets import PRESETS
+from orchestrator.tasks.prompting import PromptSpec
+from orchestrator.tasks.study import (QA_TASK, STUDY_TASKS, Study, builtin_fields, iter_records,
+                                      rerender, study_groups)
 
-__all__ = ["load_task", "open_task", "TaskStream", "TaskData", "MalformedLine",
-           "DatasetFormatError", "TASKS", "BUNDLED_SAMPLES", "bundled_path"]
+__all__ = ["load_task", "open_task", "open_config_task", "TaskStream", "TaskData",
+           "MalformedLine", "DatasetFormatError", "TASKS", "BUNDLED_SAMPLES", "bundled_path",
+           "Study"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
@@ -43,11 +49,16 @@ _LOADERS: dict[str, tuple[Callable[..., Iterator[PromptGroup]], str]] = {
     "mixedentities": (hallulens.iter_mixedentities, hallulens.MIXED_PROMPT_TEMPLATE),
 }
 
-TASKS: tuple[str, ...] = tuple(_LOADERS)
+BUNDLED_SAMPLES.update({name: preset.bundled_sample for name, preset in PRESETS.items()})
+
+TASKS: tuple[str, ...] = (*_LOADERS, *STUDY_TASKS)
 
 
 def bundled_path(name: str) -> Path:
     """Path of the bundled sample file of task ``name``."""
+    if name == QA_TASK:
+        raise ValueError("--task qa has no bundled sample: pass --task-path (and the field "
+                         "mapping flags, docs/tasks.md)")
     if name not in BUNDLED_SAMPLES:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
     return DATA_DIR / BUNDLED_SAMPLES[name]
@@ -68,6 +79,16 @@ class TaskStream:
     limit: int | None = None
     strict: bool = False
     shard: ShardSpec | None = None
+    study: Study | None = None
+    """The study's dataset and prompt choices (None: the task's own prompt)."""
+    spec: PromptSpec | None = None
+    """The prompt the groups are made with when the study sets one (presets and ``qa``
+    always have one)."""
+
+    @property
+    def answer_kind(self) -> str:
+        """How the task's answers are graded: aliases, choice, numeric or judge."""
+        return (self.study or Study()).answer_kind_for(self.name)
 
     def groups(self, collector: MalformedCollector | None = None) -> Iterator[PromptGroup]:
         """The groups in file order (``limit``, then ``shard`` applied). Malformed lines go
@@ -75,33 +96,76 @@ class TaskStream:
         :class:`DatasetFormatError` once it is read to the end."""
         if collector is None:
             collector = MalformedCollector(str(self.source), self.strict)
-        iterate = _LOADERS[self.name][0]
-        groups = iterate(self.source, split=self.split, limit=self.limit, collector=collector)
-        yield from select_shard(groups, self.shard)
+        yield from select_shard(self._groups(collector), self.shard)
         collector.finish()
+
+    def _groups(self, collector: MalformedCollector) -> Iterator[PromptGroup]:
+        if self.name in _LOADERS:
+            groups = _LOADERS[self.name][0](self.source, split=self.split, limit=self.limit,
+                                            collector=collector)
+            return rerender(groups, self.spec, self.source) if self.spec is not None else groups
+        assert self.study is not None and self.spec is not None
+        return study_groups(self.name, self.source, self.study, self.spec, split=self.split,
+                            limit=self.limit, collector=collector)
 
 
 def open_task(name: str, path: str | Path | None = None, *, split: str | None = None,
               limit: int | None = None, strict: bool = False,
-              shard: ShardSpec | str | None = None) -> TaskStream:
+              shard: ShardSpec | str | None = None, study: Study | None = None) -> TaskStream:
     """Task ``name`` at ``path`` (``None``: the bundled sample), to be read lazily; the
-    arguments are those of :func:`load_task` and are checked now, the file when it is read."""
-    if name not in _LOADERS:
+    arguments are those of :func:`load_task` and are checked now, the file when it is read.
+    ``study`` sets the dataset mapping and the prompt (default: the task's own); its few-shot
+    file is read now."""
+    if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a positive integer, got {limit!r}")
     if split is not None and (not isinstance(split, str) or not split.strip()):
         raise ValueError(f"split must be a non-empty string, got {split!r}")
     source = Path(path) if path is not None else bundled_path(name)
-    if not source.is_file():
+    if not (source.is_file() or (source.is_dir() and name in STUDY_TASKS)):
         raise FileNotFoundError(f"{source}: no such dataset file for task {name!r}")
-    return TaskStream(name, source, _LOADERS[name][1], split=split, limit=limit, strict=strict,
-                      shard=parse_shard(shard) if isinstance(shard, str) else shard)
+    if study is None and name in STUDY_TASKS:
+        study = Study()
+    spec = None
+    template = _LOADERS[name][1] if name in _LOADERS else ""
+    if study is not None:
+        study.check_for(name)
+        if name in STUDY_TASKS or study.custom_prompt:
+            spec = study.prompt_spec(name, _fewshot_fields(name, study, split))
+            template = spec.text
+    return TaskStream(name, source, template, split=split, limit=limit, strict=strict,
+                      shard=parse_shard(shard) if isinstance(shard, str) else shard,
+                      study=study, spec=spec)
+
+
+def open_config_task(values: Mapping[str, Any], *, shard: ShardSpec | str | None = None
+                     ) -> TaskStream:
+    """The task of a run config (``RunConfig.to_dict()`` or a manifest's recorded ``config``)."""
+    return open_task(values.get("task") or "triviaqa", values.get("task_path"),
+                     split=values.get("split"), limit=values.get("limit"),
+                     shard=shard if shard is not None else values.get("shard"),
+                     study=Study.from_values(values))
+
+
+def _fewshot_fields(name: str, study: Study, split: str | None) -> Iterator[dict[str, Any]]:
+    """Template fields (with ``answer``) of the records of the study's few-shot file."""
+    if not study.fewshot_k or study.fewshot_path is None:
+        return iter(())
+    path = Path(study.fewshot_path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such few-shot file (--fewshot-path)")
+    collector = MalformedCollector(str(path), strict=False)
+    if name in _LOADERS:
+        groups = _LOADERS[name][0](path, split=None, limit=None, collector=collector)
+        return (builtin_fields(g) for g in groups)
+    return (rec.fields for rec in iter_records(name, path, study, split=None, limit=None,
+                                               collector=collector))
 
 
 def load_task(name: str, path: str | Path | None = None, *, split: str | None = None,
               limit: int | None = None, strict: bool = False,
-              shard: ShardSpec | str | None = None) -> TaskData:
+              shard: ShardSpec | str | None = None, study: Study | None = None) -> TaskData:
     """Load task ``name`` from ``path`` (``None``: the bundled sample), every group at once.
 
     ``split`` names the split in the prompt ids (default: the file's own ``Split`` for TriviaQA
@@ -114,7 +178,8 @@ def load_task(name: str, path: str | Path | None = None, *, split: str | None = 
     with an invalid item) raises :class:`DatasetFormatError` whose message is
     ``"<file>:<line>: <what is wrong>"``. :func:`open_task` reads the same file lazily.
     """
-    stream = open_task(name, path, split=split, limit=limit, strict=strict, shard=shard)
+    stream = open_task(name, path, split=split, limit=limit, strict=strict, shard=shard,
+                       study=study)
     collector = MalformedCollector(str(stream.source), strict)
     groups = list(stream.groups(collector))
     return TaskData(groups=groups, source=str(stream.source),

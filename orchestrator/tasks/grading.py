@@ -1,27 +1,33 @@
-"""Which grader labels a task's answers: one place that maps a task to its grader.
+"""Which grader labels a task's answers: one place that maps a task (and its answer kind) to its
+grader.
 
 ```python
 from orchestrator.tasks.grading import grader_for
 grader = grader_for("precisewikiqa", judge_url="http://127.0.0.1:8000", judge_model=None)
+grader = grader_for("nq_open", judge_url=url, answer_kind="judge")   # generic QA judge
 verdict = await grader.grade(prompt_row, answer_text)     # prompt_row: a prompt_index.jsonl row
 ```
 
-* :class:`~orchestrator.tasks.triviaqa.AliasGrader` (triviaqa): alias match plus a phrase list
-  that flags abstentions (the label still follows the alias rule).
+* :class:`~orchestrator.tasks.triviaqa.AliasGrader` (triviaqa, and every task whose references
+  are of the ``aliases``, ``choice`` or ``numeric`` kind): the rules of
+  :mod:`contracts.answer_kinds` (the worker's own labels) plus a phrase list that flags
+  abstentions (the label still follows the kind's rule).
 * :class:`~orchestrator.tasks.hallulens_grading.JudgeGrader` (precisewikiqa, longwiki,
-  mixedentities): an LLM judge over the OpenAI HTTP API, prompts in ``data/judge_prompts/``.
+  mixedentities, and — with the precisewikiqa rules — every other task whose references are of
+  the ``judge`` kind): an LLM judge over the OpenAI HTTP API, prompts in ``data/judge_prompts/``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from contracts.answer_kinds import ALIASES, CHOICE, JUDGE, NUMERIC
 from orchestrator.errors import HallulogError
 from orchestrator.tasks.hallulens_grading import JudgeGrader
 from orchestrator.tasks.triviaqa import AliasGrader
 from orchestrator.tasks.verdict import JUDGE_TASKS, Grader
 
-__all__ = ["grader_for", "needs_judge"]
+__all__ = ["grader_for", "judge_grader", "needs_judge", "needs_judge_for"]
 
 
 def needs_judge(task: str) -> bool:
@@ -29,17 +35,43 @@ def needs_judge(task: str) -> bool:
     return task in JUDGE_TASKS
 
 
+def needs_judge_for(answer_kind: str | None, task: str) -> bool:
+    """Whether a task's answers are labelled by the LLM judge after the run: answer kind
+    ``judge`` → True, another kind → False, no kind → :func:`needs_judge` (the task's rule)."""
+    if answer_kind is None:
+        return needs_judge(task)
+    return answer_kind == JUDGE
+
+
+def judge_grader(judge_url: str | None, judge_model: str | None = None,
+                 task_style: str = "precisewikiqa", *, task: str | None = None,
+                 **judge_options: Any) -> JudgeGrader:
+    """An LLM-judge grader with the rules of ``task_style`` (default: PreciseWikiQA's
+    abstention → correctness against the reference answer and its accepted aliases) for
+    ``task`` (recorded in the verdicts' details; default ``task_style``). Raises
+    :class:`HallulogError` naming ``--judge-url`` when there is no judge URL."""
+    name = task or task_style
+    if not judge_url:
+        raise HallulogError(f"task {name!r} is graded by an LLM judge: pass --judge-url "
+                            "(the base URL of an OpenAI-compatible server, e.g. "
+                            "http://127.0.0.1:8000) and optionally --judge-model")
+    return JudgeGrader(name, judge_url=judge_url, judge_model=judge_model, style=task_style,
+                       **judge_options)
+
+
 def grader_for(task: str, *, judge_url: str | None, judge_model: str | None = None,
-               **judge_options: Any) -> Grader:
+               answer_kind: str | None = None, **judge_options: Any) -> Grader:
     """The grader of ``task``: triviaqa → :class:`AliasGrader`, the HalluLens tasks →
-    :class:`JudgeGrader` (which needs ``judge_url``)."""
+    :class:`JudgeGrader` (which needs ``judge_url``). Any other task by its references'
+    ``answer_kind``: ``judge`` → the generic judge (:func:`judge_grader`), ``aliases`` /
+    ``choice`` / ``numeric`` → :class:`AliasGrader`."""
     if task == "triviaqa":
         return AliasGrader()
     if task in JUDGE_TASKS:
-        if not judge_url:
-            raise HallulogError(f"task {task!r} is graded by an LLM judge: pass --judge-url "
-                                "(the base URL of an OpenAI-compatible server, e.g. "
-                                "http://127.0.0.1:8000) and optionally --judge-model")
-        return JudgeGrader(task, judge_url=judge_url, judge_model=judge_model, **judge_options)
+        return judge_grader(judge_url, judge_model, task, task=task, **judge_options)
+    if answer_kind == JUDGE:
+        return judge_grader(judge_url, judge_model, task=task, **judge_options)
+    if answer_kind in (ALIASES, CHOICE, NUMERIC):
+        return AliasGrader()
     raise ValueError(f"no grader for task {task!r}; choose one of triviaqa, "
-                     f"{', '.join(JUDGE_TASKS)}")
+                     f"{', '.join(JUDGE_TASKS)}, or give its answer kind")

@@ -1,5 +1,7 @@
 """Grading the HalluLens tasks with an LLM judge: abstention → correctness (precisewikiqa),
-abstention → claims (longwiki), entity existence (mixedentities). Rules: docs/labels.md."""
+abstention → claims (longwiki), entity existence (mixedentities). The precisewikiqa rules also
+grade any task whose references are of the ``judge`` kind (``style="precisewikiqa"``).
+Rules: docs/labels.md."""
 
 from __future__ import annotations
 
@@ -12,24 +14,48 @@ from orchestrator.tasks.judge_parsing import parse_choice, parse_longwiki
 from orchestrator.tasks.verdict import (JUDGE_GRADER, JUDGE_TASKS, Verdict, question_of,
                                         reference_of)
 
-__all__ = ["JudgeGrader", "JudgeError"]
+__all__ = ["JudgeGrader", "JudgeError", "accepted_answers"]
+
+
+def accepted_answers(ref: dict[str, Any]) -> str | None:
+    """The reference answer the correctness prompt shows: ``value`` (else the first alias),
+    followed by the other accepted answers (``aliases``, de-duplicated) when there are any:
+    ``"Paris (also accepted: Paris, France; City of Light)"``; None when there is none."""
+    answers: list[str] = []
+    aliases = ref.get("aliases")
+    for a in [ref.get("value"), *(aliases if isinstance(aliases, (list, tuple)) else [])]:
+        text = str(a).strip() if a is not None else ""
+        if text and text not in answers:
+            answers.append(text)
+    if not answers:
+        return None
+    if len(answers) == 1:
+        return answers[0]
+    return f"{answers[0]} (also accepted: {'; '.join(answers[1:])})"
 
 
 class JudgeGrader:
     """The HalluLens tasks' rules (precisewikiqa, longwiki, mixedentities) over a
-    :class:`JudgeClient` (temperature 0, short outputs); prompts in ``data/judge_prompts/``."""
+    :class:`JudgeClient` (temperature 0, short outputs); prompts in ``data/judge_prompts/``.
+
+    ``style`` picks the rules (default: the task's own); ``task`` is then only recorded in
+    ``Verdict.details`` — e.g. ``JudgeGrader("nq_open", style="precisewikiqa", ...)`` grades a
+    ``judge``-kind task like precisewikiqa."""
 
     name = JUDGE_GRADER
 
     def __init__(self, task: str, *, judge_url: str, judge_model: str | None = None,
-                 timeout: float = 120.0, attempts: int = 3, backoff: float = 1.0,
+                 style: str | None = None, timeout: float = 120.0, attempts: int = 3,
+                 backoff: float = 1.0,
                  short_max_tokens: int = 16, claims_max_tokens: int = 512,
                  max_reference_chars: int = 8000, max_answer_chars: int = 6000,
                  seed: int = 0) -> None:
-        if task not in JUDGE_TASKS:
-            raise ValueError(f"JudgeGrader has no rules for task {task!r}; "
+        style = style or task
+        if style not in JUDGE_TASKS:
+            raise ValueError(f"JudgeGrader has no rules for task {style!r}; "
                              f"choose one of {', '.join(JUDGE_TASKS)}")
         self.task = task
+        self.style = style
         self.short_max_tokens = short_max_tokens
         self.claims_max_tokens = claims_max_tokens
         self.max_reference_chars = max_reference_chars
@@ -59,9 +85,9 @@ class JudgeGrader:
     async def grade(self, prompt_row: dict, answer: str) -> Verdict:
         """Grade ``answer`` by this task's rules; raises :class:`JudgeError` when the judge
         cannot be asked (transport); an unusable judge reply is a Verdict ``unparseable``."""
-        if self.task == "precisewikiqa":
+        if self.style == "precisewikiqa":
             return await self._grade_precisewikiqa(prompt_row, answer)
-        if self.task == "longwiki":
+        if self.style == "longwiki":
             return await self._grade_longwiki(prompt_row, answer)
         return await self._grade_mixedentities(prompt_row, answer)
 
@@ -92,14 +118,19 @@ class JudgeGrader:
     async def _grade_precisewikiqa(self, row: dict, answer: str) -> Verdict:
         raws: list[str] = []
         ref = reference_of(row)
-        gold = ref.get("value") or (ref.get("aliases") or [None])[0]
+        gold = accepted_answers(ref)
         declined = await self._abstention_gate(row, answer, raws)
+        if ref.get("unanswerable") and not gold:  # no answer exists: declining is correct
+            if declined is None:
+                return self._verdict(HALLUCINATED, "incorrect", False, raws, unanswerable=True)
+            if declined.verdict == "abstained":
+                return self._verdict(CORRECT, "abstained", True, raws, unanswerable=True)
         if declined is not None:
             return declined
         if not gold:
             return self._verdict(None, "no_reference", False, raws)
         text = await self.ask(jp.render(jp.CORRECTNESS_PROMPT, question=question_of(row),
-                                        reference=gold,
+                                        reference=clip(gold, self.max_reference_chars),
                                         response=clip(answer, self.max_answer_chars)),
                               self.short_max_tokens)
         raws.append(f"[correctness] {text}")

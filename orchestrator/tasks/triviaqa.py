@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from contracts.answer_match import CORRECT, alias_match_label, normalize_answer
+from contracts.answer_kinds import answer_kind, grade_answer
+from contracts.answer_match import normalize_answer
 from contracts.prompt_group import PromptGroup
 from orchestrator.tasks.verdict import ALIAS_GRADER, Verdict, detect_abstention, reference_of
 from orchestrator.tasks.base import (DatasetFormatError, GroupCounter, LineCounter,
@@ -230,22 +231,24 @@ def _group(split: str, checked: tuple[str, str, dict[str, Any], dict[str, Any]])
 
 
 class AliasGrader:
-    """triviaqa: alias match (label) + abstention phrase list (flag only)."""
+    """The answers a worker can grade (aliases, choice and numeric references, by
+    :func:`contracts.answer_kinds.grade_answer`: the same rule as the worker's labels) plus the
+    abstention phrase list (flag only). triviaqa's grader."""
 
     name = ALIAS_GRADER
     judge_model: str | None = None
 
     async def grade(self, prompt_row: dict, answer: str) -> Verdict:
         ref = reference_of(prompt_row)
-        aliases = ref.get("aliases")
-        if not aliases:
-            aliases = [ref["value"]] if ref.get("value") else []
         abstained = detect_abstention(answer)
-        if not aliases:
+        if "kind" not in ref and answer_kind(ref) is None:  # no aliases: the value is the alias
+            ref = {"aliases": [ref["value"]]} if ref.get("value") else {}
+        graded = grade_answer(ref, answer)
+        if graded is None:
             return Verdict(None, self.name, "no_reference", abstained)
-        label = alias_match_label(answer, [str(a) for a in aliases])
-        return Verdict(label, self.name, "correct" if label == CORRECT else "incorrect",
-                       abstained)
+        # the verdict is the grade's status: correct, incorrect, unparsed, abstained (an
+        # unanswerable question declined: label 0) or no_reference
+        return Verdict(graded.label, graded.grader, graded.status, abstained)
 
     async def aclose(self) -> None:
         return None

@@ -22,14 +22,15 @@ from tests.fuzzing import FUZZ, check_reader, mutations, write_mutated
 
 def _small_sample(task: str) -> bytes:
     data = bundled_path(task).read_bytes()
-    if bundled_path(task).suffix == ".jsonl":
+    if bundled_path(task).suffix in (".jsonl", ".csv", ".tsv"):
         return b"".join(data.splitlines(keepends=True)[:4])
     doc = json.loads(data)
-    doc["Data"] = doc["Data"][:3]
+    if isinstance(doc, dict) and "Data" in doc:  # TriviaQA; the presets' samples are small
+        doc["Data"] = doc["Data"][:3]
     return json.dumps(doc, indent=1).encode()
 
 
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", [t for t in TASKS if t != "qa"])
 @FUZZ
 @given(m=mutations)
 def test_task_files(tmp_path, task, m):

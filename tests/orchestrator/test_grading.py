@@ -1,5 +1,6 @@
-"""Graders: judge-output parsing, alias grader, LLM judge against the real embedded server,
-label_run (append-only, resumable)."""
+"""Graders: judge-output parsing, alias grader and the other answer kinds after the run, the
+generic judge, LLM judge against the real embedded server, label_run (append-only, resumable),
+label_counts."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ import httpx
 import pytest
 
 from orchestrator.errors import HallulogError
-from orchestrator.postrun.labels import apply_label, label_run, load_labels
+from orchestrator.postrun.labels import apply_label, label_counts, label_run, load_labels
 from orchestrator.tasks import judge_prompts as jp
-from orchestrator.tasks.grading import grader_for
-from orchestrator.tasks.hallulens_grading import JudgeGrader
+from orchestrator.tasks.grading import grader_for, judge_grader, needs_judge, needs_judge_for
+from orchestrator.tasks.hallulens_grading import JudgeGrader, accepted_answers
 from orchestrator.tasks.judge_parsing import parse_choice, parse_longwiki
 from orchestrator.tasks.triviaqa import AliasGrader
 from orchestrator.tasks.verdict import Verdict, detect_abstention
@@ -251,6 +252,127 @@ def test_apply_label():
         (1, "llm_judge", "[correctness] INCORRECT")
     assert row["label"] is None
     assert apply_label(row, None)["judge_verdict"] is None
+
+
+# ================================================================== answer kinds after the run
+
+def test_alias_grader_other_kinds():
+    g = AliasGrader()
+    choice = {"prompt_id": "c1", "dataset": "mmlu",
+              "reference": {"kind": "choice", "value": "B", "choices": ["cat", "dog"],
+                            "answer_index": 1}}
+    assert run(g.grade(choice, "B.")) == Verdict(0, "choice_match", "correct", False)
+    assert run(g.grade(choice, "No idea.")) == Verdict(1, "choice_match", "unparsed", False)
+    numeric = {"prompt_id": "n1", "dataset": "gsm8k",
+               "reference": {"kind": "numeric", "value": "18", "number": 18.0, "tolerance": 0}}
+    assert run(g.grade(numeric, "So #### 18")) == Verdict(0, "numeric_match", "correct", False)
+    squad = {"prompt_id": "s1", "dataset": "squad",
+             "reference": {"kind": "aliases", "value": None, "aliases": [],
+                           "unanswerable": True}}
+    assert run(g.grade(squad, "I don't know.")) == Verdict(0, "alias_match", "abstained", True)
+    assert run(g.grade(squad, "Paris")) == Verdict(1, "alias_match", "incorrect", False)
+    judged = {"prompt_id": "j1", "reference": {"kind": "judge", "value": "Paris"}}
+    assert run(g.grade(judged, "Paris")).verdict == "no_reference"
+    # an old reference with a value and no aliases: the value is the alias (as before)
+    assert run(g.grade({"prompt_id": "v", "reference": {"value": "Paris"}}, "paris")).label == 0
+
+
+def test_needs_judge_and_judge_grader():
+    assert needs_judge("precisewikiqa") and not needs_judge("triviaqa")
+    assert needs_judge_for(None, "longwiki") and not needs_judge_for(None, "nq_open")
+    assert needs_judge_for("judge", "nq_open") and needs_judge_for("judge", "triviaqa")
+    assert not needs_judge_for("choice", "precisewikiqa")
+    with pytest.raises(HallulogError, match="--judge-url"):
+        judge_grader(None, task="nq_open")
+    g = grader_for("nq_open", judge_url="http://127.0.0.1:1", answer_kind="judge")
+    assert isinstance(g, JudgeGrader) and (g.task, g.style) == ("nq_open", "precisewikiqa")
+    run(g.aclose())
+    for kind in ("aliases", "choice", "numeric"):
+        assert isinstance(grader_for("mmlu", judge_url=None, answer_kind=kind), AliasGrader)
+    g = grader_for("longwiki", judge_url="http://127.0.0.1:1", answer_kind="judge")
+    assert g.style == "longwiki"                             # the built-in task keeps its rules
+    run(g.aclose())
+    with pytest.raises(ValueError, match="no grader"):
+        grader_for("nq_open", judge_url=None)
+
+
+def test_accepted_answers():
+    assert accepted_answers({"value": "Paris"}) == "Paris"
+    assert accepted_answers({"value": "Paris", "aliases": ["Paris", "City of Light", " "]}) == \
+        "Paris (also accepted: City of Light)"
+    assert accepted_answers({"value": None, "aliases": ["a", "b"]}) == "a (also accepted: b)"
+    assert accepted_answers({"value": None}) is None
+
+
+class _ScriptedJudge(JudgeGrader):
+    """A JudgeGrader whose judge replies from a script (no server); records the prompts."""
+
+    def __init__(self, replies: list[str], **kw) -> None:
+        super().__init__(kw.pop("task", "nq_open"), judge_url="http://127.0.0.1:1",
+                         judge_model="m", style="precisewikiqa", **kw)
+        self.replies, self.prompts = list(replies), []
+
+    async def ask(self, prompt: str, max_tokens: int) -> str:
+        self.prompts.append(prompt)
+        return self.replies.pop(0)
+
+
+def test_generic_judge_lists_accepted_answers():
+    row = {"prompt_id": "q1", "dataset": "nq_open", "prompt": "Capital of France?",
+           "reference": {"kind": "judge", "value": "Paris", "aliases": ["Paris", "Paris, FR"]},
+           "meta": {"question": "Capital of France?"}}
+    g = _ScriptedJudge(["ANSWERED", "CORRECT"])
+    v = grade_once(g, row, "Paris")
+    assert (v.label, v.verdict, v.details["task"]) == (0, "correct", "nq_open")
+    assert "Paris (also accepted: Paris, FR)" in g.prompts[1]
+
+
+@pytest.mark.parametrize("replies,label,verdict", [(["ABSTAINED"], 0, "abstained"),
+                                                   (["ANSWERED"], 1, "incorrect")])
+def test_generic_judge_unanswerable(replies, label, verdict):
+    row = {"prompt_id": "q2", "prompt": "Who?",
+           "reference": {"kind": "judge", "value": None, "unanswerable": True}}
+    v = grade_once(_ScriptedJudge(replies), row, "Someone")
+    assert (v.label, v.verdict) == (label, verdict)
+
+
+def test_label_counts_and_summary_count_unparsed(tmp_path):
+    rows = [{"prompt_id": "a", "label": 0, "label_status": "correct"},
+            {"prompt_id": "b", "label": 1, "label_status": "unparsed"},
+            {"prompt_id": "c", "label": 1, "label_status": "incorrect"},
+            {"prompt_id": "d", "label": None},                       # an older row: no status
+            {"prompt_id": "e", "label": 1, "label_status": "unparsed"}]
+    _write_jsonl(tmp_path / "worker_0" / "prompt_index.jsonl", rows)
+    _write_jsonl(tmp_path / "labels.jsonl",                           # labels.jsonl wins
+                 [{"prompt_id": "e", "label": 0, "verdict": "correct"},
+                  {"prompt_id": "d", "label": 1, "verdict": "unparsed"}])
+    counts = label_counts(tmp_path)
+    assert counts == {"correct": 2, "hallucinated": 3, "unlabeled": 0, "unparsed": 2}
+    from orchestrator.commands import format_result
+    from orchestrator.run import RunResult
+
+    result = RunResult(artifact_root=tmp_path, total=5, done_before=0)
+    result.labels = counts
+    assert "3 hallucinated / 0 unlabeled (60% hallucinated); 2 unparsed" in format_result(result)
+    result.labels = {**counts, "unparsed": 0}
+    assert "unparsed" not in format_result(result)
+
+
+def test_label_run_picks_the_grader_by_reference_kind(tmp_path):
+    rows = [{"prompt_id": "c1", "dataset": "mmlu",
+             "reference": {"kind": "choice", "value": "B", "choices": ["cat", "dog"],
+                           "answer_index": 1}},
+            {"prompt_id": "n1", "dataset": "gsm8k",
+             "reference": {"kind": "numeric", "value": "3", "number": 3, "tolerance": 0}}]
+    _write_jsonl(tmp_path / "worker_0" / "prompt_index.jsonl", rows)
+    _write_jsonl(tmp_path / "worker_0" / "generations.jsonl",
+                 [{"prompt_id": "c1", "sample_id": 0, "text": "Maybe a bird"},
+                  {"prompt_id": "n1", "sample_id": 0, "text": "It is 3."}])
+    counts = run(label_run(tmp_path, task=None, judge_url=None, judge_model=None))
+    assert (counts["graded_now"], counts["correct"], counts["unparsed"]) == (2, 1, 1)
+    labels = load_labels(tmp_path)
+    assert (labels["c1"]["label_grader"], labels["c1"]["verdict"]) == ("choice_match", "unparsed")
+    assert (labels["n1"]["label_grader"], labels["n1"]["label"]) == ("numeric_match", 0)
 
 
 # ================================================================== real judge (embedded server)

@@ -67,6 +67,8 @@ SAME = {
     "escapes": lambda r: r.update(text='a "quoted"\nline, é \u2028 \\ end'),
     "float -0.0": lambda r: r["logprobs"][0].update(logprob=-0.0),
     "label null": lambda r: r.update(label=None),
+    "grade fields": lambda r: r.update(label_status="unparsed", answer_span=[3, 7]),
+    "null grade fields": lambda r: r.update(label_status=None, answer_span=None),
 }
 
 
@@ -92,6 +94,8 @@ HAND_OVER = {
     "bool label": lambda r: r.update(label=True),
     "number text": lambda r: r.update(text=5),
     "string usage": lambda r: r.update(usage="n/a"),
+    "string answer_span": lambda r: r.update(answer_span="3-7"),
+    "int label_status": lambda r: r.update(label_status=5),
 }
 
 

@@ -14,6 +14,7 @@ from contracts.prompt_group import PromptGroup
 from orchestrator.tasks import (BUNDLED_SAMPLES, TASKS, DatasetFormatError, MalformedLine, TaskData,
                                 bundled_path, load_task, open_task)
 from orchestrator.tasks.hallulens import ENTITY_PROMPT_TEMPLATES
+from orchestrator.tasks.presets import PRESETS
 from orchestrator.tasks.triviaqa import PROMPT_TEMPLATE
 
 
@@ -34,20 +35,24 @@ def _write_tqa(path: Path, items, *, indent=2, split="dev") -> Path:
 
 # ----------------------------------------------------------------------------- bundled samples
 
+ORIGINAL = ("triviaqa", "precisewikiqa", "longwiki", "mixedentities")
 EXPECTED_MIN = {"triviaqa": 220, "precisewikiqa": 30, "longwiki": 30, "mixedentities": 30}
+SAMPLED = tuple(t for t in TASKS if t != "qa")  # qa has no bundled sample
 
 
 def test_tasks_and_samples_listed():
-    assert set(TASKS) == {"triviaqa", "precisewikiqa", "longwiki", "mixedentities"}
-    for name in TASKS:
+    assert set(TASKS) == {*ORIGINAL, *PRESETS, "qa"}
+    for name in SAMPLED:
         assert bundled_path(name).is_file(), BUNDLED_SAMPLES[name]
+    with pytest.raises(ValueError, match="--task-path"):
+        bundled_path("qa")
 
 
-@pytest.mark.parametrize("name", TASKS)
+@pytest.mark.parametrize("name", SAMPLED)
 def test_bundled_sample_loads(name):
     data = load_task(name)
     assert isinstance(data, TaskData)
-    assert len(data.groups) >= EXPECTED_MIN[name]
+    assert len(data.groups) >= EXPECTED_MIN.get(name, 6)
     assert data.malformed == []
     assert Path(data.source) == bundled_path(name)
     assert data.prompt_template
@@ -382,7 +387,7 @@ def test_mixedentities_csv_without_header_columns(tmp_path):
 
 # ----------------------------------------------------------------------------- limit, api
 
-@pytest.mark.parametrize("name", TASKS)
+@pytest.mark.parametrize("name", SAMPLED)
 def test_limit_keeps_first_items(name):
     full = load_task(name)
     part = load_task(name, limit=7)
@@ -398,7 +403,7 @@ def test_limit_stops_before_later_malformed_lines(tmp_path):
 
 def test_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="unknown task"):
-        load_task("squad")
+        load_task("squadron")
     with pytest.raises(ValueError, match="limit"):
         load_task("triviaqa", limit=0)
     with pytest.raises(FileNotFoundError, match="nope.json"):

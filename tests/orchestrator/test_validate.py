@@ -103,3 +103,23 @@ def test_one_call_row_checks_equal_the_per_field_checks(name: str):
     for row in rows:
         assert _ROW_OK[name](row) == _per_field_ok(name, row), row
     assert _ROW_OK[name](good)
+
+
+def test_optional_label_fields_are_checked_when_present():
+    from orchestrator.postrun.row_schemas import schema_errors
+    from tests.orchestrator.postrun_fixtures import generation_row
+
+    good = generation_row("0123456789abcdef", 1, 0)
+    assert schema_errors(layout.GENERATIONS, good) == []          # older rows: no such fields
+    ok = {**good, "label_status": "unparsed", "answer_span": [3, 7]}
+    assert schema_errors(layout.GENERATIONS, ok) == []
+    assert schema_errors(layout.GENERATIONS, {**ok, "label_status": None,
+                                              "answer_span": None}) == []
+    for key, value in (("label_status", "maybe"), ("answer_span", [7, 3]),
+                       ("answer_span", [1]), ("answer_span", "1-2")):
+        errs = schema_errors(layout.GENERATIONS, {**ok, key: value})
+        assert len(errs) == 1 and repr(key) in errs[0], (key, value)
+    prompt = {"prompt_id": "0123456789abcdef", "dataset_id": "0", "prompt": "Q", "label": 1,
+              "meta": {}, "label_status": "bogus"}
+    assert schema_errors(layout.PROMPT_INDEX, prompt) == \
+        ["field 'label_status' has an invalid value 'bogus'"]
