@@ -14,6 +14,7 @@ from typing import Sequence
 from contracts.config_cli import add_dataclass_arguments
 from orchestrator.config import PROFILES, ConfigError, RunConfig
 from orchestrator.errors import HallulogError
+from orchestrator.study_file import StudyFile, StudyFileError, dump_study, load_study
 
 __all__ = ["main", "build_parser", "config_from_args"]
 
@@ -25,15 +26,24 @@ _CHOICES = {
     "target_layers": ["all", "first_half", "second_half"],
     "sequence_mode": ["all", "prompt", "response", "last"],
     "dtype": ["float16", "float32"],
-    "task": ["triviaqa", "precisewikiqa", "longwiki", "mixedentities"],
     "storage_format": ["npy", "packed", "zarr"],
     "executor": ["local", "ray"],
 }
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    add_dataclass_arguments(parser, RunConfig, choices=_CHOICES, hidden=_HIDDEN_FIELDS,
+    from orchestrator.tasks import TASKS
+
+    add_dataclass_arguments(parser, RunConfig, choices={**_CHOICES, "task": TASKS},
+                            hidden=_HIDDEN_FIELDS,
                             unset_is_none=True)
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="Study file (.toml; .yaml/.yml with PyYAML): RunConfig field names "
+                             "as keys (k_samples = 5); flags given override it "
+                             "(examples/README.md).")
+    parser.add_argument("--print-config", action="store_true",
+                        help="Print the effective config (defaults < --config < flags) as a "
+                             "study file, then exit without running.")
     parser.add_argument("--consolidate-only", action="store_true",
                         help="Only consolidate existing worker outputs, then exit.")
     parser.add_argument("--merge", action="store_true",
@@ -112,15 +122,28 @@ def _merge(args: argparse.Namespace) -> int:
     return 0 if summary["validation"]["ok"] else 1
 
 
+def _study_file(args: argparse.Namespace) -> StudyFile | None:
+    """The ``--config`` study file, checked against the same choices as the flags."""
+    if getattr(args, "config", None) is None:
+        return None
+    from orchestrator.tasks import TASKS
+
+    return load_study(args.config, choices={**_CHOICES, "task": TASKS})
+
+
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """A ``RunConfig`` from parsed args (unset flags keep the dataclass defaults).
+    """A ``RunConfig`` from parsed args: dataclass defaults < the ``--config`` study file <
+    the flags given (unset flags parse as None and do not override).
 
     The post-run commands (``--consolidate-only``, ``--validate-only``, ``--retry-failed``)
     start from the config recorded in the run's manifest, so only ``--artifact-root`` is needed;
-    flags given explicitly still override it.
+    a study file and flags given explicitly still override it.
     """
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)
              if f.name not in _HIDDEN_FIELDS and getattr(args, f.name, None) is not None}
+    study = _study_file(args)
+    if study is not None:
+        given = {**study.values, **given}
     if getattr(args, "consolidate_only", False) or getattr(args, "validate_only", False) \
             or getattr(args, "retry_failed", False):
         from orchestrator.manifest import load_manifest
@@ -140,7 +163,12 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             given = {**recorded, **given}
     if given.get("status_token") is None and os.environ.get("HALLULOG_STATUS_TOKEN"):
         given["status_token"] = os.environ["HALLULOG_STATUS_TOKEN"]
-    return RunConfig(**given)
+    try:
+        return RunConfig(**given)
+    except ConfigError as exc:
+        if study is None:
+            raise
+        raise ConfigError(f"{exc} (values from {study.path} and the flags)") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -165,12 +193,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
     try:
         config = config_from_args(args)
+    except StudyFileError as exc:  # names the file and key; --help would not help
+        print(f"python -m orchestrator run: error: {exc}", file=sys.stderr)
+        return 2
     except ConfigError as exc:
         print(f"python -m orchestrator run: error: {exc} (see python -m orchestrator run --help)",
               file=sys.stderr)
         return 2
     except Exception as exc:  # e.g. an unreadable run_manifest.json of --validate-only
         return _fail(exc, args.debug)
+    if args.print_config:
+        print(dump_study(config), end="")
+        return 0
     try:
         return _run_command(config, args)
     except OSError as exc:
