@@ -286,6 +286,7 @@ class RunConfig:
 
         _check(self.task in TASKS, f"--task: unknown task {self.task!r}; choose one of "
                f"{', '.join(TASKS)}")
+        self._check_study()
         _check(self.k_samples >= 0, "--k-samples must be >= 0")
         _check(self.fewshot_k >= 0, "--fewshot-k must be >= 0")
         _check(self.fewshot_k == 0 or self.fewshot_path is not None,
@@ -346,6 +347,21 @@ class RunConfig:
                 and not self.status_token:
             raise ConfigError(f"--status-host {self.status_host} is not loopback: "
                               "set --status-token to expose the status API")
+
+    def _check_study(self) -> None:
+        """The dataset and prompt flags fit the task (checked before any file is read)."""
+        from orchestrator.tasks.study import QA_TASK, Study
+
+        _check(self.task != QA_TASK or self.task_path is not None,
+               "--task qa has no bundled sample: pass --task-path (and the field mapping "
+               "flags, docs/tasks.md)")
+        study = Study.from_values({f.name: getattr(self, f.name)
+                                   for f in dataclasses.fields(Study) if hasattr(self, f.name)})
+        try:
+            study.check_for(self.task)
+            study.default_template(self.task)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def server_count(self) -> int:

@@ -37,6 +37,7 @@ from orchestrator.run.servers import (ModelInfo, ServerProcess, hallulog_cache_d
 from orchestrator.run.status import StatusBoard
 from orchestrator.tasks import TaskStream, open_config_task
 from orchestrator.tasks.base import MalformedCollector
+from orchestrator.tasks.grading import needs_judge_for
 from orchestrator.postrun.validate import validate
 from orchestrator.run.watchdog import ServerProgress, Watchdog
 from workers.persist import recover_worker_dir
@@ -141,7 +142,8 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
     completions = CompletionLog(root)
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_stop)
     try:
-        judge = answer_kind == "judge" and bool(unlabeled_prompts(root) or pending)
+        judge = needs_judge_for(answer_kind, config.task) and bool(unlabeled_prompts(root)
+                                                                  or pending)
         if (pending or judge) and config.executor == "local":
             board.set_phase("starting")
             servers, urls = start_servers(config, model, layer_ids, root, cache_dir, board,

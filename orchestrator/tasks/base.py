@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.errors import HallulogError
 from contracts.prompt_group import PromptGroup
 
 __all__ = ["TaskData", "MalformedLine", "DatasetFormatError", "MalformedCollector", "read_text",
@@ -23,7 +24,7 @@ log = logging.getLogger("orchestrator.tasks")
 _MAX_WARNINGS_PER_FILE = 20
 
 
-class DatasetFormatError(ValueError):
+class DatasetFormatError(HallulogError, ValueError):
     """A dataset file that cannot be used; ``str()`` is ``"<file>:<line>: <what is wrong>"``."""
 
     def __init__(self, file: str | Path, line: int, what: str) -> None:

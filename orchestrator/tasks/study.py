@@ -113,10 +113,15 @@ class Study:
     def default_template(self, task: str) -> str:
         """The task's own template (its context template with ``with_context``)."""
         if task in PRESETS:
+            preset = PRESETS[task]
             try:
-                return PRESETS[task].template_for(self.answer_kind, self.with_context)
+                preset.check_kind(self.answer_kind or preset.answer_kind)
             except ValueError as exc:
-                raise ValueError(f"--with-context / --answer-kind: {exc}") from None
+                raise ValueError(f"--answer-kind: {exc}") from None
+            try:
+                return preset.template_for(self.answer_kind, self.with_context)
+            except ValueError as exc:
+                raise ValueError(f"--with-context: {exc}") from None
         if task == QA_TASK:
             if self.with_context and not self.context_field:
                 raise ValueError("--with-context with --task qa needs --context-field")

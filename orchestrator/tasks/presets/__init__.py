@@ -26,8 +26,8 @@ A SQuAD v2 ``is_impossible`` question (or, in the HF export, one without answer 
 ``{"kind": "aliases", "value": None, "aliases": [], "unanswerable": True}``: it counts as correct
 only when the model abstains (the grader's rule). BioASQ questions other than ``factoid`` are
 skipped without a warning (they are counted in the record index). Where the set has a Hugging Face
-export (parquet, jsonl or a ``save_to_disk`` directory, the same field names), it is read too. ``with_context`` says whether the prompt shows the context
-(it picks ``context_template``); ``fields["context"]`` holds the context either way, ``meta``
+export (parquet, jsonl or a ``save_to_disk`` directory, the same field names), it is read too.
+``with_context`` says whether the prompt shows the context (it picks ``context_template``); ``fields["context"]`` holds the context either way, ``meta``
 keeps it only with ``with_context``. The bundled samples (``orchestrator/tasks/data/``) were
 written for hallulog in each released layout; none is dataset text.
 """
