@@ -86,11 +86,25 @@ FINGERPRINT_EXCLUDED = frozenset({
     # the prompt's text (template, system prompt, few-shot examples) enters the fingerprint as
     # its hash (RunConfig.fingerprint_fields' prompt_template_hash), not as file paths
     "task_format", "prompt_template_file", "fewshot_path",
+    # how the engine is laid out and the storage cap change no artifact (quantization and
+    # max_model_len do: they stay in)
+    "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization",
+    "enforce_eager", "max_storage_gb", "check_free_space",
     "consolidate", "watchdog_stall_seconds", "cache_dir", "extra", "judge_url", "judge_model",
     # the shards of one run share its fingerprint; the shard itself is recorded in the manifest
     # and checked on resume (orchestrator.manifest.check_resumable)
     "shard",
     "executor", "ray_address", "ray_actors", "ray_cpus_per_actor", "ray_max_restarts",
+})
+
+
+# Fields that enter the fingerprint only when set off their default: fields added after runs
+# were made without them, so those runs keep their fingerprint (and resume).
+FINGERPRINT_WHEN_SET = frozenset({
+    "records_key", "question_field", "answers_field", "id_field", "context_field",
+    "choices_field", "answer_kind", "numeric_tolerance", "with_context", "prompt_template",
+    "system_prompt", "fewshot_k", "chat", "layers", "positions", "max_model_len",
+    "quantization", "trust_remote_code", "engine_args",
 })
 
 
@@ -187,7 +201,23 @@ class RunConfig:
     sequence_mode: str | None = None
     """Override the profile's token rows: all, prompt, response, last."""
     dtype: str | None = None
-    """Override the profile's stored dtype: float16, float32."""
+    """Override the profile's stored dtype: float16, float32, bfloat16 (kept as is from a
+    bfloat16 model: no cast)."""
+    layers: str | None = None
+    """Layer ids by list, overriding the profile's (and --target-layers): ``0,8,16-20,-1``
+    (0 is the embedding output, k the residual stream after decoder layer k, -1 the last;
+    ranges inclusive)."""
+    positions: str | None = None
+    """Token positions by name, overriding --sequence-mode; any combination, comma-separated:
+    ``tbg`` (last prompt token), ``slt`` (second-last answer token), ``exact_answer`` (the
+    answer span's tokens), ``last``, ``first:K`` / ``last:K`` (windows), ``response``,
+    ``prompt``, ``all`` (docs/alignment.md)."""
+    max_storage_gb: float | None = None
+    """Stop the run cleanly (checkpoint intact, resumable) once its artifact root holds this
+    many GB; none: no cap."""
+    check_free_space: bool = True
+    """Refuse to start when ``estimate``'s projection of the run exceeds the free space of the
+    artifact root's filesystem (false: start anyway)."""
     capture_mode: CaptureMode = "generation"
     """How activations are captured: ``generation`` (on the generation request,
     include_output_tokens: prompt + all response tokens but the last) or ``prefill`` (a
@@ -228,7 +258,28 @@ class RunConfig:
     captures in flight (requests in flight × one capture). With --executor ray each actor's
     server spools to a temporary directory on its node instead."""
     gpus: tuple[int, ...] = ()
-    """GPU ids; one server per GPU. Empty: one server on CPU."""
+    """GPU ids; one server per GPU (per --tensor-parallel-size x --pipeline-parallel-size
+    GPUs). Empty: one server on CPU."""
+    tensor_parallel_size: int = 1
+    """GPUs per server for tensor parallelism (vLLM ``--tensor-parallel-size``): ``--gpus
+    0-7 --tensor-parallel-size 2`` starts 4 servers; with --executor ray each actor asks for
+    this many GPUs (times the pipeline size)."""
+    pipeline_parallel_size: int = 1
+    """Pipeline stages per server (vLLM ``--pipeline-parallel-size``)."""
+    max_model_len: int | None = None
+    """The engine's context length (vLLM ``--max-model-len``); none: the model's."""
+    gpu_memory_utilization: float | None = None
+    """Share of each GPU's memory the engine may use (vLLM ``--gpu-memory-utilization``)."""
+    quantization: str | None = None
+    """Weight quantisation method of the engine (vLLM ``--quantization``, e.g. awq, gptq,
+    fp8)."""
+    enforce_eager: bool = False
+    """Run the engine without CUDA graphs (vLLM ``--enforce-eager``)."""
+    trust_remote_code: bool = False
+    """Allow the model's own code from its directory (vLLM ``--trust-remote-code``)."""
+    engine_args: str | None = None
+    """Further arguments passed to the engine's command line as is (shell-quoted, e.g.
+    ``"--kv-cache-dtype fp8 --swap-space 8"``)."""
     manage_servers: bool = True
     """Spawn and manage the servers; false: connect to ``server_urls``."""
     server_urls: tuple[str, ...] = ()
@@ -401,7 +452,10 @@ class RunConfig:
 
     def fingerprint_fields(self) -> dict[str, Any]:
         """The fields that define what the run produces (fingerprinted for resume)."""
-        d = {k: v for k, v in self.to_dict().items() if k not in FINGERPRINT_EXCLUDED}
+        defaults = {f.name: f.default for f in dataclasses.fields(self)
+                    if f.name in FINGERPRINT_WHEN_SET}
+        d = {k: v for k, v in self.to_dict().items() if k not in FINGERPRINT_EXCLUDED
+             and not (k in defaults and v == defaults[k])}
         profile = self.profile
         d.update(target_layers=profile.target_layers, sequence_mode=profile.sequence_mode,
                  dtype=profile.dtype)

@@ -75,3 +75,12 @@ def _manifest(config: RunConfig, stream) -> dict:
                           prompt_template=stream.prompt_template, worker_count=1,
                           total_prompts=1, answer_kind=stream.answer_kind,
                           prompt_fingerprinted=stream.spec is not None)
+
+
+def test_fields_added_later_leave_earlier_runs_fingerprint_alone():
+    """The default config's fingerprint is the one runs made before the study and model-size
+    fields had: they still resume. A field set off its default enters it."""
+    assert fingerprint(RunConfig().fingerprint_fields()) == \
+        "59573f6c6c1719d2f76497885b691df88c76a1532923730972b6d077a9e7884d"
+    assert "chat" in RunConfig(chat=False).fingerprint_fields()
+    assert "tensor_parallel_size" not in RunConfig(tensor_parallel_size=2).fingerprint_fields()
