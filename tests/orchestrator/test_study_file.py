@@ -129,7 +129,8 @@ def test_relative_paths(tmp_path, monkeypatch):
 def test_print_config_round_trip(tmp_path):
     template = 'Say "{{ question }}" \\ twice\t\u00e9\n\n"""quoted"""\nA:"'
     study = _write(tmp_path / "study.toml", dump_study(RunConfig(
-        k_samples=3, gpus=(0, 2), server_urls=("http://a:1", "http://b:2"), numeric_tolerance=1e-9,
+        task="gsm8k", k_samples=3, gpus=(0, 2), server_urls=("http://a:1", "http://b:2"),
+        numeric_tolerance=1e-9,
         prompt_template=template, system_prompt="one line \"quoted\"\x7f", limit=4, shard="1/3",
         fewshot_path=str(tmp_path / "shots.jsonl"), fewshot_k=2, answer_kind="numeric",
         extra={"study": "pilot", "tags": ["a", "b"], "nested": {"x": 1, "y": [1.5, True]}})))
