@@ -15,14 +15,13 @@ non-blank lines for JSONL, malformed ones included so fixing a line renumbers no
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from contracts.prompt_group import PromptGroup
-from orchestrator.tasks.base import (DatasetFormatError, GroupCounter, MalformedCollector,
-                                     iter_jsonl)
+from orchestrator.tasks.base import GroupCounter, MalformedCollector, iter_jsonl
+from orchestrator.tasks.records import iter_delimited
 
 __all__ = ["DEFAULT_SPLIT", "QA_PROMPT_TEMPLATE", "ENTITY_PROMPT_TEMPLATES", "MIXED_PROMPT_TEMPLATE",
            "iter_precisewikiqa", "iter_longwiki", "iter_mixedentities"]
@@ -145,43 +144,9 @@ def _parse_exists(value: Any) -> bool | None:
 def _csv_records(path: str, collector: MalformedCollector
                  ) -> Iterator[tuple[int, int, dict[str, Any]]]:
     """``(start_line, row_index, row)`` for each data row of a CSV file with a header, read as
-    a stream."""
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f, strict=True)
-        try:
-            yield from _csv_rows(reader, path, collector)
-        except UnicodeDecodeError as exc:
-            raise DatasetFormatError(path, reader.line_num + 1,
-                                     f"not valid UTF-8 ({exc.reason})") from None
-
-
-def _csv_rows(reader: Any, path: str, collector: MalformedCollector
-              ) -> Iterator[tuple[int, int, dict[str, Any]]]:
-    try:
-        header = next(reader, None)
-    except csv.Error as exc:
-        raise DatasetFormatError(path, reader.line_num or 1, f"unreadable CSV header: {exc}") from None
-    if not header or not any(h.strip() for h in header):
-        raise DatasetFormatError(path, 1, "empty file or missing CSV header")
-    header = [h.strip() for h in header]
-    index = -1
-    prev_line = reader.line_num
-    while True:
-        try:
-            row = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as exc:
-            raise DatasetFormatError(path, prev_line + 1, f"unreadable CSV: {exc}") from None
-        start, prev_line = prev_line + 1, reader.line_num
-        if not row or all(not cell.strip() for cell in row):
-            continue
-        index += 1
-        if len(row) != len(header):
-            collector.add(start, f"expected {len(header)} CSV fields ({', '.join(header)}), "
-                                 f"got {len(row)}")
-            continue
-        yield start, index, dict(zip(header, row))
+    a stream (:func:`orchestrator.tasks.records.iter_delimited`)."""
+    for rec in iter_delimited(path, collector):
+        yield rec.line, rec.index, rec.record
 
 
 def iter_mixedentities(path: str | Path, *, split: str | None, limit: int | None,

@@ -362,7 +362,7 @@ def test_mixedentities_csv_as_hallulens_writes_it(tmp_path):
     assert data.groups[2].meta["prompt_from_template"] is True
     assert all(g.meta["entity_exists"] is False for g in data.groups)   # HalluLens: all made up
     assert [(m.line, m.message.split(" (")[0]) for m in data.malformed] == [
-        (4, "expected 3 CSV fields"), (8, "missing or empty \"name\"")]
+        (4, "expected 3 fields"), (8, "missing or empty \"name\"")]
 
 
 def test_mixedentities_exists_column(tmp_path):
