@@ -24,6 +24,8 @@ phase. The last line is one JSON object.
     python bench/bench_scale.py --sizes 100000 --kill-at 0.5
         # SIGKILL the orchestrator half way, resume it: prints how many committed prompts the
         # resumed session redid (0 is right) and validates the result
+    python bench/bench_scale.py --sizes 100000 --task-format parquet
+        # the prompts as a Parquet file run by --task qa (jsonl, csv too; default: triviaqa)
     python bench/bench_scale.py --synthetic --sizes 100000 --baseline ../older-checkout
         # post-run phases only, on a directory written by the real writer (workers.persist),
         # with this checkout and with the baseline's code on a copy: ratios per phase
@@ -132,6 +134,47 @@ def write_task(path: Path, prompts: int) -> None:
                                            "NormalizedValue": value.lower()}}) + "\n")
 
 
+#: ``--task-format``: the file the synthetic prompts are written as (``triviaqa``: the built-in
+#: loader's JSONL; the others: a plain QA file read by ``--task qa`` through a field mapping)
+TASK_FORMATS = ("triviaqa", "jsonl", "csv", "parquet")
+QA_FIELD_FLAGS = ["--question-field", "question", "--answers-field", "answer",
+                  "--id-field", "qid"]
+
+
+def write_qa_task(path: Path, prompts: int, fmt: str) -> None:
+    """The same prompts as :func:`write_task` as a ``--task qa`` file (qid, question, answer
+    list; a CSV cell holds the list JSON-encoded)."""
+    def rows(start: int, stop: int):
+        for i in range(start, stop):
+            value = "Paris" if i % 2 else "Rome"
+            yield (f"bench_{i:07d}", f"Which city is meant by riddle number {i}?", [value])
+
+    if fmt == "jsonl":
+        with open(path, "w") as f:
+            for qid, question, answer in rows(0, prompts):
+                f.write(json.dumps({"qid": qid, "question": question, "answer": answer}) + "\n")
+    elif fmt == "csv":
+        import csv
+
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["qid", "question", "answer"])
+            w.writerows((q, qu, json.dumps(a)) for q, qu, a in rows(0, prompts))
+    elif fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = pa.schema([("qid", pa.string()), ("question", pa.string()),
+                            ("answer", pa.list_(pa.string()))])
+        with pq.ParquetWriter(str(path), schema) as writer:
+            for start in range(0, prompts, 100_000):
+                cols = list(zip(*rows(start, min(prompts, start + 100_000))))
+                writer.write_table(pa.Table.from_arrays(
+                    [pa.array(c, type=t) for c, t in zip(cols, schema.types)], schema=schema))
+    else:
+        raise ValueError(f"unknown task format {fmt!r}")
+
+
 def write_model(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps({
@@ -225,15 +268,22 @@ def _session(cmd: list[str], env: dict[str, str], *, kill_when: int | None = Non
 
 def bench_size(generations: int, *, k: int, servers: int, workers: int, groups_in_flight: int,
                base_port: int, storage_format: str, keep: bool,
-               kill_at: float | None = None, spool_root: str | None = None) -> dict:
+               kill_at: float | None = None, spool_root: str | None = None,
+               task_format: str = "triviaqa") -> dict:
     prompts = -(-generations // (k + 1))
     tmp = Path(tempfile.mkdtemp(prefix=f"bench_scale_{generations}_"))
     spool = Path(tempfile.mkdtemp(prefix="bench_scale_spool_", dir=spool_root)) \
         if spool_root else tmp / "spool"
     root, model = tmp / "run", tmp / "fake-model"
     write_model(model)
-    task = tmp / "questions.jsonl"
-    write_task(task, prompts)
+    if task_format == "triviaqa":
+        task = tmp / "questions.jsonl"
+        write_task(task, prompts)
+        task_flags = ["--task", "triviaqa", "--task-path", str(task)]
+    else:
+        task = tmp / f"questions.{task_format}"
+        write_qa_task(task, prompts, task_format)
+        task_flags = ["--task", "qa", "--task-path", str(task), *QA_FIELD_FLAGS]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     backends, urls = [], []
     try:
@@ -248,7 +298,7 @@ def bench_size(generations: int, *, k: int, servers: int, workers: int, groups_i
         for url in urls:
             _wait_health(url)
         cmd = [sys.executable, "-m", "orchestrator", "run", "--artifact-root", str(root),
-               "--task", "triviaqa", "--task-path", str(task), "--model", str(model),
+               *task_flags, "--model", str(model),
                "--manage-servers", "false", "--server-urls", ",".join(urls),
                "--logging-profile", "light", "--k-samples", str(k), "--max-tokens", "12",
                "--storage-format", storage_format, "--num-workers", str(workers),
@@ -287,7 +337,7 @@ def bench_size(generations: int, *, k: int, servers: int, workers: int, groups_i
         made = prompts * (k + 1)
         return {
             "generations": made, "prompts": prompts, "k_samples": k, "servers": servers,
-            "workers": workers, "storage_format": storage_format,
+            "workers": workers, "storage_format": storage_format, "task_format": task_format,
             "spool": {"dir": str(spool), "filesystem": _filesystem(spool)},
             "run_wall_s": round(wall, 2), "generations_per_s": round(made / wall, 1),
             "run_cpu_ms_per_generation": round(1000 * run_cpu / made, 3),
@@ -406,6 +456,10 @@ def main() -> None:
                    help="where the backends write their capture files: a directory (default "
                         "/dev/shm, a tmpfs, as `orchestrator run --spool-root` allows), or "
                         "'run' for the run's own directory on the disk under test")
+    p.add_argument("--task-format", default="triviaqa", choices=TASK_FORMATS,
+                   help="the file the prompts are written as: triviaqa (default: the built-in "
+                        "loader's JSONL) or a --task qa file read through a field mapping "
+                        "(--question-field question --answers-field answer --id-field qid)")
     p.add_argument("--synthetic", action="store_true",
                    help="post-run phases only, on run directories written by the real writer "
                         "(no orchestrator, no backend)")
@@ -448,14 +502,16 @@ def main() -> None:
                        groups_in_flight=args.groups_in_flight, base_port=args.base_port,
                        storage_format=args.storage_format, keep=args.keep,
                        kill_at=args.kill_at,
-                       spool_root=None if args.spool_root == "run" else args.spool_root)
+                       spool_root=None if args.spool_root == "run" else args.spool_root,
+                       task_format=args.task_format)
         results.append(r)
         print(f"{r['generations']:>8} generations: {r['generations_per_s']:.0f} gen/s, "
               f"CPU {r['cpu_ms_per_generation']:.2f} ms/gen "
               f"(run {r['run_cpu_ms_per_generation']:.2f} + post-run {r['postrun_cpu_ms_per_generation']:.2f}; "
               f"status + retry scan {r['on_demand_cpu_ms_per_generation']:.2f} more), peak RSS run "
               f"{r['run_peak_rss_mb']:.0f} MB / post-run {r['postrun_peak_rss_mb']:.0f} MB, "
-              f"server shares {r['server_request_share']}, spool on {r['spool']['filesystem']}")
+              f"server shares {r['server_request_share']}, spool on {r['spool']['filesystem']}, "
+              f"task {r['task_format']}")
         if "sigkill_resume" in r:
             kr = r["sigkill_resume"]
             print(f"    SIGKILL with {kr['killed_with_committed_prompts']} prompts committed; "

@@ -202,13 +202,16 @@ class _IdCounter(GroupCounter):
 
     def __init__(self, collector: MalformedCollector, limit: int | None) -> None:
         super().__init__(collector, limit, "id")
-        self._first: dict[str, str] = {}
+        # id -> where it was first seen: a line number, or -(record number) for line-less
+        # formats (an int, not a string: this map holds every id of the file)
+        self._first: dict[str, int] = {}
 
     def admit_at(self, line: int | None, index: int, record_id: str) -> bool:
-        where = f"line {line}" if line is not None else f"record {index + 1}"
+        where = line if line is not None else -(index + 1)
         first = self._first.setdefault(record_id, where)
         if first != where:
-            report(self.collector, line, index, f"duplicate id {record_id!r} (first at {first})")
+            seen = f"line {first}" if first > 0 else f"record {-first}"
+            report(self.collector, line, index, f"duplicate id {record_id!r} (first at {seen})")
             return False
         self.count += 1
         return True

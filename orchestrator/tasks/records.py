@@ -221,12 +221,14 @@ def iter_parquet(path: str | Path, batch_size: int = _PARQUET_BATCH) -> Iterator
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(str(path))
+        # pre_buffer off: the default keeps every row group's compressed chunks once read
+        # (memory grew with the file: docs/performance.md, "Reading task files")
+        pf = pq.ParquetFile(str(path), pre_buffer=False)
     except (pa.ArrowException, OSError) as exc:
         raise DatasetFormatError(path, 1, f"not a readable Parquet file: {exc}") from None
     index = 0
     with pf:
-        batches = pf.iter_batches(batch_size=batch_size)
+        batches = pf.iter_batches(batch_size=batch_size, use_threads=False)
         while True:
             try:
                 batch = next(batches)
