@@ -2,7 +2,8 @@
 
 Each field becomes ``--field-name``; its help is the field's ``metadata["help"]`` or else the
 docstring written under the field; its type comes from the annotation (``bool`` takes
-``true/false``, ``tuple[int, ...]`` a comma-separated list, ``Literal`` its values as choices).
+``true/false``, ``tuple[int, ...]`` a comma-separated list with inclusive ranges (``0-7``,
+``0,2-3``), ``Literal`` its values as choices).
 """
 
 from __future__ import annotations
@@ -43,10 +44,24 @@ def parse_bool(text: str) -> bool:
 
 
 def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    """``0,2,5`` and inclusive ranges ``0-7`` / ``0,2-3`` (``-1`` alone is the integer -1)."""
+    out: list[int] = []
+    for part in (x.strip() for x in text.split(",")):
+        if not part:
+            continue
+        low, sep, high = part[1:].partition("-")  # a leading minus belongs to the number
+        try:
+            if sep:
+                first, last = int(part[0] + low), int(high)
+                if last < first:
+                    raise ValueError
+                out.extend(range(first, last + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated integers or ranges (0,2-3), got {text!r}") from None
+    return tuple(out)
 
 
 def _str_list(text: str) -> tuple[str, ...]:

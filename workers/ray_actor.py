@@ -16,9 +16,13 @@ module imports nothing from Ray). The driver calls:
 - ``stop()``: let the worker finish its groups, stop the server.
 
 ``launch`` says how to start the server: ``command`` (a list in which ``{python}``, ``{port}``
-and ``{spool_dir}`` are filled in on the node), ``env`` (added to the actor's environment) and
-``startup_timeout`` (seconds). The worker directory is ``worker_{slot}`` (a stable name, not the
-Ray actor id), so the actor that replaces a lost one, on any node, continues the same directory.
+and ``{spool_dir}`` are filled in on the node, also inside an argument such as vLLM's
+``--kv-transfer-config`` JSON), ``env`` (added to the actor's environment), ``startup_timeout``
+(seconds) and ``gpus``: how many GPUs the server spans (tensor x pipeline parallel size; 0 on
+CPU). Ray gives the actor that many GPUs on one node and sets its ``CUDA_VISIBLE_DEVICES``; the
+server inherits it, and an actor that sees fewer refuses to start. The worker directory is
+``worker_{slot}`` (a stable name, not the Ray actor id), so the actor that replaces a lost one,
+on any node, continues the same directory.
 """
 
 from __future__ import annotations
@@ -114,6 +118,7 @@ class SlotActor:
                 f"artifact root {self.root} is not shared with node {node}: the driver's "
                 f"{PROBE_NAME} is {'missing' if seen is None else 'different'} there (put the "
                 "root on NFS/Lustre/a mounted bucket that every node mounts at the same path)")
+        devices = self._devices()
         committed = recover_worker_dir(Path(self.spec.worker_dir), **self.recover)
         self._start_server()
         self.spec = replace(self.spec, server_url=self.url)
@@ -121,13 +126,27 @@ class SlotActor:
                                        daemon=True)
         self.thread.start()
         return {"slot": self.slot, "node": node, "pid": os.getpid(), "url": self.url,
-                "committed": sorted(committed)}
+                "devices": devices, "committed": sorted(committed)}
+
+    def _devices(self) -> str:
+        """The GPUs this actor's server runs on (``CUDA_VISIBLE_DEVICES`` as Ray set it; "" on
+        CPU or when unset); fewer than the launch's ``gpus`` is an error naming both."""
+        want = int(self.launch.get("gpus", 0))
+        devices = os.environ.get("CUDA_VISIBLE_DEVICES") if want else None
+        if devices is None:
+            return ""
+        seen = [d for d in devices.split(",") if d.strip()]
+        if len(seen) < want:
+            raise RuntimeError(f"slot {self.slot}: the server spans {want} GPUs (tensor x "
+                               f"pipeline parallel size) but the actor sees "
+                               f"CUDA_VISIBLE_DEVICES={devices!r}")
+        return devices
 
     def _start_server(self) -> None:
         port = _free_port()
         spool = Path(tempfile.mkdtemp(prefix=f"hallulog-spool-{self.slot}-"))
         fill = {"{python}": sys.executable, "{port}": str(port), "{spool_dir}": str(spool)}
-        command = [fill.get(part, part) for part in self.launch["command"]]
+        command = [_fill(part, fill) for part in self.launch["command"]]
         env = {**os.environ, **self.launch.get("env", {})}
         log_path = self.root / "servers" / f"ray_slot_{self.slot}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -201,6 +220,13 @@ class SlotActor:
                 os.killpg(server.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _fill(part: str, fill: dict[str, str]) -> str:
+    """``part`` with every placeholder of ``fill`` replaced (whole or inside, e.g. in JSON)."""
+    for key, value in fill.items():
+        part = part.replace(key, value)
+    return part
 
 
 def _free_port() -> int:

