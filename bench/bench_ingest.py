@@ -3,12 +3,15 @@
     python bench/bench_ingest.py [--groups 12] [--samples 6] [--layers 31] [--hidden 576]
                                  [--format packed] [--in-flight 1] [--rounds 6]
                                  [--capture-dtype float32|bfloat16]
+                                 [--store-dtype float16|float32|bfloat16]
                                  [--dir /tmp/hallulog_ingest] [--spool-dir DIR]
+    python bench/bench_ingest.py --cast-only --capture-dtype bfloat16 --store-dtype float16,bfloat16
 
 ``persist``: per prompt group, what the worker does after generation — read each sample's
 capture file (safetensors from the spool, as the servers write it; read and deleted by
-``workers.capture.load_capture``), slice and cast it (``select_rows``, mode ``all``, float16),
-then ``WorkerDir.persist_group`` (store write + group commit, then the JSONL lines, each file
+``workers.capture.load_capture``), slice and cast it (``select_rows``, mode ``all``, into
+``--store-dtype``, float16 by default; the thread CPU time of ``select_rows`` per sample is
+reported as ``cast_cpu_ms_per_sample``), then ``WorkerDir.persist_group`` (store write + group commit, then the JSONL lines, each file
 fsynced once). Also timed alone: ``persist_group`` (store + index lines). ``sequential``: the
 same bytes (stored activations + the same JSONL lines) written with ``os.write`` to one file,
 ``fdatasync`` once per group — the same durability (every group durable before it is
@@ -25,6 +28,12 @@ files are made before each round (in ``DIR/spool``, on the store's disk as in a 
 is (deleting a written-back file costs ~5x more here: ext4 frees its blocks, with online
 discard on this disk). An unmeasured warm-up round comes first and measures the bytes each
 group persists. Also reports fsyncs per group. The last line is one JSON object.
+
+``--cast-only``: no store, no disk: the same capture files (made once, kept) are sliced and
+cast into each of the comma-separated ``--store-dtype`` values, the dtypes' order rotating
+every round; reports the thread CPU time of ``select_rows`` per sample for each (median of the
+rounds) and its ratio to the first dtype's, in one process (a bfloat16 capture into a bfloat16
+store is a copy, no cast).
 """
 
 from __future__ import annotations
@@ -86,14 +95,21 @@ def spool_captures(groups, spool: SpoolWriter, layers: int, hidden: int, rng,
     return paths
 
 
-def records_for(samples, paths, layer_ids) -> list[GenerationRecord]:
+#: thread CPU seconds spent in select_rows (the slice and cast), summed over the calls
+CAST_CPU = [0.0]
+
+
+def records_for(samples, paths, layer_ids, dtype: str = "float16",
+                delete: bool = True) -> list[GenerationRecord]:
     records = []
     for s, path in zip(samples, paths):
         prompt_len = s["prompt_len"]
         resp = len(s["tokens"]) - prompt_len
-        hidden = load_capture(path, s["tokens"][:-1])
+        hidden = load_capture(path, s["tokens"][:-1], delete=delete)
+        t = time.thread_time()
         rows = select_rows(hidden, prompt_len=prompt_len, response_len=resp, sequence_mode="all",
-                           layer_index=None, dtype="float16")
+                           layer_index=None, dtype=dtype)
+        CAST_CPU[0] += time.thread_time() - t
         key = f"{s['prompt_id']}_{s['sample_id']}"
         records.append(GenerationRecord(
             row={"prompt_id": s["prompt_id"], "sample_id": s["sample_id"], "text": "x" * 200,
@@ -138,7 +154,7 @@ def interleaved_round(args, groups, paths, root: Path, layer_ids, seq_path: Path
     side's fsync calls.
     """
     wdir = WorkerDir(root, worker_id=0, storage_format=args.format, layer_ids=layer_ids,
-                     hidden_size=args.hidden, dtype="float16")
+                     hidden_size=args.hidden, dtype=args.store_dtype)
     files = [root / n for n in ("generations.jsonl", "activation_index.jsonl", "prompt_index.jsonl")]
     buf = memoryview(np.random.default_rng(1).integers(0, 255, max(seq_bytes or [1]), np.uint8))
     fd = os.open(seq_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -147,9 +163,11 @@ def interleaved_round(args, groups, paths, root: Path, layer_ids, seq_path: Path
 
     def persist_step(g: int) -> None:
         t = time.perf_counter()
-        records = loads[g].result() if ahead else records_for(groups[g], paths[g], layer_ids)
+        records = loads[g].result() if ahead else records_for(groups[g], paths[g], layer_ids,
+                                                                 args.store_dtype)
         if ahead and g + 1 < len(groups):
-            loads.append(pool.submit(records_for, groups[g + 1], paths[g + 1], layer_ids))
+            loads.append(pool.submit(records_for, groups[g + 1], paths[g + 1], layer_ids,
+                                     args.store_dtype))
         jsonl = sum(f.stat().st_size for f in files if f.exists())
         t_store = time.perf_counter()
         wdir.persist_group({"prompt_id": groups[g][0]["prompt_id"], "dataset": "bench"}, records)
@@ -167,7 +185,8 @@ def interleaved_round(args, groups, paths, root: Path, layer_ids, seq_path: Path
         out["sequential"] += time.perf_counter() - t
 
     with FsyncCounter() as fs, ThreadPoolExecutor(1) as pool:
-        loads = [pool.submit(records_for, groups[0], paths[0], layer_ids)] if ahead else []
+        loads = [pool.submit(records_for, groups[0], paths[0], layer_ids, args.store_dtype)] \
+            if ahead else []
         for g in range(len(groups)):
             steps = [persist_step] if seq_bytes is None else [persist_step, sequential_step]
             for step in steps[::1 if g % 2 == 0 else -1]:
@@ -176,6 +195,36 @@ def interleaved_round(args, groups, paths, root: Path, layer_ids, seq_path: Path
     os.close(fd)
     wdir.close()
     return out
+
+
+def cast_only(args, groups, spool: Path, rng) -> None:
+    """``--cast-only``: select_rows' thread CPU per sample into each store dtype, one process."""
+    dtypes = args.store_dtype.split(",")
+    layer_ids = list(range(args.layers))
+    paths = spool_captures(groups, SpoolWriter(spool), args.layers, args.hidden, rng,
+                           args.capture_dtype)
+    n = sum(len(g) for g in groups)
+    for dtype in dtypes:  # warm-up: page cache, torch import, scratch buffers
+        for g in range(len(groups)):
+            records_for(groups[g], paths[g], layer_ids, dtype, delete=False)
+    per = {d: [] for d in dtypes}
+    for r in range(args.rounds):
+        for dtype in dtypes[r % len(dtypes):] + dtypes[:r % len(dtypes)]:
+            CAST_CPU[0] = 0.0
+            for g in range(len(groups)):
+                records_for(groups[g], paths[g], layer_ids, dtype, delete=False)
+            per[dtype].append(CAST_CPU[0] / n)
+    ms = {d: statistics.median(v) * 1e3 for d, v in per.items()}
+    rows = sum(len(s["tokens"]) - 1 for g in groups for s in g) / n
+    print(f"{args.capture_dtype} capture, {args.layers} layers x {args.hidden}, {rows:.0f} rows per "
+          f"sample, {args.rounds} rounds, cpus={os.cpu_count()}")
+    for d in dtypes:
+        print(f"  -> {d:9s}: select_rows {ms[d]:7.3f} ms CPU per sample  "
+              f"(x{ms[d] / ms[dtypes[0]]:.2f} of {dtypes[0]}; runs {[round(x * 1e3, 3) for x in per[d]]})")
+    print(json.dumps({"bench": "ingest_cast", "capture_dtype": args.capture_dtype, "layers": args.layers,
+                      "hidden": args.hidden, "rows_per_sample": round(rows, 1), "rounds": args.rounds,
+                      "cast_cpu_ms_per_sample": {d: round(v, 4) for d, v in ms.items()},
+                      "ratio_to_first": {d: round(ms[d] / ms[dtypes[0]], 3) for d in dtypes}}))
 
 
 def main() -> None:
@@ -193,18 +242,35 @@ def main() -> None:
     ap.add_argument("--capture-dtype", default="float32", choices=("float32", "bfloat16"),
                     help="what the server writes: float32 (the embedded CPU server), bfloat16 "
                          "(vLLM serving a bf16 model on a GPU)")
+    ap.add_argument("--store-dtype", default="float16",
+                    help="what the worker stores: float16, float32 or bfloat16 (with --cast-only: "
+                         "a comma-separated list, compared in one process)")
+    ap.add_argument("--cast-only", action="store_true",
+                    help="time only select_rows (slice + cast) into each --store-dtype: no store")
     ap.add_argument("--dir", default="/tmp/hallulog_ingest")
     ap.add_argument("--spool-dir", default=None,
                     help="where the capture files are made (default: DIR/spool, on the store's "
                          "disk as the run's default spool; /dev/shm/...: as --spool-root /dev/shm)")
     args = ap.parse_args()
+    for d in args.store_dtype.split(","):
+        if d not in ("float16", "float32", "bfloat16") or ("," in args.store_dtype and not args.cast_only):
+            ap.error(f"--store-dtype {args.store_dtype}: one of float16, float32, bfloat16 "
+                     "(a comma-separated list only with --cast-only)")
     base = Path(args.dir)
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True)
     rng = np.random.default_rng(0)
     groups = make_groups(args, rng)
+    if args.cast_only:
+        spool = Path(args.spool_dir) if args.spool_dir else base / "spool"
+        try:
+            cast_only(args, groups, spool, rng)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+            shutil.rmtree(spool, ignore_errors=True)
+        return
     layer_ids = list(range(args.layers))
-    persist_runs, store_runs, seq_runs, fsyncs = [], [], [], []
+    persist_runs, store_runs, seq_runs, fsyncs, cast_runs = [], [], [], [], []
     spool = Path(args.spool_dir) if args.spool_dir else base / "spool"
     shutil.rmtree(spool, ignore_errors=True)
     seq_bytes = None  # the first round is an unmeasured warm-up that measures them
@@ -212,6 +278,7 @@ def main() -> None:
         paths = spool_captures(groups, SpoolWriter(spool), args.layers, args.hidden, rng,
                                args.capture_dtype)
         root = base / f"worker_{r}"
+        CAST_CPU[0] = 0.0
         got = interleaved_round(args, groups, paths, root, layer_ids, base / "sequential.bin",
                                 seq_bytes)
         shutil.rmtree(root)
@@ -224,6 +291,7 @@ def main() -> None:
         store_runs.append(nbytes / got["store"])
         seq_runs.append(nbytes / got["sequential"])
         fsyncs.append(got["fsyncs"] / args.groups)
+        cast_runs.append(CAST_CPU[0] / (args.groups * args.samples))
     shutil.rmtree(base, ignore_errors=True)
     shutil.rmtree(spool, ignore_errors=True)
     p, s = statistics.median(persist_runs), statistics.median(seq_runs)
@@ -235,11 +303,14 @@ def main() -> None:
     print(f"persist path     : {p / MB:7.1f} MB/s  (runs {[round(x / MB, 1) for x in persist_runs]})")
     print(f"  of which persist_group (store + index lines): {st / MB:7.1f} MB/s "
           f"(ratio {paired_store:.2f}); the rest is reading and casting the capture files")
+    print(f"  select_rows (slice + cast {args.capture_dtype} -> {args.store_dtype}): "
+          f"{statistics.median(cast_runs) * 1e3:.3f} ms thread CPU per sample")
     print(f"sequential write : {s / MB:7.1f} MB/s  (runs {[round(x / MB, 1) for x in seq_runs]})")
     print(f"ratio persist / sequential (median of the rounds' pairs): {paired:.2f}   "
           f"fsyncs per group: {statistics.median(fsyncs):.1f}")
     print(json.dumps({"bench": "ingest", "format": args.format, "groups": args.groups,
-                      "capture_dtype": args.capture_dtype,
+                      "capture_dtype": args.capture_dtype, "store_dtype": args.store_dtype,
+                      "cast_cpu_ms_per_sample": round(statistics.median(cast_runs) * 1e3, 4),
                       "samples": args.samples, "layers": args.layers, "hidden": args.hidden,
                       "mb_per_group": round(nbytes / args.groups / MB, 2), "rounds": args.rounds,
                       "in_flight": args.in_flight, "persist_MBps": round(p / MB, 1), "sequential_MBps": round(s / MB, 1),

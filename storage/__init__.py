@@ -1,8 +1,9 @@
 """hallulog's activation store: formats, one reader interface, converters, PyTorch datasets.
 
 Formats (normative docs in docs/formats/): ``packed`` (CSR shards, the fast one), ``zarr``
-(seed 000, Zarr v2; v3 + sharding as an option), ``npy`` (seed 003 §6.4). ``storage`` imports
-nothing from the rest of hallulog.
+(seed 000, Zarr v2; v3 + sharding as an option), ``npy`` (seed 003 §6.4). Element dtypes:
+float16, float32, bfloat16 (``storage.dtypes``: read back as ``ml_dtypes.bfloat16`` arrays and
+``torch.bfloat16`` tensors). ``storage`` imports nothing from the rest of hallulog.
 
     from storage import open_writer, SampleMeta, open_store, ActivationPairsDataset, collate_pairs
 """

@@ -39,6 +39,10 @@ def use_count(t) -> int:
 
 
 def numpy_dtype_to_torch(dtype) -> torch.dtype:
+    from .dtypes import BFLOAT16
+
+    if np.dtype(dtype) == BFLOAT16:  # torch.from_numpy knows no ml_dtypes
+        return torch.bfloat16
     return torch.from_numpy(np.empty(0, dtype)).dtype
 
 

@@ -26,6 +26,7 @@ from ._layer_draw import draw_layers
 from ._padding import StaleRanges
 from ._worker_buffers import SharedBatch, WorkerBuffers, numpy_dtype_to_torch, use_count
 from .base import ActivationReader
+from .dtypes import as_container, to_numpy, to_tensor
 from .registry import open_store
 
 __all__ = ["ActivationPairsDataset", "collate_pairs"]
@@ -115,7 +116,7 @@ class ActivationPairsDataset(Dataset):
         acts = np.empty((len(pos), m["seq_len"], r.hidden_size), r.dtype)
         r.read_pairs_into([index] * len(pos), pos, list(acts))
         return {
-            "acts": torch.from_numpy(acts),
+            "acts": to_tensor(acts),
             "layers": torch.from_numpy(self.layer_ids[pos].astype(np.int64)),
             "layer_pos": torch.from_numpy(pos.astype(np.int64)),
             "label": torch.tensor(m["label"], dtype=torch.int64),
@@ -139,8 +140,9 @@ class ActivationPairsDataset(Dataset):
         b, k = pos.shape
         t_max = int(seq.max()) if b else 0
         acts, stale = self._output((b, k, t_max, r.hidden_size), r.dtype)
-        a = acts.numpy()
-        stale.zero_padding(a.reshape(-1), seq, k, t_max, r.hidden_size)
+        a = to_numpy(acts)
+        # bfloat16: zeroed as its uint16 words (numpy fills ml_dtypes arrays element by element)
+        stale.zero_padding(as_container(a).reshape(-1), seq, k, t_max, r.hidden_size)
         outs = []
         for j in range(b):
             t = int(seq[j])
@@ -226,14 +228,16 @@ def collate_pairs(batch) -> dict:
     k, _, h = batch[0]["acts"].shape
     # padding in numpy (slice assignment is memcpy);
     # the same in torch CPU half precision is an order of magnitude slower
-    acts = np.empty((len(batch), k, t_max, h), dtype=batch[0]["acts"].numpy().dtype)
+    dtype = to_numpy(batch[0]["acts"]).dtype
+    acts = np.empty((len(batch), k, t_max, h), dtype=dtype)
+    words = as_container(acts)  # bfloat16: copied and zeroed as uint16 words
     mask = np.zeros((len(batch), t_max), dtype=bool)
     for j, b in enumerate(batch):
         t = int(b["seq_len"])
-        acts[j, :, :t] = b["acts"].numpy()
-        acts[j, :, t:] = 0  # write each byte once: data or padding
+        words[j, :, :t] = as_container(to_numpy(b["acts"]))
+        words[j, :, t:] = 0  # write each byte once: data or padding
         mask[j, :t] = True
-    acts, mask = torch.from_numpy(acts), torch.from_numpy(mask)
+    acts, mask = to_tensor(acts), torch.from_numpy(mask)
     out = {"acts": acts, "mask": mask}
     for key in ("layers", "layer_pos"):
         out[key] = torch.stack([b[key] for b in batch])

@@ -13,6 +13,7 @@ import numpy as np
 
 from ._io import atomic_write_json
 from .base import ActivationReader
+from .dtypes import dtype_str, store_dtype
 from .errors import ManifestError, StorageError
 
 __all__ = ["MultiReader", "build_manifest", "write_manifest", "check_manifest", "FORMAT"]
@@ -48,7 +49,7 @@ def build_manifest(out_dir: str, store_dirs: Sequence, readers: Sequence[Activat
         "schema_version": SCHEMA_VERSION, "format": FORMAT,
         "stores": [os.path.relpath(os.path.abspath(os.fspath(d)), out_dir) for d in store_dirs],
         "num_samples": [len(r) for r in readers],
-        "layer_ids": first.layer_ids, "hidden_size": first.hidden_size, "dtype": first.dtype.str,
+        "layer_ids": first.layer_ids, "hidden_size": first.hidden_size, "dtype": dtype_str(first.dtype),
     }
 
 
@@ -77,11 +78,14 @@ class MultiReader(ActivationReader):
         for r, n in zip(self.readers, manifest["num_samples"]):
             if len(r) != n:
                 raise ManifestError(f"store {r.path} holds {len(r)} samples, manifest says {n}", mpath)
-            if (r.layer_ids, r.hidden_size, r.dtype.str) != (manifest["layer_ids"], manifest["hidden_size"], manifest["dtype"]):
+            if (r.layer_ids, r.hidden_size, dtype_str(r.dtype)) != (manifest["layer_ids"], manifest["hidden_size"], manifest["dtype"]):
                 raise ManifestError(f"store {r.path} differs in layers/hidden/dtype from the manifest", mpath)
         self.layer_ids = list(manifest["layer_ids"])
         self.hidden_size = int(manifest["hidden_size"])
-        self.dtype = np.dtype(manifest["dtype"])
+        try:
+            self.dtype = store_dtype(manifest["dtype"])
+        except ValueError as exc:
+            raise ManifestError(str(exc), mpath) from None
         self._starts = np.concatenate([[0], np.cumsum(manifest["num_samples"])]).astype(np.int64)
 
     def __len__(self) -> int:

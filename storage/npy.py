@@ -17,6 +17,7 @@ import numpy as np
 
 from ._io import fsync_dir, malformed_is_manifest_error, write_all
 from .base import ActivationWriter, ExtentReader, SampleMeta
+from .dtypes import as_container, container_dtype, store_dtype
 from .errors import CorruptShardError, ManifestError, StorageError
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class NpyWriter(ActivationWriter):
         self.path = os.fspath(path)
         self.layer_ids = [int(x) for x in layer_ids]
         self.hidden_size = int(hidden_size)
-        self.dtype = np.dtype(dtype)
+        self.dtype = store_dtype(dtype)
         os.makedirs(self.path, exist_ok=True)
         self._pending: dict[str, tuple[str, str]] = {}  # key -> (tmp, final), written, not synced
         for name in os.listdir(self.path):
@@ -59,8 +60,9 @@ class NpyWriter(ActivationWriter):
             raise StorageError(f"key {key} is already written in this group", self.path)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            header = io.BytesIO()
-            np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(acts))
+            header = io.BytesIO()  # bfloat16: a '<u2' header (docs/formats/npy.md "dtype")
+            np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(
+                as_container(acts)))
             write_all(fd, header.getvalue())
             write_all(fd, acts)
         finally:
@@ -109,6 +111,7 @@ class NpyWriter(ActivationWriter):
 def index_line(key: str, meta: dict, layer_ids, hidden_size: int, dtype: np.dtype) -> dict:
     """The index line a converter writes for one sample (the run writes richer ones)."""
     t = int(meta["seq_len"])
+    dtype = store_dtype(dtype)
     line = {}
     pid, _, sid = key.rpartition("_")
     if pid and sid.isdigit():
@@ -116,8 +119,8 @@ def index_line(key: str, meta: dict, layer_ids, hidden_size: int, dtype: np.dtyp
     line.update(
         activation_key=key, layers=list(layer_ids), prompt_token_count=int(meta["prompt_len"]),
         response_token_count=int(meta["response_len"]), row0_position=0, num_rows=t,
-        shape=[len(layer_ids), t, int(hidden_size)], dtype=np.dtype(dtype).name,
-        size_bytes=len(layer_ids) * t * int(hidden_size) * np.dtype(dtype).itemsize,
+        shape=[len(layer_ids), t, int(hidden_size)], dtype=dtype.name,
+        size_bytes=len(layer_ids) * t * int(hidden_size) * dtype.itemsize,
         file_path=f"activations/{key}.npy", label=int(meta["label"]),
     )
     return line
@@ -130,6 +133,15 @@ def _lengths(e: dict, t: int) -> tuple[int, int]:
     p = int(e["prompt_token_count"]) - int(e.get("row0_position", 0))
     p = max(0, min(p, t))
     return p, t - p
+
+
+def _holds(header_dtype: np.dtype, dtype: np.dtype) -> bool:
+    """A file's header dtype holds the index's dtype: the same, or for bfloat16 its ``<u2``
+    container (or the ``V2`` that ``np.save`` writes for an ``ml_dtypes.bfloat16`` array)."""
+    if header_dtype == dtype or header_dtype == container_dtype(dtype):
+        return True
+    return container_dtype(dtype) != dtype and header_dtype.kind == "V" and header_dtype.itemsize == 2 \
+        and header_dtype.names is None
 
 
 class NpyReader(ExtentReader):
@@ -178,9 +190,9 @@ class NpyReader(ExtentReader):
         else:
             self.layer_ids, self.hidden_size = list(shape0[3]), int(shape0[1])
             try:
-                self.dtype = np.dtype(shape0[2])
-            except TypeError:
-                raise ManifestError(f"unknown dtype {shape0[2]!r}", ipath) from None
+                self.dtype = store_dtype(shape0[2])
+            except ValueError as exc:
+                raise ManifestError(str(exc), ipath) from None
         self._seq = np.array([e["shape"][1] for e in self._entries], np.int64)
         self._files = [os.path.join(self.path, e["file_path"]) for e in self._entries]
 
@@ -223,7 +235,7 @@ class NpyReader(ExtentReader):
         except ValueError as e:
             raise CorruptShardError(f"not a .npy file ({e})", path) from None
         want = tuple(self._entries[i]["shape"])
-        if tuple(shape) != want or dtype != self.dtype or fortran:
+        if tuple(shape) != want or not _holds(dtype, self.dtype) or fortran:
             raise CorruptShardError(
                 f"holds {shape} {dtype}{' fortran-order' if fortran else ''}, index says {list(want)} {self.dtype}", path)
         hdr[i] = off

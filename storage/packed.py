@@ -24,6 +24,7 @@ from ._commitlog import RecordColumns, append_records, record_line, tail_to_drop
 from ._io import (atomic_save_npy, atomic_write_json, fsync_dir, malformed_is_manifest_error,
                   pread_into, start_writeback, write_all)
 from .base import ActivationWriter, ExtentReader, SampleMeta
+from .dtypes import dtype_str, store_dtype
 from .errors import CorruptShardError, ManifestError, StorageError
 from .packed_layout import (FORMAT, SCHEMA_VERSION, MANIFEST, COMMIT_LOG, DEFAULT_SHARD_BYTES, MANIFEST_FIELDS, SHARD_FIELDS, INDEX_ARRAYS, LOCATION_FIELDS, HEADER_FIELDS, RECORD_FIELDS, shard_name, _hash_content, _hashed_head,
                             ADDED_IN_SCHEMA_2, CHECKSUMS, DEFAULT_CHECKSUM, checksum_name)
@@ -43,7 +44,7 @@ class PackedWriter(ActivationWriter):
         self.path = os.fspath(path)
         self.layer_ids = [int(x) for x in layer_ids]
         self.hidden_size = int(hidden_size)
-        self.dtype = np.dtype(dtype)
+        self.dtype = store_dtype(dtype)
         self.shard_bytes = int(shard_bytes)
         self._records = RecordColumns(RECORD_FIELDS)
         self._line_starts = array("q")  # byte offset of each record line in commit.log
@@ -60,7 +61,7 @@ class PackedWriter(ActivationWriter):
         self.checksum = DEFAULT_CHECKSUM  # a reopened store keeps its own (_recover)
         os.makedirs(self.path, exist_ok=True)
         header = {
-            "schema_version": SCHEMA_VERSION, "format": FORMAT, "dtype": self.dtype.str,
+            "schema_version": SCHEMA_VERSION, "format": FORMAT, "dtype": dtype_str(self.dtype),
             "layer_ids": self.layer_ids, "hidden_size": self.hidden_size, "shard_bytes": self.shard_bytes,
             "checksum": self.checksum,
         }
@@ -306,7 +307,7 @@ class PackedWriter(ActivationWriter):
         for name, a in arrays.items():
             atomic_save_npy(os.path.join(self.path, name + ".npy"), a)
         manifest = {
-            "schema_version": SCHEMA_VERSION, "checksum": self.checksum, "format": FORMAT, "dtype": self.dtype.str,
+            "schema_version": SCHEMA_VERSION, "checksum": self.checksum, "format": FORMAT, "dtype": dtype_str(self.dtype),
             "layer_ids": self.layer_ids, "hidden_size": self.hidden_size, "num_samples": n,
             "num_tokens": int(seq.sum()), "shard_bytes": self.shard_bytes, "shards": shards,
             "index_arrays": {k: f"{k}.npy" for k in INDEX_ARRAYS},
@@ -348,11 +349,9 @@ class PackedReader(ExtentReader):
         except ValueError as exc:
             raise ManifestError(str(exc), mpath) from None
         try:
-            self.dtype = np.dtype(m["dtype"])
-        except TypeError:
-            raise ManifestError(f"unknown dtype {m['dtype']!r}", mpath) from None
-        if self.dtype.kind != "f":
-            raise ManifestError(f"dtype {m['dtype']!r} is not a floating point type", mpath)
+            self.dtype = store_dtype(m["dtype"])
+        except ValueError as exc:  # unknown, or not a floating point type
+            raise ManifestError(str(exc), mpath) from None
         self.manifest = m
         self.layer_ids = list(m["layer_ids"])
         self.hidden_size = int(m["hidden_size"])

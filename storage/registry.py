@@ -22,6 +22,8 @@ def store_dir(root) -> str:
 def open_writer(fmt: str, root, layer_ids, hidden_size: int, dtype="float16", **options) -> ActivationWriter:
     """Open (or reopen, recovering after a crash) the ``fmt`` writer of ``root/activations/``.
 
+    ``dtype``: ``float16``, ``float32`` or ``bfloat16`` (``storage.dtypes``), by name or dtype.
+
     ``options``: packed ``shard_bytes``; zarr ``t_chunk``, ``zarr_format`` (2 or 3),
     ``sharded`` (zarr v3 sharding codec), ``model_id``.
     """

@@ -24,6 +24,7 @@ import numpy as np
 from ._export_dir import staged_dir
 from ._io import atomic_write_bytes
 from .base import ActivationReader
+from .dtypes import BFLOAT16, to_float32
 from .errors import ManifestError, StorageError
 from .registry import open_store
 
@@ -93,6 +94,12 @@ class ConsolidatedTokenIds:
         if n != seq_len or start + n > len(seq):
             raise ManifestError(f"activation {key}: rows {start}..{start + n} do not fit {len(seq)} token ids "
                                 f"or the store's {seq_len} rows", os.path.join(self.root, "activation_index.jsonl"))
+        at = act.get("token_positions")  # --positions runs: row j is at token_positions[j]
+        if at is not None:
+            if len(at) != n or (at and max(at) >= len(seq)):
+                raise ManifestError(f"activation {key}: token_positions do not fit {len(seq)} token "
+                                    "ids", os.path.join(self.root, "activation_index.jsonl"))
+            return np.asarray([seq[p] for p in at], np.int32)
         return np.asarray(seq[start:start + n], np.int32)
 
 
@@ -117,7 +124,7 @@ def _windows(reader: ActivationReader, pos: int, context_size: int, dtype, ids: 
         t = int(m["seq_len"])
         if not t:
             continue
-        a = reader.read(i, pos)
+        a = to_float32(reader.read(i, pos)) if reader.dtype == BFLOAT16 else reader.read(i, pos)
         tk = ids.rows(m["sample_key"], t) if ids is not None else None
         k = 0
         while k < t:

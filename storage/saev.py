@@ -27,6 +27,7 @@ import numpy as np
 from ._export_dir import staged_dir
 from ._io import atomic_write_bytes, malformed_is_manifest_error, write_all
 from .base import ActivationReader
+from .dtypes import to_float32
 from .errors import CorruptShardError, ManifestError, StorageError
 from .registry import open_store
 
@@ -178,7 +179,7 @@ def export_saev(src, dst, layers=None, max_tokens_per_shard: int = DEFAULT_MAX_T
             m = reader.meta(i)
             if t:
                 acts = np.stack(reader.read_pairs([i] * L, positions))  # (L, t, D)
-                stream.write(acts.astype(np.float32).transpose(1, 0, 2))  # (t, L, D): one example per row
+                stream.write(to_float32(acts).transpose(1, 0, 2))  # (t, L, D): one example per row
             side.append(json.dumps({"sample": i, "sample_key": m["sample_key"], "example_start": start,
                                     "seq_len": t, "prompt_len": m["prompt_len"],
                                     "response_len": m["response_len"], "label": m["label"]}) + "\n")

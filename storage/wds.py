@@ -25,6 +25,7 @@ import numpy as np
 
 from ._io import atomic_write_json, fsync_dir, malformed_is_manifest_error
 from .base import ActivationReader
+from .dtypes import as_container, container_dtype, dtype_str, from_container, store_dtype
 from .errors import CorruptShardError, ManifestError, StorageError
 
 log = logging.getLogger(__name__)
@@ -57,14 +58,19 @@ def shard_name(k: int) -> str:
 
 
 def _npy_bytes(a: np.ndarray) -> bytes:
+    """``.npy`` bytes of ``a``; a bfloat16 array as its ``<u2`` words (docs/formats/wds.md)."""
     buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
+    np.save(buf, as_container(np.ascontiguousarray(a)), allow_pickle=False)
     return buf.getvalue()
 
 
 @malformed_is_manifest_error
-def decode_npy(data: bytes, name: str = "<npy>") -> np.ndarray:
-    """A read-only array view over ``.npy`` bytes; refuses object dtypes (no unpickling)."""
+def decode_npy(data: bytes, name: str = "<npy>", dtype=None) -> np.ndarray:
+    """A read-only array view over ``.npy`` bytes; refuses object dtypes (no unpickling).
+
+    ``dtype``: the export's dtype (its manifest's ``dtype``): the member must hold it, and a
+    bfloat16 member's ``<u2`` words come back as an ``ml_dtypes.bfloat16`` view."""
+    want = None if dtype is None else np.dtype(store_dtype(dtype))
     f = io.BytesIO(data)
     try:
         version = np.lib.format.read_magic(f)
@@ -81,8 +87,11 @@ def decode_npy(data: bytes, name: str = "<npy>") -> np.ndarray:
     n = int(np.prod(shape)) if shape else 1
     if len(data) - f.tell() < n * dtype.itemsize:
         raise CorruptShardError(f"truncated .npy member: {shape} {dtype}", name)
+    if want is not None and dtype != container_dtype(want):
+        raise CorruptShardError(f".npy member holds {dtype}, the export's dtype is {dtype_str(want)}", name)
     a = np.frombuffer(data, dtype=dtype, count=n, offset=f.tell())
-    return a.reshape(shape, order="F" if fortran else "C")
+    a = a.reshape(shape, order="F" if fortran else "C")
+    return a if want is None else from_container(a, want)
 
 
 def load_texts(texts) -> dict[str, dict]:
@@ -214,7 +223,7 @@ def export_wds(src, dst, shard_bytes: int = DEFAULT_SHARD_BYTES, texts=None, spl
     fsync_dir(dst)
     manifest = {
         "schema_version": SCHEMA_VERSION, "format": FORMAT, "shards": shards, "num_records": n,
-        "layer_ids": list(reader.layer_ids), "hidden_size": H, "dtype": reader.dtype.str,
+        "layer_ids": list(reader.layer_ids), "hidden_size": H, "dtype": dtype_str(reader.dtype),
         "fixed_shapes": bool(fixed_shapes), "P_max": p_max, "R_max": r_max, "shard_bytes": int(shard_bytes),
         "source": os.path.abspath(reader.path), "samples_jsonl": SAMPLES_JSONL if tf is not None else None,
         "created_unix": int(time.time()),

@@ -12,6 +12,7 @@ from typing import Iterator
 import numpy as np
 
 from ._layer_draw import draw_layers
+from .dtypes import as_container, to_tensor
 from .errors import CorruptShardError
 from .wds import decode_npy, iter_wds_records, read_wds_manifest
 
@@ -99,17 +100,19 @@ class WdsPairsDataset(_torch_iterable()):
         key = rec.get("__key__", "?")
         try:
             meta = json.loads(rec["meta.json"])
-            pa = decode_npy(rec["prompt_acts.npy"], f"{key}.prompt_acts.npy")
-            ra = decode_npy(rec["response_acts.npy"], f"{key}.response_acts.npy")
+            dtype = self.manifest["dtype"]
+            pa = decode_npy(rec["prompt_acts.npy"], f"{key}.prompt_acts.npy", dtype)
+            ra = decode_npy(rec["response_acts.npy"], f"{key}.response_acts.npy", dtype)
         except KeyError as e:
             raise CorruptShardError(f"record {key} lacks member {e}", self.path) from None
         idx, p, r = int(meta["sample_index"]), int(meta["prompt_len"]), int(meta["response_len"])
         pos = self.layers_for(idx)
         acts = np.empty((len(pos), p + r, pa.shape[2]), pa.dtype)
-        acts[:, :p] = pa[pos, :p]
-        acts[:, p:] = ra[pos, :r]
+        words = as_container(acts)  # bfloat16: copied as uint16 words
+        words[:, :p] = as_container(pa)[pos, :p]
+        words[:, p:] = as_container(ra)[pos, :r]
         return {
-            "acts": torch.from_numpy(acts),
+            "acts": to_tensor(acts),
             "layers": torch.from_numpy(self.layer_ids[pos].astype(np.int64)),
             "layer_pos": torch.from_numpy(pos.astype(np.int64)),
             "label": torch.tensor(int(meta["hallu_label"]), dtype=torch.int64),

@@ -32,6 +32,7 @@ from ._io import (atomic_write_bytes, fsync_dir, fsync_file as _fsync_file,
                   fsync_tree as _fsync_tree, fsync_tree_meta as _fsync_tree_meta,
                   malformed_is_manifest_error)
 from .base import ActivationReader, ActivationWriter, SampleMeta
+from .dtypes import as_container, container_dtype, dtype_str, from_container, store_dtype
 from .errors import CorruptShardError, ManifestError, StorageError
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,9 @@ class ZarrWriter(ActivationWriter):
         self.store_path = os.path.join(self.path, STORE_NAME)
         self.layer_ids = [int(x) for x in layer_ids]
         self.hidden_size = int(hidden_size)
-        self.dtype = np.dtype(dtype)
+        self.dtype = store_dtype(dtype)
+        # zarr-python has no bfloat16 data type: such a store's array holds its words as <u2
+        self._container = container_dtype(self.dtype)
         self.zarr_format = int(zarr_format)
         self.sharded = bool(sharded)
         if self.sharded and self.zarr_format != 3:
@@ -113,7 +116,8 @@ class ZarrWriter(ActivationWriter):
                 self._recover(log_path)
                 self._root = zarr.open_group(self.store_path, mode="a", zarr_format=self.zarr_format)
                 self._acts = self._root["arrays/activations"]
-                if self._acts.dtype != self.dtype or self._acts.shape[1:2] + self._acts.shape[3:] != (L, H):
+                # <u2 holds bfloat16 and nothing else: the container names the store dtype
+                if self._acts.dtype != self._container or self._acts.shape[1:2] + self._acts.shape[3:] != (L, H):
                     raise StorageError(f"store holds {self._acts.dtype} {self._acts.shape}, reopened as "
                                        f"{self.dtype} (N, {L}, T, {H})", self.store_path)
                 self.t_chunk = int(self._acts.chunks[2])
@@ -124,7 +128,7 @@ class ZarrWriter(ActivationWriter):
                 fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 os.close(fd)
                 self._root = zarr.open_group(self.store_path, mode="w", zarr_format=self.zarr_format)
-                kw = dict(shape=(0, L, 0, H), chunks=(1, 1, self.t_chunk, H), dtype=self.dtype,
+                kw = dict(shape=(0, L, 0, H), chunks=(1, 1, self.t_chunk, H), dtype=self._container,
                           fill_value=0, compressors=None, filters=None)
                 if self.zarr_format == 2:
                     kw.update(order="C", chunk_key_encoding={"name": "v2", "separator": "/"})
@@ -195,7 +199,7 @@ class ZarrWriter(ActivationWriter):
                 w.__exit__(None, None, None)
             self._resized = True
         if t:
-            self._acts[i, :, :t, :] = acts
+            self._acts[i, :, :t, :] = as_container(acts)
         rec = {"key": key, "i": i, "seq_len": int(t), "prompt_len": meta.prompt_len,
                "response_len": meta.response_len, "label": meta.label}
         self._pending.append((key, rec))
@@ -297,7 +301,7 @@ class ZarrWriter(ActivationWriter):
             self._root.attrs.update({
                 "schema_version": SCHEMA_VERSION, "format": FORMAT, "num_samples": n, "num_layers": L,
                 "layer_ids": self.layer_ids, "hidden_size": H, "T_max": t_max, "T_chunk": self.t_chunk,
-                "dtype": self.dtype.str, "zarr_format": self.zarr_format, "sharded": self.sharded,
+                "dtype": dtype_str(self.dtype), "zarr_format": self.zarr_format, "sharded": self.sharded,
                 "created_unix": int(time.time()), "model_id": self.model_id,
             })
             zarr.consolidate_metadata(self.store_path)
@@ -333,8 +337,11 @@ class ZarrReader(ActivationReader):
         except KeyError as e:
             raise ManifestError(f"missing array {e}: store not finalized?", mpath) from None
         self.attrs = attrs
-        self.dtype = np.dtype(attrs["dtype"])
-        if acts.dtype != self.dtype:
+        try:
+            self.dtype = store_dtype(attrs["dtype"])
+        except ValueError as exc:
+            raise ManifestError(str(exc), mpath) from None
+        if acts.dtype != container_dtype(self.dtype):
             raise ManifestError(f"attrs say dtype {attrs['dtype']} but arrays/activations is {acts.dtype}", mpath)
         self.layer_ids = list(attrs["layer_ids"])
         self.hidden_size = int(attrs["hidden_size"])
@@ -401,7 +408,7 @@ class ZarrReader(ActivationReader):
         i, layer = self._check_index(i, layer)
         t = self.seq_len(i)
         try:
-            return np.asarray(self._array()[i, layer, :t, :])
+            return from_container(np.asarray(self._array()[i, layer, :t, :]), self.dtype)
         except Exception as e:  # noqa: BLE001 - a damaged chunk surfaces as a codec error
             bad = next((p for b in range(-(-t // self.t_chunk))
                         if not self._chunk_ok(p := self.chunk_path(i, layer, b))), self.path)

@@ -15,6 +15,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from storage import SampleMeta, open_writer
+from storage.dtypes import store_dtype
 
 from orchestrator.postrun.exports import write_exports
 
@@ -34,9 +35,10 @@ def _jsonl(path: Path, rows) -> None:
 
 def make_run(root: Path, *, n: int = 40, k: int = 3, seed: int = 0, labels=None,
              layers=LAYERS, sequence_mode: str = "response", logits: bool = True,
-             plant=None) -> Path:
+             plant=None, dtype: str = "float16") -> Path:
     """Write ``root`` with ``consolidated/`` (+ exports) and a model dir; returns root.
 
+    ``dtype``: the store's (float16, float32 or bfloat16).
     ``plant``: ``("shift", index)`` stores prompt ``index``'s primary rows one position late;
     ``("swap", i, j)`` stores the primaries of prompts i and j under each other's keys.
     """
@@ -87,7 +89,7 @@ def make_run(root: Path, *, n: int = 40, k: int = 3, seed: int = 0, labels=None,
                           "num_rows": int(stop - start),
                           "prompt_rows": int(max(0, min(stop, P) - start)),
                           "response_rows": int(stop - start - max(0, min(stop, P) - start)),
-                          "shape": [len(layers), int(stop - start), HIDDEN], "dtype": "float16"})
+                          "shape": [len(layers), int(stop - start), HIDDEN], "dtype": dtype})
     keys = list(acts)
     stored = {kk: acts[kk] for kk in keys}
     if plant and plant[0] == "shift":
@@ -97,7 +99,7 @@ def make_run(root: Path, *, n: int = 40, k: int = 3, seed: int = 0, labels=None,
     if plant and plant[0] == "swap":
         a, b = f"{_pid(plant[1])}_0", f"{_pid(plant[2])}_0"
         stored[a], stored[b] = acts[b], acts[a]
-    writer = open_writer("packed", cons, list(layers), HIDDEN, "float16")
+    writer = open_writer("packed", cons, list(layers), HIDDEN, dtype)
     for kk in keys:
         seq, pos, y, P = stored[kk]
         rows = len(acts[kk][1])  # the index's row count
@@ -108,7 +110,7 @@ def make_run(root: Path, *, n: int = 40, k: int = 3, seed: int = 0, labels=None,
             noise = rng.standard_normal((rows, HIDDEN)).astype(np.float32)
             out[li] = base if lid == 0 else base + lid * (y - 0.5) * direction + noise
         pr = int(max(0, min(pos[-1] + 1, P) - pos[0]))
-        writer.write(kk, out.astype(np.float16), SampleMeta(pr, rows - pr, y))
+        writer.write(kk, out.astype(store_dtype(dtype)), SampleMeta(pr, rows - pr, y))
     writer.close()
     _jsonl(cons / "prompt_index.jsonl", prompts)
     _jsonl(cons / "generations.jsonl", gens)

@@ -2,6 +2,9 @@
 
 A format's test module subclasses ``StoreConformance`` and sets ``fmt`` (and the hooks at the
 bottom). ``persist`` plays the worker: write the activations, then append the index line.
+Every test runs once per dtype of ``STORE_DTYPES`` (``self.dtype``): float16, the default, and
+bfloat16, which must come back bit for bit as ``ml_dtypes.bfloat16`` arrays and ``torch.bfloat16``
+tensors.
 """
 
 from __future__ import annotations
@@ -23,17 +26,30 @@ from hypothesis import strategies as st
 
 from storage import (CorruptShardError, ManifestError, SampleMeta, StorageError, open_store, open_writer,
                      write_multi_manifest)
+from storage.dtypes import store_dtype, to_numpy, torch_dtype
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: every conformance test runs in each (float32 is in the round trip's draw)
+STORE_DTYPES = ("float16", "bfloat16")
 HYPO = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors])
 
 
 def make_sample(seed: int, L: int, H: int, dtype="float16", t: int | None = None):
     rng = np.random.default_rng(seed)
     t = int(rng.integers(1, 24)) if t is None else t
-    acts = rng.standard_normal((L, t, H)).astype(dtype)
+    acts = rng.standard_normal((L, t, H)).astype(store_dtype(dtype))
     p = int(rng.integers(0, t + 1))
     return acts, SampleMeta(prompt_len=p, response_len=t - p, label=int(rng.integers(-1, 2)))
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    """The elements' bit patterns (bit-exact comparison: -0.0, NaN payloads, bfloat16)."""
+    return np.ascontiguousarray(a).view(f"<u{a.dtype.itemsize}")
+
+
+def assert_bits_equal(got: np.ndarray, want: np.ndarray, err_msg: str = "") -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape, want.dtype, want.shape)
+    np.testing.assert_array_equal(bits(got), bits(want), err_msg=err_msg)
 
 
 def persist(writer, root, key, acts, meta):
@@ -74,15 +90,13 @@ def check_store(root, expected: dict, meta: dict | None = None):
             sm = meta[m["sample_key"]]
             assert (m["prompt_len"], m["response_len"], m["label"]) == (sm.prompt_len, sm.response_len, sm.label)
         for l in range(want.shape[0]):
-            got = r.read(i, l)
-            assert got.dtype == want.dtype and got.shape == want[l].shape
-            np.testing.assert_array_equal(got, want[l])
+            assert_bits_equal(r.read(i, l), want[l])
     if len(r):
         rng = np.random.default_rng(0)
         s = rng.integers(0, len(r), 12)
         ls = rng.integers(0, r.num_layers, 12)
         for a, i, l in zip(r.read_pairs(s, ls), s, ls):
-            np.testing.assert_array_equal(a, expected[r.meta(int(i))["sample_key"]][l])
+            assert_bits_equal(a, expected[r.meta(int(i))["sample_key"]][l])
     r.verify()
     return r
 
@@ -123,8 +137,8 @@ CHILD = textwrap.dedent("""
     import numpy as np
     from conformance import make_sample, persist
     from storage import open_writer
-    fmt, root, mode = {fmt!r}, {store!r}, {mode!r}
-    w = open_writer(fmt, root, layer_ids=[0, 3, 7], hidden_size=16, **{opts!r})
+    fmt, root, mode, dtype = {fmt!r}, {store!r}, {mode!r}, {dtype!r}
+    w = open_writer(fmt, root, layer_ids=[0, 3, 7], hidden_size=16, dtype=dtype, **{opts!r})
     cls = type(w)
     orig = cls._commit
     def commit(self, key, record):
@@ -134,7 +148,7 @@ CHILD = textwrap.dedent("""
         orig(self, key, record)
     cls._commit = commit
     for k in range(10**6):
-        acts, meta = make_sample(k, 3, 16, t=64 if k == 3 else None)
+        acts, meta = make_sample(k, 3, 16, dtype, t=64 if k == 3 else None)
         persist(w, root, f"k_{{k}}", acts, meta)
         print("COMMITTED", k, flush=True)
 """)
@@ -163,12 +177,23 @@ class StoreConformance:
     rollback_any_subset = False   # npy can drop any subset; packed/zarr only a tail
     tensorstore_driver = ""       # zarr: every array must also open in tensorstore with this driver
     replaces_existing = False     # npy replaces a key written again; packed/zarr refuse
+    dtype = "float16"             # the test's store dtype (the fixture below sets it)
 
-    def open(self, root, layer_ids=(0, 3, 7), hidden=16, dtype="float16"):
-        return open_writer(self.fmt, root, layer_ids=list(layer_ids), hidden_size=hidden, dtype=dtype,
+    @pytest.fixture(autouse=True, params=STORE_DTYPES)
+    def store_dtype(self, request):
+        """Every test of the suite, once per store dtype."""
+        self.dtype = request.param
+        return request.param
+
+    def sample(self, seed, L=3, H=16, t=None):
+        return make_sample(seed, L, H, self.dtype, t=t)
+
+    def open(self, root, layer_ids=(0, 3, 7), hidden=16, dtype=None):
+        return open_writer(self.fmt, root, layer_ids=list(layer_ids), hidden_size=hidden, dtype=dtype or self.dtype,
                            **self.writer_options)
 
-    def fill(self, root, n, start=0, L=3, H=16, dtype="float16", writer=None):
+    def fill(self, root, n, start=0, L=3, H=16, dtype=None, writer=None):
+        dtype = dtype or self.dtype
         w = writer or self.open(root, layer_ids=range(L), hidden=H, dtype=dtype)
         data, metas = {}, {}
         for k in range(start, start + n):
@@ -181,9 +206,10 @@ class StoreConformance:
 
     # ---- round trip ---------------------------------------------------------------------
     @HYPO
-    @given(L=st.integers(1, 4), H=st.integers(1, 24), dtype=st.sampled_from(["float16", "float32"]),
+    @given(L=st.integers(1, 4), H=st.integers(1, 24), wide=st.booleans(),
            lens=st.lists(st.integers(0, 40), max_size=6), seed=st.integers(0, 2**31))
-    def test_roundtrip(self, L, H, dtype, lens, seed):
+    def test_roundtrip(self, L, H, wide, lens, seed):
+        dtype = "float32" if wide else self.dtype
         with tempfile.TemporaryDirectory() as root:
             rng = np.random.default_rng(seed)
             layer_ids = sorted(rng.choice(64, L, replace=False).tolist())
@@ -191,7 +217,9 @@ class StoreConformance:
             open(os.path.join(root, "activation_index.jsonl"), "w").close()
             data, metas = {}, {}
             for k, t in enumerate(lens):
-                acts = rng.standard_normal((L, t, H)).astype(dtype)
+                acts = rng.standard_normal((L, t, H)).astype(store_dtype(dtype))
+                if store_dtype(dtype).itemsize == 2 and acts.size:  # every bit pattern, NaNs and infinities too
+                    acts.view(np.uint16)[...] = rng.integers(0, 1 << 16, acts.shape, dtype=np.uint16)
                 p = int(rng.integers(0, t + 1))
                 meta = SampleMeta(p, t - p, int(rng.integers(-1, 2)))
                 persist(w, root, f"{seed:x}_{k}", acts, meta)
@@ -200,7 +228,7 @@ class StoreConformance:
             w.close()
             r = check_store(root, data, metas)
             if data:
-                assert r.layer_ids == layer_ids and r.hidden_size == H and r.dtype == np.dtype(dtype)
+                assert r.layer_ids == layer_ids and r.hidden_size == H and r.dtype == store_dtype(dtype)
 
     def test_reopen_append(self, tmp_path):
         data, _ = self.fill(tmp_path, 3)
@@ -212,7 +240,7 @@ class StoreConformance:
         data, _ = self.fill(tmp_path, 5, writer=w)
         w.rollback({"k_0", "k_1", "k_2"})
         assert w.committed_keys() == {"k_0", "k_1", "k_2"}
-        acts, meta = make_sample(99, 3, 16)
+        acts, meta = self.sample(99)
         w.write("k_3", acts, meta)
         w.close()
         self._rewrite_index(tmp_path, {"k_0", "k_1", "k_2", "k_3"}, {"k_3": (acts, meta)})
@@ -233,7 +261,7 @@ class StoreConformance:
     def test_write_existing_key(self, tmp_path):
         w = self.open(tmp_path)
         self.fill(tmp_path, 2, writer=w)
-        acts, meta = make_sample(42, 3, 16)
+        acts, meta = self.sample(42)
         if self.replaces_existing:
             w.write("k_1", acts, meta)
             w.close()
@@ -246,9 +274,9 @@ class StoreConformance:
 
     def test_bad_input(self, tmp_path):
         w = self.open(tmp_path)
-        acts, meta = make_sample(0, 3, 16)
+        acts, meta = self.sample(0)
         with pytest.raises(StorageError, match="dtype"):
-            w.write("x_0", acts.astype("float32"), meta)
+            w.write("x_0", acts.astype("float32" if self.dtype != "float32" else "float16"), meta)
         with pytest.raises(StorageError, match="shape"):
             w.write("x_0", acts[:2], meta)
         with pytest.raises(StorageError, match="rows"):
@@ -276,18 +304,18 @@ class StoreConformance:
         w = self.open(tmp_path)
         data, lines = {}, []
         for k in range(3):
-            acts, meta = make_sample(k, 3, 16)
+            acts, meta = self.sample(k)
             lines.append((f"k_{k}", acts, meta, w.write(f"k_{k}", acts, meta)))
             data[f"k_{k}"] = acts
         assert w.committed_keys() == set()
         with pytest.raises(StorageError, match="k_1"):
-            w.write("k_1", *make_sample(1, 3, 16))
+            w.write("k_1", *self.sample(1))
         w.commit()
         assert w.committed_keys() == set(data)
         for line in lines:
             append_index(w, tmp_path, *line)
         for k in range(3, 5):  # a group written, never committed: the process "dies"
-            w.write(f"k_{k}", *make_sample(k, 3, 16))
+            w.write(f"k_{k}", *self.sample(k))
         del w
         w = self.open(tmp_path)
         assert w.committed_keys() == set(data)
@@ -299,10 +327,10 @@ class StoreConformance:
     def test_rollback_drops_uncommitted(self, tmp_path):
         w = self.open(tmp_path)
         data, _ = self.fill(tmp_path, 2, writer=w)
-        w.write("k_9", *make_sample(9, 3, 16))
+        w.write("k_9", *self.sample(9))
         w.rollback(set(data))
         assert w.committed_keys() == set(data)
-        acts, meta = make_sample(10, 3, 16)
+        acts, meta = self.sample(10)
         persist(w, tmp_path, "k_10", acts, meta)
         w.close()
         self._index_for(tmp_path, {**data, "k_10": acts})
@@ -319,7 +347,7 @@ class StoreConformance:
     # ---- crash safety -------------------------------------------------------------------
     def _spawn(self, store, mode):
         code = CHILD.format(root=ROOT, here=os.path.dirname(os.path.abspath(__file__)), fmt=self.fmt,
-                            store=str(store), mode=mode, opts=self.writer_options)
+                            store=str(store), mode=mode, dtype=self.dtype, opts=self.writer_options)
         return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 
     def _resume_and_check(self, store, expect_keys=None):
@@ -332,7 +360,7 @@ class StoreConformance:
         w.rollback(set(committed))
         assert w.committed_keys() == set(committed)
         w.close()
-        expected = {k: make_sample(int(k[2:]), 3, 16, t=64 if k == "k_3" else None)[0] for k in committed}
+        expected = {k: self.sample(int(k[2:]), t=64 if k == "k_3" else None)[0] for k in committed}
         check_store(store, expected)
 
     def test_sigkill_mid_sample(self, tmp_path):
@@ -393,7 +421,7 @@ class StoreConformance:
         r2 = pickle.loads(pickle.dumps(r))
         for k in ("_fds", "_pool", "_z", "_arr", "_ix"):
             assert k not in r2.__dict__
-        np.testing.assert_array_equal(r2.read(1, 2), data[r2.meta(1)["sample_key"]][2])
+        assert_bits_equal(r2.read(1, 2), data[r2.meta(1)["sample_key"]][2])
 
     dataloader_cases = [(0, None), (2, "fork")]
 
@@ -409,7 +437,7 @@ class StoreConformance:
         seen = 0
         r = open_store(tmp_path)
         for b in dl:
-            assert b["acts"].shape[:2] == (len(b["index"]), 2) and b["acts"].dtype == torch.float16
+            assert b["acts"].shape[:2] == (len(b["index"]), 2) and b["acts"].dtype == torch_dtype(self.dtype)
             for j, i in enumerate(b["index"].tolist()):
                 key = r.meta(i)["sample_key"]
                 t = int(b["seq_len"][j])
@@ -418,8 +446,8 @@ class StoreConformance:
                 pos = b["layer_pos"][j].tolist()
                 assert pos == ds.layers_for(i).tolist() and len(set(pos)) == 2
                 for q in range(2):
-                    np.testing.assert_array_equal(b["acts"][j, q, :t].numpy(), data[key][pos[q]])
-                    assert not b["acts"][j, q, t:].any()
+                    assert_bits_equal(to_numpy(b["acts"][j, q, :t]), data[key][pos[q]])
+                    assert not bits(to_numpy(b["acts"][j, q, t:])).any()  # +0.0 padding
                 seen += 1
         assert seen == 10
 
@@ -496,8 +524,8 @@ class StoreConformance:
                 for j, i in enumerate(b["index"].tolist()):
                     t = int(b["seq_len"][j])
                     for q, p in enumerate(b["layer_pos"][j].tolist()):
-                        np.testing.assert_array_equal(b["acts"][j, q, :t].numpy(), data[keys[i]][p],
-                                                      err_msg=f"epoch {epoch} sample {i}")
+                        assert_bits_equal(to_numpy(b["acts"][j, q, :t]), data[keys[i]][p],
+                                          err_msg=f"epoch {epoch} sample {i}")
 
     def test_multi_store(self, tmp_path):
         a, _ = self.fill(tmp_path / "w0", 3)

@@ -7,13 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from storage import SampleMeta, convert_store, open_store, open_writer
+from storage.dtypes import store_dtype
 
 FORMATS = ["packed", "zarr", "npy"]
 
 
 @settings(max_examples=6, deadline=None)
 @given(src=st.sampled_from(FORMATS), dst=st.sampled_from(FORMATS), L=st.integers(1, 3), H=st.integers(1, 12),
-       dtype=st.sampled_from(["float16", "float32"]), lens=st.lists(st.integers(0, 30), max_size=4),
+       dtype=st.sampled_from(["float16", "float32", "bfloat16"]), lens=st.lists(st.integers(0, 30), max_size=4),
        seed=st.integers(0, 2**31))
 def test_convert_roundtrip(src, dst, L, H, dtype, lens, seed):
     rng = np.random.default_rng(seed)
@@ -22,7 +23,7 @@ def test_convert_roundtrip(src, dst, L, H, dtype, lens, seed):
         open(f"{a}/activation_index.jsonl", "w").close()  # the worker creates it up front
         data, metas = {}, {}
         for k, t in enumerate(lens):
-            acts = rng.standard_normal((L, t, H)).astype(dtype)
+            acts = rng.standard_normal((L, t, H)).astype(store_dtype(dtype))
             p = int(rng.integers(0, t + 1))
             meta = SampleMeta(p, t - p, int(rng.integers(-1, 2)))
             persist(w, a, f"p{k:x}_{k}", acts, meta)
@@ -33,7 +34,7 @@ def test_convert_roundtrip(src, dst, L, H, dtype, lens, seed):
         convert_store(b, c, src)  # and back
         check_store(c, data, metas)
         if lens:
-            assert open_store(c).dtype == np.dtype(dtype)
+            assert open_store(c).dtype == store_dtype(dtype)
 
 
 def test_convert_memory_is_bounded(tmp_path):
