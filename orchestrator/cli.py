@@ -25,7 +25,7 @@ _CHOICES = {
     "logging_profile": list(PROFILES),
     "target_layers": ["all", "first_half", "second_half"],
     "sequence_mode": ["all", "prompt", "response", "last"],
-    "dtype": ["float16", "float32"],
+    "dtype": ["float16", "float32", "bfloat16"],
     "storage_format": ["npy", "packed", "zarr"],
     "executor": ["local", "ray"],
 }
@@ -90,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_evaluate_parser(sub)
     _add_merge_arguments(sub)
+    est_p = sub.add_parser("estimate", help="Project what a run stores (bytes per generation, "
+                           "total, time) from the model's shape and the task, before running "
+                           "it (docs/budget.md).")
+    _add_run_arguments(est_p)
+    from orchestrator.estimate import add_estimate_arguments
+
+    add_estimate_arguments(est_p)
     return parser
 
 
@@ -212,9 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             exc = OSError(exc.errno, exc.strerror, f"a file under {config.artifact_root}"
                           ).with_traceback(exc.__traceback__)
         return _fail(exc, args.debug)
-    except KeyboardInterrupt:
-        print("interrupted: committed work is kept; rerun the same command to resume",
-              file=sys.stderr)
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, or the storage cap (its own message)
+        print(str(exc) or "interrupted: committed work is kept; rerun the same command to "
+              "resume", file=sys.stderr)
         return 130
     except Exception as exc:
         return _fail(exc, args.debug)
@@ -263,6 +270,10 @@ def _run_command(config: RunConfig, args: argparse.Namespace) -> int:
     from orchestrator import commands
     from orchestrator.run import run
 
+    if args.command == "estimate":
+        from orchestrator.estimate import run_estimate
+
+        return run_estimate(config, args)
     if args.consolidate_only:
         return commands.consolidate_only(config, merge=args.merge)
     if args.validate_only:

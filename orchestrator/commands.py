@@ -25,12 +25,21 @@ def format_result(result: RunResult) -> str:
         f"{result.capture_errors} capture(s) failed",
         f"labels: {balance}",
         f"artifacts: {result.artifact_root}",
-    ] + ([f"consolidated: {result.consolidation['prompts']} prompts, "
+    ] + _positions_line(result) + ([f"consolidated: {result.consolidation['prompts']} prompts, "
           f"{result.consolidation['activations']} activations in "
           f"{result.consolidation['seconds']:.2f} s; validation "
           f"{'OK' if result.validation and result.validation['ok'] else 'FAILED'}"]
          if result.consolidation else [])
         + _evaluation_line(result.artifact_root))
+
+
+def _positions_line(result: RunResult) -> list[str]:
+    """With --positions: the names that did not exist for some stored generations."""
+    missing = {k: v for k, v in result.positions_missing.items() if v}
+    if not missing:
+        return []
+    return ["positions absent (stored without them, docs/alignment.md): " + ", ".join(
+        f"{name} in {n} generation(s)" for name, n in sorted(missing.items()))]
 
 
 def _evaluation_line(root) -> list[str]:

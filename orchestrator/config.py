@@ -1,4 +1,4 @@
-"""Run configuration and the logging profiles of seed 003 §7.
+"""Run configuration (the logging profiles of seed 003 §7: ``orchestrator.profiles``).
 
 Config is frozen dataclasses with a docstring per field and checks in ``__post_init__``; the CLI
 (``orchestrator.cli``) is derived from them.
@@ -12,100 +12,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from contracts.positions import parse_layers, parse_positions
+from orchestrator.engine_options import engine_problem
+from orchestrator.errors import ConfigError
+from orchestrator.config_fields import (FINGERPRINT_EXCLUDED, FINGERPRINT_WHEN_SET,
+                                        SECRET_FIELDS)
+from orchestrator.profiles import PROFILES, LoggingProfile, select_layer_ids
+
 __all__ = [
     "LoggingProfile",
     "PROFILES",
     "RunConfig",
     "ConfigError",
     "select_layer_ids",
+    "SECRET_FIELDS",
     "FINGERPRINT_EXCLUDED",
 ]
 
-TargetLayers = Literal["all", "first_half", "second_half"]
-SequenceMode = Literal["all", "prompt", "response", "last"]
 CaptureMode = Literal["generation", "prefill"]
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the flag."""
-
-
-@dataclass(frozen=True)
-class LoggingProfile:
-    """What activations a run keeps (seed 003 §7)."""
-
-    name: str
-    target_layers: TargetLayers
-    """Layer ids kept: ``all`` = 0..N (0 is the embedding output, k the residual stream after
-    decoder layer k); ``first_half`` = 0..N//2; ``second_half`` = N//2+1..N."""
-    sequence_mode: SequenceMode
-    """Token rows kept: ``all`` prompt+response, ``prompt``, ``response`` (last prompt token then
-    the response tokens), ``last`` (the final captured row only)."""
-    dtype: Literal["float16", "float32"]
-    """dtype of the stored activations."""
-
-    def __post_init__(self) -> None:
-        if self.target_layers not in ("all", "first_half", "second_half"):
-            raise ConfigError(f"--target-layers: unknown value {self.target_layers!r}")
-        if self.sequence_mode not in ("all", "prompt", "response", "last"):
-            raise ConfigError(f"--sequence-mode: unknown value {self.sequence_mode!r}")
-        if self.dtype not in ("float16", "float32"):
-            raise ConfigError(f"--dtype: unknown value {self.dtype!r} (float16|float32)")
-
-
-# DESIGN.md stores float16 by default; seed 003 §7 said float32 for `integrated`: DESIGN wins.
-PROFILES: dict[str, LoggingProfile] = {
-    "integrated": LoggingProfile("integrated", "all", "response", "float16"),
-    "light": LoggingProfile("light", "second_half", "last", "float16"),
-    "full": LoggingProfile("full", "all", "all", "float32"),
-}
-
-
-def select_layer_ids(target_layers: str, num_hidden_layers: int) -> list[int]:
-    """Layer ids for a profile's ``target_layers`` on a model with ``num_hidden_layers`` layers."""
-    n = num_hidden_layers
-    if target_layers == "all":
-        return list(range(0, n + 1))
-    if target_layers == "first_half":
-        return list(range(0, n // 2 + 1))
-    if target_layers == "second_half":
-        return list(range(n // 2 + 1, n + 1))
-    raise ConfigError(f"unknown target_layers {target_layers!r}")
-
-
-#: Fields never written anywhere (run_manifest.json, logs, the status snapshot).
-SECRET_FIELDS = frozenset({"status_token"})
-
-# Fields that do not change what the run produces: excluded from the config fingerprint.
-FINGERPRINT_EXCLUDED = frozenset({
-    "artifact_root", "num_workers", "groups_in_flight", "commit_interval_ms", "spool_root", "gpus",
-    "manage_servers", "server_urls",
-    "server_base_port", "server_startup_timeout", "resume", "limit", "checkpoint_every",
-    "checkpoint_interval", "server_max_restarts", "server_restart_backoff",
-    "status_host", "status_port", "status_token", "progress", "request_timeout", "task_path",
-    # the prompt's text (template, system prompt, few-shot examples) enters the fingerprint as
-    # its hash (RunConfig.fingerprint_fields' prompt_template_hash), not as file paths
-    "task_format", "prompt_template_file", "fewshot_path",
-    # how the engine is laid out and the storage cap change no artifact (quantization and
-    # max_model_len do: they stay in)
-    "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization",
-    "enforce_eager", "max_storage_gb", "check_free_space",
-    "consolidate", "watchdog_stall_seconds", "cache_dir", "extra", "judge_url", "judge_model",
-    # the shards of one run share its fingerprint; the shard itself is recorded in the manifest
-    # and checked on resume (orchestrator.manifest.check_resumable)
-    "shard",
-    "executor", "ray_address", "ray_actors", "ray_cpus_per_actor", "ray_max_restarts",
-})
-
-
-# Fields that enter the fingerprint only when set off their default: fields added after runs
-# were made without them, so those runs keep their fingerprint (and resume).
-FINGERPRINT_WHEN_SET = frozenset({
-    "records_key", "question_field", "answers_field", "id_field", "context_field",
-    "choices_field", "answer_kind", "numeric_tolerance", "with_context", "prompt_template",
-    "system_prompt", "fewshot_k", "chat", "layers", "positions", "max_model_len",
-    "quantization", "trust_remote_code", "engine_args",
-})
 
 
 @dataclass(frozen=True)
@@ -195,7 +119,8 @@ class RunConfig:
     seed: int = 0
     """Run seed; each sample's seed derives from it, the prompt_id and the sample_id."""
     logging_profile: str = "integrated"
-    """Preset of seed 003 §7: integrated, light, full."""
+    """Preset of seed 003 §7: integrated, light, full; or probes (the rows the activation probes
+    of ``evaluate`` read, on two layers: docs/alignment.md)."""
     target_layers: str | None = None
     """Override the profile's layers: all, first_half, second_half."""
     sequence_mode: str | None = None
@@ -236,7 +161,8 @@ class RunConfig:
     """Actors with --executor ray (each one server + one worker); default: one per GPU of the
     cluster, else --num-workers (default 1)."""
     ray_cpus_per_actor: float = 1.0
-    """CPUs each actor reserves with --executor ray (on GPU clusters it also reserves one GPU)."""
+    """CPUs each actor reserves with --executor ray (on GPU clusters it also reserves
+    --tensor-parallel-size x --pipeline-parallel-size GPUs, one by default)."""
     ray_max_restarts: int = 3
     """How often in a row a lost actor (its node went away, it died or hung) is replaced before
     its slot is given up; a replacement starts when the cluster has capacity for it again."""
@@ -332,12 +258,22 @@ class RunConfig:
         if self.logging_profile not in PROFILES:
             raise ConfigError(f"--logging-profile: unknown profile {self.logging_profile!r}; "
                               f"choose one of {', '.join(PROFILES)}")
+        _check(self.positions is None or self.sequence_mode is None,
+               "give --positions or --sequence-mode, not both")
         self.profile  # validates the overrides
+        if self.layers is not None:  # the ids' range is checked once the model is known
+            try:
+                parse_layers(self.layers, 1 << 30)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         from orchestrator.tasks import TASKS
 
         _check(self.task in TASKS, f"--task: unknown task {self.task!r}; choose one of "
                f"{', '.join(TASKS)}")
-        self._check_study()
+        from orchestrator.tasks.study import check_study_fields
+
+        check_study_fields(self)
+        _check((problem := engine_problem(self)) is None, problem or "")
         _check(self.k_samples >= 0, "--k-samples must be >= 0")
         _check(self.fewshot_k >= 0, "--fewshot-k must be >= 0")
         _check(self.fewshot_k == 0 or self.fewshot_path is not None,
@@ -399,27 +335,19 @@ class RunConfig:
             raise ConfigError(f"--status-host {self.status_host} is not loopback: "
                               "set --status-token to expose the status API")
 
-    def _check_study(self) -> None:
-        """The dataset and prompt flags fit the task (checked before any file is read)."""
-        from orchestrator.tasks.study import QA_TASK, Study
-
-        _check(self.task != QA_TASK or self.task_path is not None,
-               "--task qa has no bundled sample: pass --task-path (and the field mapping "
-               "flags, docs/tasks.md)")
-        study = Study.from_values({f.name: getattr(self, f.name)
-                                   for f in dataclasses.fields(Study) if hasattr(self, f.name)})
-        try:
-            study.check_for(self.task)
-            study.default_template(self.task)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+    @property
+    def gpus_per_server(self) -> int:
+        """GPUs of one server (and of one Ray actor): tensor x pipeline parallel size."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def server_count(self) -> int:
-        """Servers of the run: one per GPU (one on CPU), or the given URLs."""
+        """Servers of the run: one per :attr:`gpus_per_server` GPUs of ``gpus`` (server i on
+        the i-th group of consecutive ids, ``engine_options.gpu_groups``; one on CPU), or the
+        given URLs."""
         if not self.manage_servers:
             return max(1, len(self.server_urls))
-        return max(1, len(self.gpus))
+        return max(1, len(self.gpus) // self.gpus_per_server)
 
     @property
     def worker_count(self) -> int:
@@ -430,11 +358,18 @@ class RunConfig:
     def profile(self) -> LoggingProfile:
         """The logging profile with this config's overrides applied."""
         base = PROFILES[self.logging_profile]
+        positions = base.positions
+        sequence_mode = self.sequence_mode or base.sequence_mode
+        if self.positions is not None:  # --positions overrides the sequence mode
+            positions, sequence_mode = _parse_positions(self.positions), "positions"
+        elif self.sequence_mode is not None:
+            positions = None
         return LoggingProfile(
             name=base.name,
             target_layers=self.target_layers or base.target_layers,  # type: ignore[arg-type]
-            sequence_mode=self.sequence_mode or base.sequence_mode,  # type: ignore[arg-type]
+            sequence_mode=sequence_mode,  # type: ignore[arg-type]
             dtype=self.dtype or base.dtype,  # type: ignore[arg-type]
+            positions=positions,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -459,7 +394,26 @@ class RunConfig:
         profile = self.profile
         d.update(target_layers=profile.target_layers, sequence_mode=profile.sequence_mode,
                  dtype=profile.dtype)
+        if profile.positions is not None:
+            d["positions"] = ",".join(profile.positions)
         return d
+
+    def layer_ids(self, num_hidden_layers: int) -> list[int]:
+        """The stored layer ids on a model with ``num_hidden_layers`` layers: ``--layers`` when
+        given (ConfigError when an id is out of range), else the profile's target layers."""
+        if self.layers is None:
+            return select_layer_ids(self.profile.target_layers, num_hidden_layers)
+        try:
+            return parse_layers(self.layers, num_hidden_layers)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+def _parse_positions(text: str) -> tuple[str, ...]:
+    try:
+        return parse_positions(text)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check(ok: bool, message: str) -> None:

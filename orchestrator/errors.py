@@ -18,3 +18,7 @@ class BackendStartError(HallulogError):
 
 class ResumeRefused(HallulogError):
     """The artifact root holds a run with a different config fingerprint."""
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the flag."""

@@ -81,7 +81,9 @@ def build_manifest(config: RunConfig, *, run_id: str | None, model_name: str, mo
         "activations_subdir": "activations/",
         "worker_count": worker_count,
         "model_revision": None,
-        "tensor_parallel_size": 1,
+        # the config's values: what managed servers run with (unmanaged ones are not asked)
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "pipeline_parallel_size": config.pipeline_parallel_size,
         "resumable": config.resume,
         "total_prompts": total_prompts,
         "shard": config.shard,
@@ -90,6 +92,8 @@ def build_manifest(config: RunConfig, *, run_id: str | None, model_name: str, mo
         "config_fingerprint": fingerprint(fingerprint_fields),
         "fingerprint_fields": fingerprint_fields,
         "versions": _versions(),
+        # only when positions are stored: the rows of a default run's manifest stay as they were
+        **({"positions": list(profile.positions)} if profile.positions else {}),
     }
 
 

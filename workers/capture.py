@@ -105,7 +105,8 @@ def load_capture(path: str, expected_token_ids: list[int], *, delete: bool = Tru
 
 
 #: safetensors dtype names this module maps without a copy. BF16 (what vLLM writes for a bf16
-#: model) is ml_dtypes' numpy bfloat16: cast once, by torch, into the stored dtype.
+#: model) is ml_dtypes' numpy bfloat16: copied as is into a bfloat16 store, else cast once, by
+#: torch, into the stored dtype.
 _DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": ml_dtypes.bfloat16, "I64": "<i8",
            "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -198,17 +199,28 @@ _TORCH_BLOCK = 32767
 def transpose_cast(rows: np.ndarray, layer_index: list[int] | None, dtype: str) -> np.ndarray:
     """``(T, L, H)`` → C-contiguous ``(L', T, H)`` in ``dtype``, written once into its output.
 
+    ``dtype``: ``float16``, ``float32`` or ``bfloat16`` (an ``ml_dtypes.bfloat16`` array).
     ``layer_index`` picks L' of the L layer columns (None: all). The output is allocated once
-    and each layer is copied (and cast) straight into its place: no intermediate array. numpy
-    casts float32→float16 one element at a time (~8 ns each); torch's vectorised cast is 20-40×
-    faster and rounds the same way (IEEE round to nearest even: bit-identical for every
-    non-NaN value; a signalling NaN comes out quiet), so large float32→float16 casts use it,
-    and so do large casts from bfloat16 (ml_dtypes' numpy casts go element by element too).
+    and each layer is copied (and cast) straight into its place: no intermediate array.
+
+    Rows already in ``dtype`` (a bfloat16 capture into a bfloat16 store) are not cast: their
+    bytes are copied (as uint16 words for bfloat16, which numpy would copy element by element).
+    numpy casts float32→float16 one element at a time (~8 ns each); torch's vectorised cast is
+    20-40× faster and rounds the same way (IEEE round to nearest even: bit-identical for every
+    non-NaN value; a NaN stays a NaN, torch may change its payload), so large float32→float16 casts
+    use it, and so do large casts from or to bfloat16 (ml_dtypes' numpy casts, which also round
+    to nearest even, go element by element too).
     """
     src_layers = range(rows.shape[1]) if layer_index is None else layer_index
-    out = np.empty((len(src_layers), rows.shape[0], rows.shape[2]), dtype)
-    if out.size >= TORCH_CAST_MIN and (
-            rows.dtype == _BFLOAT16 or (rows.dtype == np.float32 and out.dtype == np.float16)):
+    out = np.empty((len(src_layers), rows.shape[0], rows.shape[2]), _out_dtype(dtype))
+    if rows.dtype == out.dtype:
+        src, dst = (rows.view(np.uint16), out.view(np.uint16)) if out.dtype == _BFLOAT16 \
+            else (rows, out)
+        for j, layer in enumerate(src_layers):
+            np.copyto(dst[j], src[:, layer, :])
+    elif out.size >= TORCH_CAST_MIN and (
+            rows.dtype == _BFLOAT16 or out.dtype == _BFLOAT16
+            or (rows.dtype == np.float32 and out.dtype == np.float16)):
         _torch_copy(rows, src_layers, out)
     else:
         for j, layer in enumerate(src_layers):
@@ -216,17 +228,30 @@ def transpose_cast(rows: np.ndarray, layer_index: list[int] | None, dtype: str) 
     return out
 
 
+def _out_dtype(dtype) -> np.dtype:
+    """The store dtype by name (``bfloat16`` is ml_dtypes'), or as a numpy dtype."""
+    return _BFLOAT16 if isinstance(dtype, str) and dtype == "bfloat16" else np.dtype(dtype)
+
+
+def _bf16_tensor(array: np.ndarray):
+    """A torch view of an array, bfloat16 included (torch.from_numpy knows no ml_dtypes: the
+    same bits, viewed)."""
+    import torch
+
+    if array.dtype == _BFLOAT16:
+        return _readonly_tensor(array.view(np.uint16)).view(torch.bfloat16)
+    return _readonly_tensor(array)
+
+
 def _torch_copy(rows: np.ndarray, src_layers, out: np.ndarray) -> None:
     import torch
 
-    if rows.dtype == _BFLOAT16:  # torch.from_numpy knows no ml_dtypes: the same bits, viewed
-        src = _readonly_tensor(rows.view(np.uint16)).view(torch.bfloat16)
-    else:
-        src = _readonly_tensor(rows)
-    dst = torch.from_numpy(out)
-    # torch casts bfloat16 to float16 in scalar code (~3x slower than either half of the way
-    # through float32): each (token block, layer) goes through a float32 scratch first
-    widen = src.dtype == torch.bfloat16 and dst.dtype == torch.float16
+    src = _bf16_tensor(rows)
+    dst = _bf16_tensor(out)
+    # torch casts between bfloat16 and float16 in scalar code (bf16→f16 was ~3x slower than
+    # either half of the way through float32; f16→bf16 is 2x slower here, torch 2.13): each
+    # (token block, layer) goes through a float32 scratch first
+    widen = {src.dtype, dst.dtype} == {torch.bfloat16, torch.float16}
     step = max(1, _TORCH_BLOCK // max(1, rows.shape[2]))
     in_order = widen and _foreach_copies_in_order()
     scratch = _scratch(step * rows.shape[2] * (1 if in_order else len(src_layers))) if widen \

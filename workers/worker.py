@@ -34,6 +34,8 @@ from workers.capture import (CaptureError, CapturedRows, discard_capture, load_c
                              select_rows)
 from workers.client import BackendClient, Completion
 from workers.group_commit import GroupCommitter
+from workers.positions import (PositionRows, exact_answer_spans, index_fields,
+                               missing_positions, select_positions)
 from workers.persist import GenerationRecord, PersistBroken, WorkerDir
 from workers.runtime import run_event_loop, run_on, tune_gc
 
@@ -75,6 +77,9 @@ class WorkerSpec:
     request_timeout: float
     retry_backoff: float = 1.0
     commit_interval_ms: float = 20.0
+    positions: tuple[str, ...] | None = None
+    """Token positions by name (``--positions``, contracts/positions.py); None: the rows of
+    ``sequence_mode``."""
 
 
 def answer_grader(group: PromptGroup) -> Callable[[str], Grade | None]:
@@ -240,9 +245,12 @@ class _Worker:
             except OSError:
                 log.exception("could not record a capture error of %s", group.prompt_id)
         tokens = sum(len(c.token_ids) for c in completions)
-        self.channel.send({"event": "done", "worker_id": spec.worker_id,
-                          "prompt_id": group.prompt_id, "generations": len(completions),
-                          "tokens": tokens, "capture_errors": len(errors)})
+        event = {"event": "done", "worker_id": spec.worker_id, "prompt_id": group.prompt_id,
+                 "generations": len(completions), "tokens": tokens,
+                 "capture_errors": len(errors)}
+        if spec.positions:
+            event["positions_missing"] = missing_positions(records)
+        self.channel.send(event)
 
     def _full(self, cause: BaseException | str) -> OSError:
         return OSError(errno.ENOSPC, f"disk full under the artifact root (this worker writes "
@@ -267,14 +275,16 @@ class _Worker:
         """
         paths = await asyncio.gather(*[self._capture_path(c) for c in completions],
                                      return_exceptions=True)
-        if self._capture_bytes(completions) <= _INLINE_LOAD_BYTES:
-            captured = self._load_rows(completions, paths)
-        else:
-            captured = await run_on(self._loading, self._load_rows, completions, paths)
-        records, errors = [], []
         grade = answer_grader(group)
-        for sample_id, (comp, params, rows) in enumerate(zip(completions, requests, captured)):
-            graded = grade(comp.text)
+        grades = [grade(comp.text) for comp in completions]
+        spans = exact_answer_spans(completions, grades) if self.spec.positions else None
+        if self._capture_bytes(completions) <= _INLINE_LOAD_BYTES:
+            captured = self._load_rows(completions, paths, spans)
+        else:
+            captured = await run_on(self._loading, self._load_rows, completions, paths, spans)
+        records, errors = [], []
+        for sample_id, (comp, params, rows, graded) in enumerate(
+                zip(completions, requests, captured, grades)):
             record = GenerationRecord(row=self._generation_row(group, sample_id, comp, params,
                                                                graded),
                                       label=graded.label if graded is not None else None)
@@ -307,21 +317,24 @@ class _Worker:
             raise CaptureError("backend returned no kv_transfer_params.hidden_states_path")
         return path
 
-    def _load_rows(self, completions: list[Completion], paths: list[str | BaseException]
+    def _load_rows(self, completions: list[Completion], paths: list[str | BaseException],
+                   spans: list[dict | None] | None = None
                    ) -> list[CapturedRows | BaseException]:
-        """Thread body: load and slice every capture file of a group; errors per sample."""
+        """Thread body: load and slice every capture file of a group; errors per sample.
+        ``spans``: each sample's exact answer span (runs with positions)."""
         out: list[CapturedRows | BaseException] = []
-        for comp, path in zip(completions, paths):
+        for i, (comp, path) in enumerate(zip(completions, paths)):
             if isinstance(path, BaseException):
                 out.append(path)
                 continue
             try:
-                out.append(self._load_one(comp, path))
+                out.append(self._load_one(comp, path, spans[i] if spans else None))
             except Exception as exc:
                 out.append(exc)
         return out
 
-    def _load_one(self, comp: Completion, path: str) -> CapturedRows:
+    def _load_one(self, comp: Completion, path: str, span: dict | None = None
+                  ) -> CapturedRows:
         spec = self.spec
         prompt_ids, response_ids = comp.prompt_token_ids, comp.token_ids
         expected = (prompt_ids + response_ids[:-1] if spec.capture_mode == "generation"
@@ -331,6 +344,11 @@ class _Worker:
             raise CaptureError(f"{path}: capture has {hidden.shape[1]} layer ids x "
                                f"{hidden.shape[2]}, expected {len(spec.layer_ids)} x "
                                f"{spec.hidden_size}")
+        if spec.positions:
+            return select_positions(hidden, prompt_len=len(prompt_ids),
+                                    response_len=len(response_ids),
+                                    capture_mode=spec.capture_mode, names=spec.positions,
+                                    exact_answer_span=span, layer_index=None, dtype=spec.dtype)
         return select_rows(hidden, prompt_len=len(prompt_ids), response_len=len(response_ids),
                            sequence_mode=spec.sequence_mode, layer_index=None, dtype=spec.dtype)
 
@@ -349,6 +367,8 @@ class _Worker:
             "row0_position": rows.row0_position, "num_rows": int(rows.acts.shape[1]),
             "prompt_rows": rows.prompt_rows, "response_rows": rows.response_rows,
         }
+        if isinstance(rows, PositionRows):
+            record.activation_row.update(index_fields(rows))
 
     def _generation_row(self, group: PromptGroup, sample_id: int, comp: Completion,
                         params: dict[str, Any], graded: Grade | None) -> dict[str, Any]:

@@ -217,9 +217,15 @@ def _geometry(prompt: dict[str, Any], primary: dict[str, Any], act: dict[str, An
            "answer_token_positions": list(range(p, p + r))}
     if act:
         start, n = act.get("row0_position", 0), act.get("num_rows", act["shape"][1])
+        # row j sits at token_positions[j] (--positions runs), else at row0_position + j
+        at = act.get("token_positions")
+        at = list(range(start, start + n)) if at is None else at
+        row_of = {pos: j for j, pos in enumerate(at)}
+        named = act.get("positions")
+        tbg = named.get("tbg") if named else None
         row.update(layers=act["layers"], sequence_mode=act["sequence_mode"], row0_position=start,
-                   num_rows=n,
-                   prompt_end_row=(p - 1 - start) if start <= p - 1 < start + n else None,
-                   answer_token_rows=[pos - start for pos in range(p, p + r)
-                                      if start <= pos < start + n])
+                   num_rows=n, token_positions=at, positions=named,
+                   exact_answer_span=act.get("exact_answer_span"),
+                   prompt_end_row=tbg[0] if tbg else row_of.get(p - 1),
+                   answer_token_rows=[row_of[pos] for pos in range(p, p + r) if pos in row_of])
     return row

@@ -49,6 +49,40 @@ def _logprobs_ok(v: Any) -> bool:
     return True
 
 
+SEQUENCE_MODES = ("all", "prompt", "response", "last", "positions")
+
+
+def _int_list_ok(v: Any) -> bool:
+    return isinstance(v, list) and all(_is_int(x) and x >= 0 for x in v)
+
+
+def _positions_ok(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(k, str) and _int_list_ok(x)
+                                       for k, x in v.items())
+
+
+def _exact_span_ok(v: Any) -> bool:
+    return v is None or (isinstance(v, dict) and _span_ok(v.get("chars"))
+                         and _span_ok(v.get("tokens"))
+                         and v.get("source") in ("grader", "first_line"))
+
+
+def _positions_errors(row: dict[str, Any]) -> list[str]:
+    """A positions row's fields agree: one sorted, unique ``token_positions`` entry per stored
+    row, every ``positions`` row index a stored row (docs/alignment.md)."""
+    pos, names = row.get("token_positions"), row.get("positions")
+    if not _int_list_ok(pos) or not _positions_ok(names):
+        return []  # worded by the field checks
+    errs = []
+    rows = row.get("num_rows", (row.get("shape") or [0, 0])[1])
+    if len(pos) != rows or any(a >= b for a, b in zip(pos, pos[1:])):
+        errs.append(f"token_positions {str(pos)[:60]} is not {rows} sorted unique positions")
+    bad = sorted(k for k, idx in names.items() if any(j >= len(pos) for j in idx))
+    if bad:
+        errs.append(f"positions {bad} name rows beyond the {len(pos)} stored")
+    return errs
+
+
 SCHEMAS: dict[str, dict[str, Callable[[Any], bool]]] = {
     layout.PROMPT_INDEX: {
         "prompt_id": lambda v: isinstance(v, str) and bool(_HEX16.match(v)),
@@ -74,11 +108,11 @@ SCHEMAS: dict[str, dict[str, Callable[[Any], bool]]] = {
         "sample_id": lambda v: _is_int(v) and 0 <= v < MAX_SAMPLE_ID,
         "activation_key": lambda v: isinstance(v, str),
         "layers": lambda v: isinstance(v, list) or v == "all",
-        "sequence_mode": lambda v: v in ("all", "prompt", "response", "last"),
+        "sequence_mode": lambda v: v in SEQUENCE_MODES,
         "prompt_token_count": _is_int,
         "response_token_count": _is_int,
         "shape": lambda v: isinstance(v, list) and len(v) == 3 and all(map(_is_int, v)),
-        "dtype": lambda v: v in ("float16", "float32"),
+        "dtype": lambda v: v in ("float16", "float32", "bfloat16"),
         "size_bytes": _is_int,
         "worker_id": _is_int,
     },
@@ -96,6 +130,8 @@ SCHEMAS: dict[str, dict[str, Callable[[Any], bool]]] = {
 OPTIONAL: dict[str, dict[str, Callable[[Any], bool]]] = {
     layout.PROMPT_INDEX: {"label_status": _status_ok},
     layout.GENERATIONS: {"label_status": _status_ok, "answer_span": _span_ok},
+    layout.ACTIVATION_INDEX: {"positions": _positions_ok, "token_positions": _int_list_ok,
+                              "exact_answer_span": _exact_span_ok},
 }
 """Checks of fields that rows written before they existed lack: applied when present."""
 
@@ -124,10 +160,10 @@ def _activation_ok(row: dict[str, Any]) -> bool:
         return (isinstance(pid, str) and _HEX16.match(pid) is not None and _is_int(sid)
                 and 0 <= sid < MAX_SAMPLE_ID and isinstance(row["activation_key"], str)
                 and (isinstance(layers, list) or layers == "all")
-                and row["sequence_mode"] in ("all", "prompt", "response", "last")
+                and row["sequence_mode"] in SEQUENCE_MODES
                 and _is_int(row["prompt_token_count"]) and _is_int(row["response_token_count"])
                 and isinstance(shape, list) and len(shape) == 3 and all(map(_is_int, shape))
-                and row["dtype"] in ("float16", "float32") and _is_int(row["size_bytes"])
+                and row["dtype"] in ("float16", "float32", "bfloat16") and _is_int(row["size_bytes"])
                 and _is_int(row["worker_id"]))
     except KeyError:
         return False
@@ -147,6 +183,8 @@ def schema_errors(name: str, row: Any) -> list[str]:
         return ["row is not a JSON object"]
     errs = [f"field {key!r} has an invalid value {str(row[key])[:60]!r}"
             for key, ok in OPTIONAL.get(name, {}).items() if key in row and not ok(row[key])]
+    if "token_positions" in row:
+        errs += _positions_errors(row)
     row_ok = _ROW_OK.get(name)
     if row_ok is not None and row_ok(row):
         return errs

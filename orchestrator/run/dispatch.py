@@ -16,6 +16,7 @@ from typing import Any
 
 from orchestrator.config import RunConfig
 from orchestrator.errors import HallulogError
+from orchestrator.run.budget import StorageMeter
 from orchestrator.run.checkpoint import CheckpointWriter, CompletionLog
 from orchestrator.run.fleet import ServerFleet
 from orchestrator.run.pool import WorkerPool
@@ -45,6 +46,8 @@ class Drive:
     result: Any  # RunResult
     fleet: ServerFleet | None = None
     watchdog: Watchdog | None = None
+    meter: StorageMeter | None = None
+    """``--max-storage-gb``: polled after each batch of events; raises StorageCapReached."""
     tick_seconds: float = 1.0
     _batch: list[str] = field(default_factory=list)
 
@@ -61,6 +64,8 @@ class Drive:
                 since_snapshot += len(self._batch)
                 self.completions.append(self._batch)
                 self._batch = []
+            if events and self.meter is not None:
+                self.meter.poll()  # after the completions are logged: they stay done
             now = time.monotonic()
             if events:
                 last_event = now
@@ -93,6 +98,9 @@ class Drive:
             self._batch.append(pid)
             self.result.done += 1
             self.result.capture_errors += capture_errors
+            for name, n in (event.get("positions_missing") or {}).items():
+                missing = self.result.positions_missing
+                missing[name] = missing.get(name, 0) + int(n)
             board.group_done(wid, pid, generations=generations, tokens=tokens)
             self.progress.advance(generations=generations, tokens=tokens,
                                   capture_errors=capture_errors)

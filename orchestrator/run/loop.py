@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrator.run.checkpoint import (CheckpointWriter, CompletionLog, load_completed,
                                          read_completion_log, write_completed)
-from orchestrator.config import RunConfig, select_layer_ids
+from orchestrator.config import ConfigError, RunConfig
 from orchestrator.postrun.consolidate import consolidate
 from contracts import layout
 from contracts.jsonl import truncate_to
@@ -28,6 +28,7 @@ from orchestrator.postrun.evaluate import report_path
 from orchestrator.postrun.exports import write_exports
 from orchestrator.manifest import (build_manifest, check_resumable, load_manifest,
                                    update_manifest, write_manifest)
+from orchestrator.run.budget import preflight
 from orchestrator.run.dispatch import Drive
 from orchestrator.run.fleet import HEALTHY, ServerFleet
 from orchestrator.run.pool import WorkerPool
@@ -65,6 +66,9 @@ class RunResult:
     consolidation: dict[str, Any] | None = None
     exports: dict[str, int] | None = None
     validation: dict[str, Any] | None = None
+    positions_missing: dict[str, int] = field(default_factory=dict)
+    """With --positions: per name, the stored generations (of this session) it does not exist
+    for (``slt`` of a one-token answer, ``exact_answer`` without a span; docs/alignment.md)."""
 
     @property
     def complete(self) -> bool:
@@ -99,7 +103,10 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
 
     model = resolve_model(config.model, cache_dir) if config.manage_servers \
         else remote_model(config)
-    layer_ids = select_layer_ids(config.profile.target_layers, model.num_hidden_layers)
+    try:  # --layers is checked against the model here, before any server starts
+        layer_ids = config.layer_ids(model.num_hidden_layers)
+    except ConfigError as exc:
+        raise HallulogError(str(exc)) from None
     fresh = build_manifest(config, run_id=None, model_name=model.name, model_path=str(model.path),
                            layer_ids=layer_ids, hidden_size=model.hidden_size,
                            num_hidden_layers=model.num_hidden_layers, dataset=config.task,
@@ -127,6 +134,10 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
     done_before = len(all_ids & completed)
     total = len(all_ids)
     result = RunResult(artifact_root=root, total=total, done_before=done_before)
+    # the storage budget of the pending prompts, before any server starts (run.budget)
+    meter = preflight(config, root, num_hidden_layers=model.num_hidden_layers,
+                      hidden_size=model.hidden_size, layer_ids=layer_ids,
+                      model_dir=model.path, pending=pending) if pending else None
 
     board = StatusBoard(run_id=run_id, config_summary=_summary(config, model, layer_ids),
                         fingerprint=fresh["config_fingerprint"], artifact_root=str(root),
@@ -170,7 +181,7 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
             try:
                 Drive(pool=pool, config=config, board=board, progress=progress,
                       completions=completions, snapshots=checkpoint, completed=completed,
-                      result=result, fleet=fleet, watchdog=watchdog).run()
+                      result=result, fleet=fleet, watchdog=watchdog, meter=meter).run()
             finally:
                 progress.close()
                 if watchdog is not None:
@@ -311,7 +322,7 @@ def _worker_specs(config: RunConfig, model: ModelInfo, layer_ids: list[int], roo
         worker_id=i, server_url=urls[i % len(urls)], model_name=model.name,
         worker_dir=str(worker_dir(root, i)), storage_format=config.storage_format,
         layer_ids=tuple(layer_ids), hidden_size=model.hidden_size,
-        sequence_mode=profile.sequence_mode, dtype=profile.dtype,
+        sequence_mode=profile.sequence_mode, dtype=profile.dtype, positions=profile.positions,
         capture_mode=config.capture_mode, k_samples=config.k_samples,
         primary_temperature=config.primary_temperature,
         sample_temperature=config.sample_temperature, sample_top_p=config.sample_top_p,
@@ -365,6 +376,7 @@ def _summary(config: RunConfig, model: ModelInfo, layer_ids: list[int]) -> dict[
             "k_samples": config.k_samples, "logging_profile": profile.name,
             "target_layers": profile.target_layers, "sequence_mode": profile.sequence_mode,
             "dtype": profile.dtype, "num_layer_ids": len(layer_ids),
+            **({"positions": list(profile.positions)} if profile.positions else {}),
             "storage_format": config.storage_format, "num_workers": config.worker_count,
             "max_tokens": config.max_tokens}
 

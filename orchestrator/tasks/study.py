@@ -25,7 +25,7 @@ from orchestrator.tasks.prompting import (TRIVIAQA_TEMPLATE, PromptSpec, Rendere
 from orchestrator.tasks.qa import FieldMapping, QAOptions, QARecord, iter_qa_records
 from orchestrator.tasks.presets import PRESETS, iter_preset_records
 
-__all__ = ["Study", "study_groups", "rerender", "QA_TASK", "STUDY_TASKS", "builtin_fields",
+__all__ = ["Study", "check_study_fields", "study_groups", "rerender", "QA_TASK", "STUDY_TASKS", "builtin_fields",
            "default_answer_kind"]
 
 QA_TASK = "qa"
@@ -197,3 +197,22 @@ def _render(spec: PromptSpec, fields: Mapping[str, Any], path: str | Path, where
     # record by its 1-based number
     label = f"{path} (record {where})" if is_record_number else str(path)
     return spec.render(fields, where=(label, where))
+
+
+def check_study_fields(config: Any) -> None:
+    """A run config's dataset and prompt flags fit its task (checked before any file is
+    read); :class:`~orchestrator.errors.ConfigError` naming the flag otherwise."""
+    from dataclasses import fields
+
+    from orchestrator.errors import ConfigError
+
+    if config.task == QA_TASK and config.task_path is None:
+        raise ConfigError("--task qa has no bundled sample: pass --task-path (and the field "
+                          "mapping flags, docs/tasks.md)")
+    study = Study.from_values({f.name: getattr(config, f.name) for f in fields(Study)
+                               if hasattr(config, f.name)})
+    try:
+        study.check_for(config.task)
+        study.default_template(config.task)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None

@@ -67,9 +67,11 @@ def tables(doc: Path) -> dict[str, dict[str, tuple[str, str, str]]]:
 
 
 def fields_for(table: dict[str, tuple[str, str, str]], fmt: str) -> tuple[set[str], set[str]]:
-    """(required, allowed) fields of a table for a run stored in format ``fmt``."""
-    required = {f for f, (_, r, _) in table.items() if r in ("yes", fmt)}
-    allowed = {f for f, (_, r, _) in table.items() if r in ("yes", "no", fmt)}
+    """(required, allowed) fields of a table for a run stored in format ``fmt`` (``packed``,
+    or ``packed+positions`` for a run that stores named positions)."""
+    tags = set(fmt.split("+"))
+    required = {f for f, (_, r, _) in table.items() if r == "yes" or r in tags}
+    allowed = {f for f, (_, r, _) in table.items() if r in ("yes", "no") or r in tags}
     return required, allowed
 
 
@@ -129,13 +131,15 @@ class FakeBackend:
         pass
 
 
-def _run_worker(root: Path, fmt: str) -> None:
+def _run_worker(root: Path, fmt: str, positions: tuple[str, ...] | None = None) -> None:
     spec = WorkerSpec(worker_id=0, server_url="http://127.0.0.1:1", model_name="fake-model",
                       worker_dir=str(layout.worker_dir(root, 0)), storage_format=fmt,
-                      layer_ids=LAYERS, hidden_size=HIDDEN, sequence_mode="response",
+                      layer_ids=LAYERS, hidden_size=HIDDEN,
+                      sequence_mode="positions" if positions else "response",
                       dtype="float16", capture_mode="generation", k_samples=K,
                       primary_temperature=0.0, sample_temperature=0.7, sample_top_p=0.95,
-                      max_tokens=8, seed=0, groups_in_flight=1, request_timeout=5.0)
+                      max_tokens=8, seed=0, groups_in_flight=1, request_timeout=5.0,
+                      positions=positions)
     events: list[dict] = []
 
     class Channel:  # the worker's end of its pipe, recording what it sends
@@ -157,24 +161,26 @@ def _run_worker(root: Path, fmt: str) -> None:
     assert done == {TRIVIA.prompt_id, JUDGED.prompt_id}, events
 
 
-@pytest.fixture(scope="module", params=["npy", "packed", "zarr"])
+@pytest.fixture(scope="module", params=["npy", "packed", "zarr", "packed+positions"])
 def run(request, tmp_path_factory) -> tuple[Path, str]:
-    fmt = request.param
+    fmt, _, named = request.param.partition("+")
+    positions = ("tbg", "slt", "exact_answer", "last") if named else None
     root = tmp_path_factory.mktemp(f"run_{fmt}")
-    config = RunConfig(artifact_root=root, k_samples=K, storage_format=fmt)
+    config = RunConfig(artifact_root=root, k_samples=K, storage_format=fmt,
+                       positions=",".join(positions) if positions else None)
     manifest = build_manifest(config, run_id=None, model_name="fake-model", model_path="fake",
                               layer_ids=list(LAYERS), hidden_size=HIDDEN, num_hidden_layers=1,
                               dataset="triviaqa", split="dev", prompt_template="{question}",
                               worker_count=1, total_prompts=3)
     write_manifest(root, manifest)
-    _run_worker(root, fmt)
+    _run_worker(root, fmt, positions)
     with JsonlAppender(root / layout.LABELS) as labels:
         labels.append([label_row(JUDGED.prompt_id,
                                  Verdict(1, JUDGE_GRADER, "incorrect", False, "[judge] WRONG",
                                          {"steps": 1}), "judge-model")])
     consolidate(root)
     checkpoint.write_completed(root, {TRIVIA.prompt_id, JUDGED.prompt_id}, manifest["run_id"])
-    return root, fmt
+    return root, request.param
 
 
 def rows(path: Path) -> list[dict]:

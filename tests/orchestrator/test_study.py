@@ -83,4 +83,5 @@ def test_fields_added_later_leave_earlier_runs_fingerprint_alone():
     assert fingerprint(RunConfig().fingerprint_fields()) == \
         "59573f6c6c1719d2f76497885b691df88c76a1532923730972b6d077a9e7884d"
     assert "chat" in RunConfig(chat=False).fingerprint_fields()
-    assert "tensor_parallel_size" not in RunConfig(tensor_parallel_size=2).fingerprint_fields()
+    assert "tensor_parallel_size" not in \
+        RunConfig(backend="vllm", tensor_parallel_size=2).fingerprint_fields()

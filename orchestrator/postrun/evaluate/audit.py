@@ -3,7 +3,8 @@
 Layer id 0 is the embedding output, so a stored layer-0 row *is* a row of the model's embedding
 matrix (cast to the store dtype): the row at absolute position p must equal ``E[ids[p]]``,
 where ``ids`` = ``prompt_token_ids`` (prompt_index.jsonl) + ``token_ids`` (generations.jsonl)
-and p = ``row0_position + j`` (docs/alignment.md). The audit reads the embedding matrix from
+and p = ``row0_position + j``, or ``token_positions[j]`` in a run with ``--positions``
+(docs/alignment.md). The audit reads the embedding matrix from
 the model directory (no forward pass), checks every row of every stored activation, and names
 the activation key, row and the token the row decodes to for every mismatch.
 
@@ -86,10 +87,13 @@ def _prompt_ids(cons: Path) -> dict[str, np.ndarray]:
 def _act_index(cons: Path) -> dict[str, dict]:
     out = {}
     for _, row in iter_jsonl(cons / "activation_index.jsonl"):
+        row0 = int(row.get("row0_position", 0))
+        n = int(row.get("num_rows", (row.get("shape") or [0, 0])[1]))
+        # row j sits at token_positions[j] (--positions runs), else at row0_position + j
+        pos = row.get("token_positions")
         out[row["activation_key"]] = {
-            "row0": int(row.get("row0_position", 0)),
-            "num_rows": int(row.get("num_rows", (row.get("shape") or [0, 0])[1])),
-            "prompt_rows": row.get("prompt_rows")}
+            "row0": row0, "num_rows": n, "prompt_rows": row.get("prompt_rows"),
+            "positions": np.asarray(pos if pos is not None else range(row0, row0 + n), np.int64)}
     return out
 
 
@@ -145,7 +149,8 @@ def audit_alignment(artifact_root: Path | str, *, model_dir: Path | str | None =
             missing_in_store.append(key)
             continue
         seq = np.concatenate([prompts.get(pid, np.zeros(0, np.int64)), gen_ids])
-        expected = seq[a["row0"]:a["row0"] + a["num_rows"]]
+        at = a["positions"]
+        expected = seq[at] if not len(at) or at[-1] < len(seq) else seq[:0]
         meta = reader.meta(i)
         checked += 1
         if int(meta["seq_len"]) != a["num_rows"] or len(expected) != a["num_rows"]:
@@ -165,11 +170,11 @@ def audit_alignment(artifact_root: Path | str, *, model_dir: Path | str | None =
                 mismatches.append({
                     "activation_key": key, "problem": "layer-0 rows are not the embeddings of "
                     "the recorded token ids", "rows": bad[:20].tolist(), "num_bad_rows": int(len(bad)),
-                    "positions": (a["row0"] + bad[:20]).tolist(),
+                    "positions": at[bad[:20]].tolist(),
                     "expected_token_ids": expected[bad[:20]].tolist(),
                     "decoded_token_ids": decoded[:20].tolist()})
         else:
-            err, layer = model.compare(reader, i, seq, a["row0"], a["num_rows"])
+            err, layer = model.compare(reader, i, seq, at)
             rows_checked += a["num_rows"]
             worst = max(worst, err)
             if err > RECOMPUTE_RTOL:
@@ -213,14 +218,18 @@ class _Recompute:
             out = self.model(torch.as_tensor(ids[None]), output_hidden_states=True)
         return torch.stack(out.hidden_states[:self.num_layers], 0)[:, 0].numpy()  # ids 0..N-1
 
-    def compare(self, reader, i: int, seq: np.ndarray, row0: int, n: int) -> tuple[float, int]:
-        hs = self.hidden(seq[:row0 + n])
+    def compare(self, reader, i: int, seq: np.ndarray, positions: np.ndarray
+                ) -> tuple[float, int]:
+        """Worst relative error of the stored rows (row j at ``positions[j]``) and its layer."""
+        if not len(positions):
+            return 0.0, -1
+        hs = self.hidden(seq[:int(positions[-1]) + 1])
         worst, worst_layer = 0.0, -1
         for lpos, lid in enumerate(self.layer_ids):
             if lid >= self.num_layers:  # transformers' last entry is after the final norm
                 continue
             stored = reader.read(i, lpos).astype(np.float32)
-            ref = hs[lid, row0:row0 + n]
+            ref = hs[lid, positions]
             err = float((np.linalg.norm(stored - ref, axis=1) /
                          (np.linalg.norm(ref, axis=1) + 1e-6)).max())
             if err > worst:

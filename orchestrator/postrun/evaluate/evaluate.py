@@ -23,9 +23,10 @@ FAMILIES = sorted(set(ALL_METHODS.values()))
 
 _ROW_HINT = {
     "last": "a response row",
-    "tbg": "the last prompt row (sequence_mode response or all)",
-    "slt": "the second-last response row (sequence_mode response or all)",
-    "exact": "the exact-answer rows (sequence_mode response or all)",
+    "tbg": "the last prompt row (sequence_mode response or all, or --positions tbg)",
+    "slt": "the second-last response row (sequence_mode response or all, or --positions slt)",
+    "exact": "the exact-answer rows (sequence_mode response or all, or --positions "
+             "exact_answer)",
 }
 
 
@@ -242,7 +243,7 @@ def _check_probe_inputs(run: Run, feats, rows, probe_names, unavailable) -> list
         if cover < 0.5:
             unavailable(p, f"needs {_ROW_HINT[PROBES[p].row]} for most prompts, but the run "
                            f"stored sequence_mode={modes} ({cover:.0%} have it); rerun with "
-                           "--logging-profile integrated")
+                           "--logging-profile integrated or probes")
             continue
         keep.append(p)
     return keep

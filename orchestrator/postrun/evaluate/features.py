@@ -51,15 +51,25 @@ class Features:
 
 
 def _rows(geo: dict | None, tokens: list[str] | None) -> dict[str, int]:
+    """Stored row of each probe kind for one primary answer (-1: not stored).
+
+    A run with ``--positions`` names its rows (the geometry export's ``positions``): ``tbg``,
+    ``slt``, ``last`` and the last row of ``exact_answer`` (the exact answer's last token, as
+    LLMs-Know-More probes it) are read by name. Otherwise, and for kinds the run did not name,
+    the row is found by its absolute position (docs/alignment.md).
+    """
     out = dict.fromkeys(ROW_KINDS, -1)
     if not geo or not geo.get("activation_key"):
         return out
     n, row0 = int(geo.get("num_rows") or 0), int(geo.get("row0_position") or 0)
+    at = geo.get("token_positions")
+    row_at = {pos: j for j, pos in enumerate(at if at is not None else range(row0, row0 + n))}
     answer = geo.get("answer_token_positions") or []
     p = int(geo["prompt_end_position"]) + 1 if geo.get("prompt_end_position") is not None else None
+    named = geo.get("positions")
 
     def row_of(pos):
-        return pos - row0 if pos is not None and row0 <= pos < row0 + n else -1
+        return row_at.get(pos, -1) if pos is not None else -1
 
     if n:
         out["last"] = n - 1
@@ -67,9 +77,17 @@ def _rows(geo: dict | None, tokens: list[str] | None) -> dict[str, int]:
         out["tbg"] = row_of(p - 1)
         if len(answer) >= 2:
             out["slt"] = row_of(p + len(answer) - 2)
-        e = baselines.exact_answer_index(tokens or [])
-        if e is not None:
-            out["exact"] = row_of(p + e)
+        if named is None or "exact_answer" not in named:
+            e = baselines.exact_answer_index(tokens or [])
+            if e is not None:
+                out["exact"] = row_of(p + e)
+    if named is not None:
+        if at and p is not None and "last" not in named:  # last captured: P+R-2 or P+R-1
+            out["last"] = n - 1 if at[-1] >= p + len(answer) - 2 else -1
+        for kind, name in (("tbg", "tbg"), ("slt", "slt"), ("last", "last"),
+                           ("exact", "exact_answer")):
+            if name in named:
+                out[kind] = named[name][-1] if named[name] else -1
     return out
 
 

@@ -74,6 +74,10 @@ def _fit_predict(kind: str, x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray
 def _fill_layer(reader, layer: int, store_idx: np.ndarray, rows: dict[str, np.ndarray],
                 batch: int) -> dict[str, np.ndarray]:
     """``{row kind: (prompts, hidden) float32}``; NaN rows where the kind is not stored."""
+    from storage.dtypes import BFLOAT16, to_float32
+
+    # bfloat16 rows widened exactly by a shift (numpy's cast of ml_dtypes goes element-wise)
+    wide = to_float32 if reader.dtype == BFLOAT16 else (lambda row: row)
     n, h = len(store_idx), reader.hidden_size
     out = {k: np.full((n, h), np.nan, np.float32) for k in rows}
     have = np.flatnonzero(store_idx >= 0)
@@ -84,7 +88,7 @@ def _fill_layer(reader, layer: int, store_idx: np.ndarray, rows: dict[str, np.nd
             a = slices[j]
             for k, r in rows.items():
                 if 0 <= r[p] < len(a):
-                    out[k][p] = a[r[p]]
+                    out[k][p] = wide(a[r[p]])
         del slices
     return out
 
