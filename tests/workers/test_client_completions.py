@@ -24,7 +24,8 @@ from contracts import layout
 from contracts.jsonl import iter_rows
 from contracts.prompt_group import PromptGroup
 from workers.client import BackendClient
-from workers.worker import WorkerSpec, _Worker
+from tests.workers.worker_harness import process_group
+from workers.worker import WorkerSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -171,23 +172,7 @@ def test_a_worker_sends_a_text_prompt_group_to_completions(instant):
                       dtype="float16", capture_mode="generation", k_samples=1,
                       primary_temperature=0.0, sample_temperature=0.7, sample_top_p=0.95,
                       max_tokens=4, seed=0, groups_in_flight=1, request_timeout=5.0)
-    events: list[dict] = []
-
-    class Channel:
-        def send(self, event: dict) -> None:
-            events.append(event)
-
-    async def main() -> None:
-        worker = _Worker(spec, Channel())  # type: ignore[arg-type]
-        try:
-            await worker._process(group)
-        finally:
-            await worker.client.close()
-            worker._loading.shutdown(wait=True)
-            worker.committer.close()
-            worker.out.close()
-
-    asyncio.run(main())
+    events = process_group(spec, group)
     assert [e["event"] for e in events] == ["done"], events
     assert events[0]["capture_errors"] == 0 and events[0]["generations"] == 2
     wdir = layout.worker_dir(root, 0)

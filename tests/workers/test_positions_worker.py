@@ -4,7 +4,6 @@ named positions of the capture, and the activation index says which row is which
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import time
@@ -18,7 +17,8 @@ import storage
 from contracts import layout
 from contracts.jsonl import iter_rows
 from contracts.prompt_group import PromptGroup
-from workers.worker import WorkerSpec, _Worker
+from tests.workers.worker_harness import process_group
+from workers.worker import WorkerSpec
 
 REPO = Path(__file__).resolve().parents[2]
 LAYERS, HIDDEN, ANSWER_TOKENS, MAX_PROMPT = 3, 8, 6, 48
@@ -76,23 +76,7 @@ def _run(url: str, root: Path, *, capture_mode: str, positions, k: int = 7,
                       capture_mode=capture_mode, k_samples=k, primary_temperature=0.0,
                       sample_temperature=0.7, sample_top_p=0.95, max_tokens=max_tokens,
                       seed=0, groups_in_flight=1, request_timeout=5.0, positions=positions)
-    events: list[dict] = []
-
-    class Channel:
-        def send(self, event: dict) -> None:
-            events.append(event)
-
-    async def main() -> None:
-        worker = _Worker(spec, Channel())  # type: ignore[arg-type]
-        try:
-            await worker._process(group)
-        finally:
-            await worker.client.close()
-            worker._loading.shutdown(wait=True)
-            worker.committer.close()
-            worker.out.close()
-
-    asyncio.run(main())
+    events = process_group(spec, group)
     assert [e["event"] for e in events] == ["done"], events
     wdir = layout.worker_dir(root, 0)
     gens = {g["sample_id"]: g for g in iter_rows(wdir / layout.GENERATIONS)}
