@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     status_p.add_argument("--json", action="store_true", help="Print the raw JSON.")
     status_p.add_argument("--debug", action="store_true",
                           help="Show the traceback of an error.")
-    from orchestrator.postrun.evaluate import add_evaluate_parser
+    from evaluation import add_evaluate_parser
 
     add_evaluate_parser(sub)
     _add_merge_arguments(sub)
@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "status":
         return _status(args, parser)
     if args.command == "evaluate":
-        from orchestrator.postrun.evaluate import run_evaluate
+        from evaluation import run_evaluate
 
         return run_evaluate(args)
     logging.basicConfig(level=args.log_level,
@@ -279,7 +279,7 @@ def _run_command(config: RunConfig, args: argparse.Namespace) -> int:
     if args.validate_only:
         rc = commands.validate_only(config)
         if args.deep:
-            from orchestrator.postrun.evaluate import run_deep_audit
+            from evaluation import run_deep_audit
 
             rc = max(rc, 0 if run_deep_audit(config.artifact_root)["ok"] else 1)
         return rc

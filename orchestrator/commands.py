@@ -43,7 +43,7 @@ def _positions_line(result: RunResult) -> list[str]:
 
 
 def _evaluation_line(root) -> list[str]:
-    from orchestrator.postrun.evaluate import report_path
+    from evaluation import report_path
 
     path = report_path(root)
     return [f"evaluation report: {path}"] if path else []

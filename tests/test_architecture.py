@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("contracts", "orchestrator", "workers", "storage", "serving", "api", "hallulog_vllm")
+PACKAGES = ("contracts", "orchestrator", "workers", "evaluation", "storage", "serving", "api",
+            "hallulog_vllm", "hallulog")
 ALLOWED = {  # package → the project packages it may import
     "contracts": set(),
     "storage": set(),
@@ -20,7 +21,9 @@ ALLOWED = {  # package → the project packages it may import
     "serving": {"contracts"},
     "api": set(),
     "hallulog_vllm": set(),
-    "orchestrator": {"contracts", "workers", "storage", "api"},
+    "evaluation": {"contracts", "storage"},
+    "orchestrator": {"contracts", "workers", "storage", "api", "evaluation"},
+    "hallulog": {"contracts", "storage", "evaluation"},
 }
 
 
@@ -166,7 +169,7 @@ def test_no_module_is_too_long():
     assert long == []
 
 
-_PATH_RE = re.compile(r"`((?:contracts|orchestrator|workers|storage|serving|api|hallulog_vllm|"
+_PATH_RE = re.compile(r"`((?:contracts|orchestrator|workers|evaluation|storage|serving|api|hallulog_vllm|hallulog|"
                       r"deploy|bench|docs|scripts|tests)/[\w./-]*)`")
 
 

@@ -24,7 +24,7 @@ from contracts.layout import worker_dir, worker_dirs
 from contracts.prompt_group import PromptGroup
 from orchestrator.errors import HallulogError
 from orchestrator.postrun.labels import label_counts, label_with_judge, unlabeled_prompts
-from orchestrator.postrun.evaluate import report_path
+from evaluation import report_path
 from orchestrator.postrun.exports import write_exports
 from orchestrator.manifest import (build_manifest, check_resumable, load_manifest,
                                    update_manifest, write_manifest)

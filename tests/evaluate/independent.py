@@ -1,6 +1,6 @@
 """An independent re-implementation of the text methods, written from docs/evaluation.md alone.
 
-It imports nothing from ``orchestrator.postrun.evaluate``: it reads the exports of
+It imports nothing from ``evaluation``: it reads the exports of
 docs/exports.md with ``json``, re-derives each score from the method table of
 docs/evaluation.md and measures AUROC with scikit-learn. tests/evaluate/test_independent.py and
 bench/bench_evaluate_independent.py compare it with ``orchestrator evaluate``'s report; a

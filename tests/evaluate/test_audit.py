@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from orchestrator.postrun.evaluate import run_deep_audit
-from orchestrator.postrun.evaluate.audit import audit_alignment
+from evaluation import run_deep_audit
+from evaluation.audit import audit_alignment
 
 from .synthetic import _pid, make_run
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.postrun.evaluate.protocol import auroc, bootstrap_ci, make_split
-from orchestrator.postrun.evaluate.semantic_entropy import (binarize_threshold, cluster_exact,
+from evaluation.protocol import auroc, bootstrap_ci, make_split
+from evaluation.semantic_entropy import (binarize_threshold, cluster_exact,
                                                     discrete_entropy, weighted_entropy)
 
 from .synthetic import make_run
@@ -177,9 +177,9 @@ def test_embedding_methods_run_in_a_child_process(tmp_path, capsys):
     pytest.importorskip("sentence_transformers")
     from sklearn.metrics import roc_auc_score
 
-    from orchestrator.postrun.evaluate.data import Run
-    from orchestrator.postrun.evaluate.embeddings import Embedder, EmbeddingUnavailable
-    from orchestrator.postrun.evaluate.features import EMBEDDING_METHODS, collect
+    from evaluation.data import Run
+    from evaluation.embeddings import Embedder, EmbeddingUnavailable
+    from evaluation.features import EMBEDDING_METHODS, collect
 
     try:
         embedder = Embedder()

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 
 from orchestrator.cli import main
-from orchestrator.postrun.evaluate.audit import audit_alignment
+from evaluation.audit import audit_alignment
 from storage import SampleMeta, open_store, open_writer
 from storage.dtypes import BFLOAT16, to_float32
 

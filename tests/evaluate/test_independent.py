@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.postrun.evaluate.data import Run
-from orchestrator.postrun.evaluate.features import collect
+from evaluation.data import Run
+from evaluation.features import collect
 from orchestrator.postrun.exports import write_exports
 
 from .independent import METHODS, independent_aurocs, independent_scores

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.errors import ArtifactError, HallulogError
+from contracts.errors import ArtifactError, HallulogError
 
 __all__ = ["EmbeddingJob"]
 

@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-from orchestrator.errors import HallulogError
+from contracts.errors import HallulogError
 
 from .report import REPORT_DIR, format_table, write_report
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.errors import ArtifactError
+from contracts.errors import ArtifactError
 
 from .data import EvaluationInputError, iter_jsonl
 

@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any, Iterator
 
-from orchestrator.errors import ArtifactError
+from contracts.errors import ArtifactError
 
 __all__ = ["EvaluationInputError", "Run", "iter_jsonl", "iter_joined"]
 
