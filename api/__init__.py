@@ -5,5 +5,11 @@ from .app import create_app
 from .client import StatusError, fetch_status, format_status, status_from_artifacts
 from .server import StatusServer
 
-__all__ = ["create_app", "StatusServer", "fetch_status", "status_from_artifacts",
-           "format_status", "StatusError"]
+__all__ = [
+    "create_app",
+    "StatusServer",
+    "fetch_status",
+    "status_from_artifacts",
+    "format_status",
+    "StatusError",
+]

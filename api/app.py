@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import AsyncIterator, Callable
 from importlib import resources
-from typing import AsyncIterator, Callable
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
@@ -24,8 +24,9 @@ _DASHBOARD = resources.files(__package__).joinpath("dashboard.html").read_text(e
 _NO_STORE = {"Cache-Control": "no-store"}
 
 
-def create_app(get_snapshot: Callable[[], dict], token: str | None, *,
-               events_interval_s: float = 1.0) -> FastAPI:
+def create_app(
+    get_snapshot: Callable[[], dict], token: str | None, *, events_interval_s: float = 1.0
+) -> FastAPI:
     """The FastAPI app serving ``/status``, ``/metrics``, ``/events`` and the ``/`` dashboard.
 
     ``token``: when set, every route but the static ``/`` page requires
@@ -36,8 +37,13 @@ def create_app(get_snapshot: Callable[[], dict], token: str | None, *,
     if events_interval_s <= 0:
         raise ValueError(f"events_interval_s must be > 0, got {events_interval_s}")
     check = TokenCheck(token or None, public=frozenset({"/"}))
-    app = FastAPI(title="hallulog status", docs_url=None, redoc_url=None, openapi_url=None,
-                  dependencies=[Depends(check)])
+    app = FastAPI(
+        title="hallulog status",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        dependencies=[Depends(check)],
+    )
     install_error_handlers(app)
     app.state.stopping = threading.Event()
     registry = metrics.make_registry(get_snapshot)
@@ -52,11 +58,13 @@ def create_app(get_snapshot: Callable[[], dict], token: str | None, *,
         return Response(body, media_type=metrics.CONTENT_TYPE, headers=_NO_STORE)
 
     @app.get("/events")
-    async def events(request: Request,
-                     max_events: int | None = Query(None, ge=1, alias="max")) -> StreamingResponse:
+    async def events(
+        request: Request, max_events: int | None = Query(None, ge=1, alias="max")
+    ) -> StreamingResponse:
         stream = _event_stream(get_snapshot, app.state.stopping, events_interval_s, max_events)
-        return StreamingResponse(stream, media_type="text/event-stream",
-                                 headers={**_NO_STORE, "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            stream, media_type="text/event-stream", headers={**_NO_STORE, "X-Accel-Buffering": "no"}
+        )
 
     @app.get("/", response_class=HTMLResponse)
     async def dashboard() -> HTMLResponse:
@@ -65,8 +73,12 @@ def create_app(get_snapshot: Callable[[], dict], token: str | None, *,
     return app
 
 
-async def _event_stream(get_snapshot: Callable[[], dict], stopping: threading.Event,
-                        interval_s: float, max_events: int | None) -> AsyncIterator[str]:
+async def _event_stream(
+    get_snapshot: Callable[[], dict],
+    stopping: threading.Event,
+    interval_s: float,
+    max_events: int | None,
+) -> AsyncIterator[str]:
     """SSE: one ``data:`` line with the compact JSON snapshot per interval, first one at once."""
     yield "retry: 2000\n\n"
     sent = 0

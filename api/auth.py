@@ -28,7 +28,8 @@ def require_token_off_loopback(host: str, token: str | None) -> None:
         raise ValueError(
             f"the status API would listen on {host!r}, which is not loopback, without a token; "
             "pass --status-token TOKEN (clients then send 'Authorization: Bearer TOKEN'), "
-            "or keep --status-host 127.0.0.1")
+            "or keep --status-host 127.0.0.1"
+        )
 
 
 class TokenCheck:
@@ -56,5 +57,6 @@ class TokenCheck:
             raise HTTPException(
                 status_code=401,
                 detail="missing or wrong bearer token: send 'Authorization: Bearer <token>' "
-                       "(the token given to --status-token); a token in the URL is not accepted",
-                headers={"WWW-Authenticate": "Bearer"})
+                "(the token given to --status-token); a token in the URL is not accepted",
+                headers={"WWW-Authenticate": "Bearer"},
+            )

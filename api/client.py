@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import heapq
-import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
 
 import httpx
+
+from contracts import layout
+from contracts.errors import ArtifactError, HallulogError, MalformedLineError
+from contracts.jsonl import iter_lines, read_document
+from contracts.run_manifest import RunManifest
 
 __all__ = ["fetch_status", "status_from_artifacts", "format_status", "StatusError"]
 
@@ -17,7 +21,7 @@ _RECENT_ERRORS = 20
 """How many of the latest errors a snapshot from files carries (all are counted)."""
 
 
-class StatusError(RuntimeError):
+class StatusError(HallulogError, RuntimeError):
     """The status could not be read (unreachable server, HTTP error, bad artifact file)."""
 
 
@@ -52,12 +56,15 @@ def status_from_artifacts(artifact_root: str | Path) -> dict:
     root = Path(artifact_root)
     if not root.is_dir():
         raise StatusError(f"{root}: no such artifact directory")
-    manifest = _read_json(root / "run_manifest.json", required=False) or {}
-    completed_doc = _read_json(root / "completed_prompts.json", required=False) or {}
+    checkpoint = root / layout.CHECKPOINT
+    try:
+        manifest = RunManifest.load(root) or RunManifest()
+        completed_doc = read_document(checkpoint, "checkpoint") or {}
+    except ArtifactError as exc:
+        raise StatusError(str(exc)) from exc
     completed = completed_doc.get("completed", []) if isinstance(completed_doc, dict) else None
     if not isinstance(completed, list):
-        raise StatusError(f"{root / 'completed_prompts.json'}: expected an object with a "
-                          "'completed' list of prompt ids")
+        raise StatusError(f"{checkpoint}: expected an object with a 'completed' list of prompt ids")
     completed_set = set(completed)
 
     workers = []
@@ -69,11 +76,11 @@ def status_from_artifacts(artifact_root: str | Path) -> dict:
         if not wdir.is_dir():
             continue
         wid = _worker_id(wdir.name)
-        done = _count_lines(wdir / "prompt_index.jsonl")
-        gens = _count_lines(wdir / "generations.jsonl")
+        done = _count_lines(wdir / layout.PROMPT_INDEX)
+        gens = _count_lines(wdir / layout.GENERATIONS)
         generations += gens
         w_errors = 0
-        for e in _iter_jsonl(wdir / "errors.jsonl"):
+        for e in _iter_jsonl(wdir / layout.ERRORS):
             w_errors += 1
             pid = e.get("prompt_id")
             if pid and pid not in completed_set:
@@ -87,19 +94,41 @@ def status_from_artifacts(artifact_root: str | Path) -> dict:
                 heapq.heappush(recent, item)
             elif item[:2] > recent[0][:2]:
                 heapq.heapreplace(recent, item)
-        workers.append({"id": wid, "state": "stopped", "current_prompt": None, "in_flight": 0,
-                        "done": done, "errors": w_errors, "generations": gens,
-                        "tokens": None, "updated_at": None})
+        workers.append(
+            {
+                "id": wid,
+                "state": "stopped",
+                "current_prompt": None,
+                "in_flight": 0,
+                "done": done,
+                "errors": w_errors,
+                "generations": gens,
+                "tokens": None,
+                "updated_at": None,
+            }
+        )
     errors = [e for _, _, e in sorted(recent, key=lambda item: item[:2])]
 
     total = _first_int(manifest, "total_prompts", "num_prompts", "prompt_count")
     done = len(completed_set) if completed_doc else sum(w["done"] for w in workers)
     if total is None:
         total = done + len(failed)
-    consolidated = (root / "consolidated" / "validation_report.json").exists()
+    report = layout.evaluation_dir(root) / layout.REPORT_MD
+    consolidated = (layout.consolidated_dir(root) / layout.VALIDATION_REPORT).exists()
     phase = "done" if consolidated else ("stopped" if done + len(failed) < total else "running")
-    config_keys = ("model", "dataset", "split", "k_samples", "logging_profile", "target_layers",
-                   "sequence_mode", "storage_format", "dtype", "max_tokens", "worker_count")
+    config_keys = (
+        "model",
+        "dataset",
+        "split",
+        "k_samples",
+        "logging_profile",
+        "target_layers",
+        "sequence_mode",
+        "storage_format",
+        "dtype",
+        "max_tokens",
+        "worker_count",
+    )
     return {
         "version": 1,
         "source": "artifacts",
@@ -113,8 +142,14 @@ def status_from_artifacts(artifact_root: str | Path) -> dict:
         "updated_at": None,
         "now": time.time(),
         "elapsed_s": None,
-        "prompts": {"total": total, "done": done, "failed": len(failed), "in_flight": 0,
-                    "skipped": 0, "remaining": max(0, total - done - len(failed))},
+        "prompts": {
+            "total": total,
+            "done": done,
+            "failed": len(failed),
+            "in_flight": 0,
+            "skipped": 0,
+            "remaining": max(0, total - done - len(failed)),
+        },
         "progress": done / total if total else 1.0,
         "generations": generations,
         "tokens": None,
@@ -125,8 +160,7 @@ def status_from_artifacts(artifact_root: str | Path) -> dict:
         "servers": [],
         "errors": errors,
         "history": None,
-        "evaluation_report": (str(root / "evaluation" / "report.md")
-                              if (root / "evaluation" / "report.md").is_file() else None),
+        "evaluation_report": str(report) if report.is_file() else None,
     }
 
 
@@ -149,40 +183,53 @@ def format_status(snapshot: dict) -> str:
     rates = s.get("rates")
     if rates:
         g, t = rates.get("generations_per_s", {}), rates.get("tokens_per_s", {})
-        lines.append(f"generations/s {g.get('recent', 0):.2f} (overall {g.get('overall', 0):.2f})  "
-                     f"tokens/s {t.get('recent', 0):.1f} (overall {t.get('overall', 0):.1f})  "
-                     f"window {rates.get('window_s', 0):.0f}s")
-    lines.append(f"generations {s.get('generations', 0)}"
-                 + (f"  tokens {s['tokens']}" if s.get("tokens") is not None else "")
-                 + f"  elapsed {_dur(s.get('elapsed_s'))}  ETA {_eta(s.get('eta_s'))}")
+        lines.append(
+            f"generations/s {g.get('recent', 0):.2f} (overall {g.get('overall', 0):.2f})  "
+            f"tokens/s {t.get('recent', 0):.1f} (overall {t.get('overall', 0):.1f})  "
+            f"window {rates.get('window_s', 0):.0f}s"
+        )
+    lines.append(
+        f"generations {s.get('generations', 0)}"
+        + (f"  tokens {s['tokens']}" if s.get("tokens") is not None else "")
+        + f"  elapsed {_dur(s.get('elapsed_s'))}  ETA {_eta(s.get('eta_s'))}"
+    )
     if s.get("evaluation_report"):
         lines.append(f"evaluation report {s['evaluation_report']}")
     workers = s.get("workers") or []
     if workers:
         lines.append("workers:")
-        lines.append(f"  {'id':>3} {'state':<12} {'current prompt':<18} {'flight':>6} "
-                     f"{'done':>6} {'errors':>6}")
+        lines.append(
+            f"  {'id':>3} {'state':<12} {'current prompt':<18} {'flight':>6} "
+            f"{'done':>6} {'errors':>6}"
+        )
         for w in workers:
-            lines.append(f"  {w.get('id', '?'):>3} {str(w.get('state') or '')[:12]:<12} "
-                         f"{str(w.get('current_prompt') or '-'):<18} {w.get('in_flight', 0):>6} "
-                         f"{w.get('done', 0):>6} {w.get('errors', 0):>6}")
+            lines.append(
+                f"  {w.get('id', '?'):>3} {str(w.get('state') or '')[:12]:<12} "
+                f"{str(w.get('current_prompt') or '-'):<18} {w.get('in_flight', 0):>6} "
+                f"{w.get('done', 0):>6} {w.get('errors', 0):>6}"
+            )
     servers = s.get("servers") or []
     if servers:
         lines.append("servers:")
         for v in servers:
-            lines.append(f"  {v.get('url')}  {v.get('health')}  restarts {v.get('restarts', 0)}"
-                         f"  in flight {v.get('in_flight', 0)}")
+            lines.append(
+                f"  {v.get('url')}  {v.get('health')}  restarts {v.get('restarts', 0)}"
+                f"  in flight {v.get('in_flight', 0)}"
+            )
     errors = s.get("errors") or []
     if errors:
         lines.append(f"recent errors ({s.get('errors_total', len(errors))} in all):")
         for e in errors[-5:]:
             msg = str(e.get("error_message", "")).replace("\n", " ")
-            lines.append(f"  worker {e.get('worker_id', '?')} prompt {e.get('prompt_id', '?')} "
-                         f"{e.get('error_type', '?')}: {msg[:100]}")
+            lines.append(
+                f"  worker {e.get('worker_id', '?')} prompt {e.get('prompt_id', '?')} "
+                f"{e.get('error_type', '?')}: {msg[:100]}"
+            )
     return "\n".join(lines)
 
 
 # ---- helpers --------------------------------------------------------------------------------
+
 
 def _dur(seconds: float | None) -> str:
     if seconds is None:
@@ -214,19 +261,6 @@ def _first_int(d: dict, *keys: str) -> int | None:
     return None
 
 
-def _read_json(path: Path, *, required: bool) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        if required:
-            raise StatusError(f"{path}: missing") from None
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise StatusError(f"{path}: line {exc.lineno}: not valid JSON ({exc.msg})") from exc
-
-
 def _count_lines(path: Path) -> int:
     """Complete (newline-terminated) lines, counted in binary chunks without parsing JSON."""
     try:
@@ -241,22 +275,10 @@ def _count_lines(path: Path) -> int:
 
 
 def _iter_jsonl(path: Path) -> Iterator[dict]:
-    """Objects of a JSONL file, streamed; a torn last line (no newline) is ignored."""
+    """Objects of a JSONL file (:mod:`contracts.jsonl`: a torn last line is ignored); a
+    malformed line is a :class:`StatusError` naming the file and line."""
     try:
-        f = path.open("rb")
-    except FileNotFoundError:
-        return
-    with f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.endswith(b"\n"):
-                return  # a torn append
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise StatusError(f"{path}: line {lineno}: not valid JSON "
-                                  f"({getattr(exc, 'msg', exc)})") from exc
-            if not isinstance(obj, dict):
-                raise StatusError(f"{path}: line {lineno}: expected a JSON object")
-            yield obj
+        for line in iter_lines(path):
+            yield line.row
+    except MalformedLineError as exc:
+        raise StatusError(f"{exc.path}: line {exc.line}: {exc.what}") from exc

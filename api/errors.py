@@ -20,10 +20,15 @@ _TYPES = {
 }
 
 
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
     err_type = _TYPES.get(status, "internal_error" if status >= 500 else "invalid_request_error")
-    return JSONResponse({"error": {"message": message, "type": err_type, "code": status}},
-                        status_code=status, headers=headers)
+    return JSONResponse(
+        {"error": {"message": message, "type": err_type, "code": status}},
+        status_code=status,
+        headers=headers,
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -22,12 +22,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.config import RunConfig  # noqa: E402
-from orchestrator.postrun.consolidate import consolidate  # noqa: E402
-from contracts.ids import activation_key, prompt_id_for  # noqa: E402
-from orchestrator.manifest import build_manifest, write_manifest  # noqa: E402
-from orchestrator.postrun.validate import validate  # noqa: E402
 import orchestrator.postrun.consolidate  # noqa: E402,F401  (imported before timing)
+from contracts.ids import activation_key, prompt_id_for  # noqa: E402
+from orchestrator.config import RunConfig  # noqa: E402
+from orchestrator.manifest import build_manifest, write_manifest  # noqa: E402
+from orchestrator.postrun.consolidate import consolidate  # noqa: E402
+from orchestrator.postrun.validate import validate  # noqa: E402
 from workers.persist import GenerationRecord, WorkerDir  # noqa: E402
 
 L, T, H = 4, 3, 8
@@ -36,14 +36,34 @@ L, T, H = 4, 3, 8
 def build(root: Path, prompts: int, k: int, workers: int) -> None:
     root.mkdir(parents=True)
     cfg = RunConfig(artifact_root=root, k_samples=k, storage_format="npy", num_workers=workers)
-    write_manifest(root, build_manifest(cfg, run_id=None, model_name="synthetic", model_path="-",
-                                        layer_ids=list(range(L)), hidden_size=H,
-                                        num_hidden_layers=L - 1, dataset="triviaqa", split="dev",
-                                        prompt_template="t", worker_count=workers,
-                                        total_prompts=prompts))
-    dirs = [WorkerDir(root / f"worker_{w}", worker_id=w, storage_format="npy",
-                      layer_ids=list(range(L)), hidden_size=H, dtype="float16")
-            for w in range(workers)]
+    write_manifest(
+        root,
+        build_manifest(
+            cfg,
+            run_id=None,
+            model_name="synthetic",
+            model_path="-",
+            layer_ids=list(range(L)),
+            hidden_size=H,
+            num_hidden_layers=L - 1,
+            dataset="triviaqa",
+            split="dev",
+            prompt_template="t",
+            worker_count=workers,
+            total_prompts=prompts,
+        ),
+    )
+    dirs = [
+        WorkerDir(
+            root / f"worker_{w}",
+            worker_id=w,
+            storage_format="npy",
+            layer_ids=list(range(L)),
+            hidden_size=H,
+            dtype="float16",
+        )
+        for w in range(workers)
+    ]
     acts = np.ones((L, T, H), dtype=np.float16)
     for i in range(prompts):
         pid = prompt_id_for("triviaqa", "dev", i)
@@ -51,17 +71,50 @@ def build(root: Path, prompts: int, k: int, workers: int) -> None:
         gens = []
         for sid in range(k + 1):
             key = activation_key(pid, sid)
-            row = {"prompt_id": pid, "sample_id": sid, "role": "primary" if sid == 0 else "sample",
-                   "text": "x", "finish_reason": "stop", "usage": {}, "token_ids": [1, 2, 3],
-                   "logprobs": [{"token": "x", "logprob": -0.1, "top_logprobs": []}] * 3,
-                   "request_params": {}, "generation_time_ms": 1, "label": 0}
-            gens.append(GenerationRecord(row=row, acts=acts, prompt_rows=1, response_rows=2,
-                                         label=0, activation_row={
-                "prompt_id": pid, "sample_id": sid, "activation_key": key,
-                "layers": list(range(L)), "sequence_mode": "response", "prompt_token_count": 1,
-                "response_token_count": 3, "row0_position": 0, "num_rows": T}))
-        out.persist_group({"prompt_id": pid, "dataset_id": str(i), "prompt": "q", "label": 0,
-                           "meta": {}, "completed_at": "t"}, gens)
+            row = {
+                "prompt_id": pid,
+                "sample_id": sid,
+                "role": "primary" if sid == 0 else "sample",
+                "text": "x",
+                "finish_reason": "stop",
+                "usage": {},
+                "token_ids": [1, 2, 3],
+                "logprobs": [{"token": "x", "logprob": -0.1, "top_logprobs": []}] * 3,
+                "request_params": {},
+                "generation_time_ms": 1,
+                "label": 0,
+            }
+            gens.append(
+                GenerationRecord(
+                    row=row,
+                    acts=acts,
+                    prompt_rows=1,
+                    response_rows=2,
+                    label=0,
+                    activation_row={
+                        "prompt_id": pid,
+                        "sample_id": sid,
+                        "activation_key": key,
+                        "layers": list(range(L)),
+                        "sequence_mode": "response",
+                        "prompt_token_count": 1,
+                        "response_token_count": 3,
+                        "row0_position": 0,
+                        "num_rows": T,
+                    },
+                )
+            )
+        out.persist_group(
+            {
+                "prompt_id": pid,
+                "dataset_id": str(i),
+                "prompt": "q",
+                "label": 0,
+                "meta": {},
+                "completed_at": "t",
+            },
+            gens,
+        )
     for d in dirs:
         d.close()
 
@@ -93,16 +146,24 @@ def main() -> None:
         t0 = time.perf_counter()
         report = validate(root)
         t_validate = time.perf_counter() - t0
-        same_inode = sum(1 for row in map(json.loads, open(root / "consolidated" /
-                                                             "activation_index.jsonl"))
-                         if os.stat(root / "consolidated" / row["file_path"]).st_ino
-                         == os.stat(root / row["source_path"]).st_ino)
-        print(f"synthetic run: {args.prompts} prompts x {args.k_samples + 1} generations = "
-              f"{n_files} activation files in {args.workers} worker dirs (built in {built:.1f} s)")
-        print(f"consolidate (hard links + JSONL merge): {t_consolidate:.2f} s "
-              f"({result['activation_modes']}, {same_inode} same-inode files)")
-        print(f"plain copy of the same activation files: {t_copy:.2f} s "
-              f"(ratio consolidate/copy = {t_consolidate / t_copy:.2f})")
+        same_inode = sum(
+            1
+            for row in map(json.loads, open(root / "consolidated" / "activation_index.jsonl"))
+            if os.stat(root / "consolidated" / row["file_path"]).st_ino
+            == os.stat(root / row["source_path"]).st_ino
+        )
+        print(
+            f"synthetic run: {args.prompts} prompts x {args.k_samples + 1} generations = "
+            f"{n_files} activation files in {args.workers} worker dirs (built in {built:.1f} s)"
+        )
+        print(
+            f"consolidate (hard links + JSONL merge): {t_consolidate:.2f} s "
+            f"({result['activation_modes']}, {same_inode} same-inode files)"
+        )
+        print(
+            f"plain copy of the same activation files: {t_copy:.2f} s "
+            f"(ratio consolidate/copy = {t_consolidate / t_copy:.2f})"
+        )
         print(f"validate: {t_validate:.2f} s, ok={report['ok']}")
     finally:
         if args.dir is None:

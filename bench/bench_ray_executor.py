@@ -27,8 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _rows(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] \
-        if path.exists() else []
+    return (
+        [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    )
 
 
 def _committed(root: Path) -> int:
@@ -43,17 +44,42 @@ def _gen_phase(root: Path) -> tuple[int, float]:
     return len(gens), (last - first).total_seconds()
 
 
-def run(root: Path, args: argparse.Namespace, extra: list[str], cluster=None,
-        remove_after_first_commit: bool = False) -> dict:
-    cmd = [sys.executable, "-m", "orchestrator", "run", "--artifact-root", str(root),
-           "--progress", "false", "--limit", str(args.limit), "--k-samples", str(args.k_samples),
-           "--max-tokens", str(args.max_tokens), "--storage-format", "npy",
-           "--groups-in-flight", str(args.groups_in_flight), *extra]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+def run(
+    root: Path,
+    args: argparse.Namespace,
+    extra: list[str],
+    cluster=None,
+    remove_after_first_commit: bool = False,
+) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "run",
+        "--artifact-root",
+        str(root),
+        "--progress",
+        "false",
+        "--limit",
+        str(args.limit),
+        "--k-samples",
+        str(args.k_samples),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--storage-format",
+        "npy",
+        "--groups-in-flight",
+        str(args.groups_in_flight),
+        *extra,
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     removed = False
     while proc.poll() is None:
         if remove_after_first_commit and not removed and _committed(root):
@@ -66,9 +92,14 @@ def run(root: Path, args: argparse.Namespace, extra: list[str], cluster=None,
     wall = time.monotonic() - started
     gens, phase = _gen_phase(root)
     manifest = json.loads((root / "run_manifest.json").read_text())
-    return {"generations": gens, "gen_phase_s": phase, "wall_s": wall,
-            "gen_per_s": gens / phase if phase > 0 else float("nan"),
-            "gen_per_s_wall": gens / wall, "executor": manifest.get("executor")}
+    return {
+        "generations": gens,
+        "gen_phase_s": phase,
+        "wall_s": wall,
+        "gen_per_s": gens / phase if phase > 0 else float("nan"),
+        "gen_per_s_wall": gens / wall,
+        "executor": manifest.get("executor"),
+    }
 
 
 def main() -> None:
@@ -83,34 +114,48 @@ def main() -> None:
 
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0,
-                                                            "include_dashboard": False})
-    cluster.bench_nodes = [cluster.add_node(num_cpus=args.cpus_per_node)
-                           for _ in range(args.nodes)]
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
+    )
+    cluster.bench_nodes = [cluster.add_node(num_cpus=args.cpus_per_node) for _ in range(args.nodes)]
     cluster.wait_for_nodes()
     try:
         with tempfile.TemporaryDirectory(prefix="bench-ray-") as tmp:
             tmp = Path(tmp)
             local = run(tmp / "local", args, ["--num-workers", str(args.nodes)])
-            ray_args = ["--executor", "ray", "--ray-address", cluster.address,
-                        "--ray-actors", str(args.nodes),
-                        "--ray-cpus-per-actor", str(args.cpus_per_node)]
+            ray_args = [
+                "--executor",
+                "ray",
+                "--ray-address",
+                cluster.address,
+                "--ray-actors",
+                str(args.nodes),
+                "--ray-cpus-per-actor",
+                str(args.cpus_per_node),
+            ]
             on_ray = run(tmp / "ray", args, ray_args)
-            lossy = run(tmp / "ray-loss", args, ray_args, cluster=cluster,
-                        remove_after_first_commit=True)
+            lossy = run(
+                tmp / "ray-loss", args, ray_args, cluster=cluster, remove_after_first_commit=True
+            )
     finally:
         cluster.shutdown()
-    print(f"{args.limit} prompts x {args.k_samples + 1} generations, {args.max_tokens} tokens, "
-          f"{args.nodes} node(s)")
+    print(
+        f"{args.limit} prompts x {args.k_samples + 1} generations, {args.max_tokens} tokens, "
+        f"{args.nodes} node(s)"
+    )
     for name, r in (("local", local), ("ray", on_ray), ("ray, node lost", lossy)):
-        print(f"  {name:15s} {r['gen_per_s']:7.2f} gen/s generation phase "
-              f"({r['gen_per_s'] / local['gen_per_s']:.2f}x local), "
-              f"{r['gen_per_s_wall']:6.2f} gen/s whole command "
-              f"({r['gen_per_s_wall'] / local['gen_per_s_wall']:.2f}x), wall {r['wall_s']:.0f} s")
+        print(
+            f"  {name:15s} {r['gen_per_s']:7.2f} gen/s generation phase "
+            f"({r['gen_per_s'] / local['gen_per_s']:.2f}x local), "
+            f"{r['gen_per_s_wall']:6.2f} gen/s whole command "
+            f"({r['gen_per_s_wall'] / local['gen_per_s_wall']:.2f}x), wall {r['wall_s']:.0f} s"
+        )
     ex = lossy["executor"] or {}
-    print(f"  node loss: {ex.get('slots_lost')} slot(s) lost, {ex.get('groups_redone')} group(s) "
-          f"redone, {ex.get('recovered_committed')} found committed; wall "
-          f"+{lossy['wall_s'] - on_ray['wall_s']:.0f} s vs the ray run without loss")
+    print(
+        f"  node loss: {ex.get('slots_lost')} slot(s) lost, {ex.get('groups_redone')} group(s) "
+        f"redone, {ex.get('recovered_committed')} found committed; wall "
+        f"+{lossy['wall_s'] - on_ray['wall_s']:.0f} s vs the ray run without loss"
+    )
 
 
 if __name__ == "__main__":

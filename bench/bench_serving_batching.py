@@ -18,9 +18,9 @@ import argparse
 import concurrent.futures
 import json
 import os
-import statistics
 import pathlib
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,12 +30,21 @@ import httpx
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 QUESTIONS = [
-    "What is the capital of France?", "Who wrote Romeo and Juliet?", "What is photosynthesis?",
-    "Name the largest planet in the solar system.", "What is the boiling point of water?",
-    "Who painted the Mona Lisa?", "What is the square root of 144?", "What language is spoken in Brazil?",
-    "How many continents are there?", "What is DNA?", "Who discovered penicillin?",
-    "What is the speed of light?", "What is the tallest mountain on Earth?",
-    "Who was the first person on the Moon?", "What is the chemical symbol for gold?",
+    "What is the capital of France?",
+    "Who wrote Romeo and Juliet?",
+    "What is photosynthesis?",
+    "Name the largest planet in the solar system.",
+    "What is the boiling point of water?",
+    "Who painted the Mona Lisa?",
+    "What is the square root of 144?",
+    "What language is spoken in Brazil?",
+    "How many continents are there?",
+    "What is DNA?",
+    "Who discovered penicillin?",
+    "What is the speed of light?",
+    "What is the tallest mountain on Earth?",
+    "Who was the first person on the Moon?",
+    "What is the chemical symbol for gold?",
     "What causes the seasons on Earth?",
 ]
 
@@ -45,9 +54,21 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     log = open(os.path.join(tempfile.mkdtemp(prefix="bench-serving-"), "server.log"), "wb")
-    cmd = [sys.executable, "-m", "serving", "--port", str(port), "--log-level", "warning",
-           "--max-batch-size", str(max(args.concurrency, 1)), "--batch-wait-ms", str(args.batch_wait_ms),
-           "--num-threads", str(args.num_threads)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "serving",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--max-batch-size",
+        str(max(args.concurrency, 1)),
+        "--batch-wait-ms",
+        str(args.batch_wait_ms),
+        "--num-threads",
+        str(args.num_threads),
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -64,13 +85,20 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     sys.exit("server did not become healthy")
 
 
-def run_phase(url: str, prompts: list[str], max_tokens: int, concurrency: int
-              ) -> tuple[float, int, list[list[int]]]:
+def run_phase(
+    url: str, prompts: list[str], max_tokens: int, concurrency: int
+) -> tuple[float, int, list[list[int]]]:
     client = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=concurrency))
 
     def one(question: str) -> list[int]:
-        body = {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
-                "temperature": 0, "logprobs": True, "top_logprobs": 5, "return_token_ids": True}
+        body = {
+            "messages": [{"role": "user", "content": question}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "logprobs": True,
+            "top_logprobs": 5,
+            "return_token_ids": True,
+        }
         resp = client.post(url + "/v1/chat/completions", json=body)
         resp.raise_for_status()
         choice = resp.json()["choices"][0]
@@ -101,19 +129,30 @@ class Generate:
         self.tok.padding_side = "left"
 
     def run(self, prompts: list[str], max_tokens: int) -> tuple[float, int, list[list[int]]]:
-        texts = [self.tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                              tokenize=False) for q in prompts]
+        texts = [
+            self.tok.apply_chat_template(
+                [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+            )
+            for q in prompts
+        ]
         enc = self.tok(texts, add_special_tokens=False, return_tensors="pt", padding=True)
         eos = sorted(self.loaded.eos_token_ids)
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else eos[0]
         start = time.perf_counter()
         with self.torch.inference_mode():
-            out = self.loaded.model.generate(**enc, max_new_tokens=max_tokens, do_sample=False,
-                                             eos_token_id=eos, pad_token_id=pad)
+            out = self.loaded.model.generate(
+                **enc,
+                max_new_tokens=max_tokens,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=pad,
+            )
         wall = time.perf_counter() - start
         ids = []
-        for row in out[:, enc["input_ids"].shape[1]:].tolist():
-            cut = next((j + 1 for j, t in enumerate(row) if t in self.loaded.eos_token_ids), len(row))
+        for row in out[:, enc["input_ids"].shape[1] :].tolist():
+            cut = next(
+                (j + 1 for j, t in enumerate(row) if t in self.loaded.eos_token_ids), len(row)
+            )
             ids.append(row[:cut])
         return wall, sum(len(i) for i in ids), ids
 
@@ -125,8 +164,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
-    parser.add_argument("--num-threads", type=int, default=0,
-                        help="torch threads of the server and of generate (0: torch default)")
+    parser.add_argument(
+        "--num-threads",
+        type=int,
+        default=0,
+        help="torch threads of the server and of generate (0: torch default)",
+    )
     parser.add_argument("--skip-one", action="store_true", help="skip the one-at-a-time phase")
     args = parser.parse_args()
     prompts = QUESTIONS[: args.concurrency]
@@ -154,20 +197,32 @@ def main() -> None:
             proc.terminate()
             proc.wait(30)
     rate = {k: statistics.median(tok / wall for wall, tok in v) for k, v in results.items() if v}
-    print(f"prompts={len(prompts)} max_tokens={args.max_tokens} concurrency={args.concurrency} "
-          f"rounds={args.rounds} threads={args.num_threads or 'default'} cpus={os.cpu_count()}")
-    for name, label in (("server", f"server, {args.concurrency} concurrent"),
-                        ("generate", f"transformers generate, batch {len(prompts)}"),
-                        ("one", "server, one at a time")):
+    print(
+        f"prompts={len(prompts)} max_tokens={args.max_tokens} concurrency={args.concurrency} "
+        f"rounds={args.rounds} threads={args.num_threads or 'default'} cpus={os.cpu_count()}"
+    )
+    for name, label in (
+        ("server", f"server, {args.concurrency} concurrent"),
+        ("generate", f"transformers generate, batch {len(prompts)}"),
+        ("one", "server, one at a time"),
+    ):
         if name in rate:
             print(f"{label:38}: {rate[name]:7.1f} tokens/s (median of {len(results[name])})")
     ratio = rate["server"] / rate["generate"]
     print(f"ratio server / generate: {ratio:.2f}   same greedy tokens: {same}")
-    out = {"bench": "serving_batching", "max_tokens": args.max_tokens, "concurrency": args.concurrency,
-           "rounds": args.rounds, "cpus": os.cpu_count(), "threads": args.num_threads,
-           "server_tok_s": round(rate["server"], 1), "generate_tok_s": round(rate["generate"], 1),
-           "ratio_server_vs_generate": round(ratio, 3), "same_tokens": same,
-           "runs": {k: [round(tok / wall, 1) for wall, tok in v] for k, v in results.items()}}
+    out = {
+        "bench": "serving_batching",
+        "max_tokens": args.max_tokens,
+        "concurrency": args.concurrency,
+        "rounds": args.rounds,
+        "cpus": os.cpu_count(),
+        "threads": args.num_threads,
+        "server_tok_s": round(rate["server"], 1),
+        "generate_tok_s": round(rate["generate"], 1),
+        "ratio_server_vs_generate": round(ratio, 3),
+        "same_tokens": same,
+        "runs": {k: [round(tok / wall, 1) for wall, tok in v] for k, v in results.items()},
+    }
     if "one" in rate:
         out["one_at_a_time_tok_s"] = round(rate["one"], 1)
         out["ratio_concurrent_vs_one"] = round(rate["server"] / rate["one"], 3)

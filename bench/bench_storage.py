@@ -1,4 +1,4 @@
-"""Activation-store benchmarks (issue 3). Ratios against baselines measured in the same run.
+"""Activation-store benchmarks. Ratios against baselines measured in the same run.
 
     python bench/bench_storage.py [--samples 48] [--layers 32] [--hidden 2048] [--dir /tmp/hallulog_bench]
 
@@ -28,7 +28,6 @@ import shutil
 import statistics
 import sys
 import time
-
 import warnings
 
 import numpy as np
@@ -53,7 +52,9 @@ class Data:
 
     def sample(self, k):
         t = int(self.lens[k])
-        return self.buf[: self.L * t * self.H].reshape(self.L, t, self.H), SampleMeta(t // 2, t - t // 2, k % 2)
+        return self.buf[: self.L * t * self.H].reshape(self.L, t, self.H), SampleMeta(
+            t // 2, t - t // 2, k % 2
+        )
 
     def nbytes(self, ks):
         return int(sum(self.L * int(self.lens[k]) * self.H * 2 for k in ks))
@@ -70,9 +71,21 @@ def write_store(fmt, root, data, ks):
         loc = w.write(f"{k:016x}_0", acts, meta)
         if j % 6 == 5:  # a prompt group: primary + 5 samples
             w.commit()
-        index.write(json.dumps({"activation_key": f"{k:016x}_0", "layers": list(range(data.L)),
-                                "prompt_token_count": meta.prompt_len, "response_token_count": meta.response_len,
-                                "row0_position": 0, "num_rows": acts.shape[1], "label": meta.label, **loc}) + "\n")
+        index.write(
+            json.dumps(
+                {
+                    "activation_key": f"{k:016x}_0",
+                    "layers": list(range(data.L)),
+                    "prompt_token_count": meta.prompt_len,
+                    "response_token_count": meta.response_len,
+                    "row0_position": 0,
+                    "num_rows": acts.shape[1],
+                    "label": meta.label,
+                    **loc,
+                }
+            )
+            + "\n"
+        )
     index.close()
     w.close()
 
@@ -102,7 +115,10 @@ def parallel_write(fmt, base, n, L, H, procs):
     chunks = [list(range(n))[j::procs] for j in range(procs)]
     ctx = mp.get_context("fork")
     t = time.perf_counter()
-    ps = [ctx.Process(target=_proc_write, args=((fmt, f"{base}/w{j}", n, L, H, chunks[j]),)) for j in range(procs)]
+    ps = [
+        ctx.Process(target=_proc_write, args=((fmt, f"{base}/w{j}", n, L, H, chunks[j]),))
+        for j in range(procs)
+    ]
     for p in ps:
         p.start()
     for p in ps:
@@ -171,11 +187,21 @@ def loader_rate(root, workers, nbatches, b, seed=0, cold=False):
 
     ds = ActivationPairsDataset(root, seed=seed)
     warmup = 1 + 4 * workers
-    sampler = torch.utils.data.RandomSampler(ds, replacement=True, num_samples=b * (nbatches + warmup),
-                                             generator=torch.Generator().manual_seed(seed))
-    dl = torch.utils.data.DataLoader(ds, batch_size=b, sampler=sampler, num_workers=workers,
-                                     collate_fn=collate_pairs, multiprocessing_context="fork" if workers else None,
-                                     prefetch_factor=2 if workers else None)
+    sampler = torch.utils.data.RandomSampler(
+        ds,
+        replacement=True,
+        num_samples=b * (nbatches + warmup),
+        generator=torch.Generator().manual_seed(seed),
+    )
+    dl = torch.utils.data.DataLoader(
+        ds,
+        batch_size=b,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate_pairs,
+        multiprocessing_context="fork" if workers else None,
+        prefetch_factor=2 if workers else None,
+    )
     it = iter(dl)
     for _ in range(warmup):
         next(it)
@@ -201,15 +227,24 @@ def main():
     a = ap.parse_args()
     fmts = tuple(a.formats.split(","))
     med = statistics.median
-    out = {"bench": "storage", "samples": a.samples, "layers": a.layers, "hidden": a.hidden,
-           "batch": a.batch, "cpus": os.cpu_count(), "repeats": a.repeats}
+    out = {
+        "bench": "storage",
+        "samples": a.samples,
+        "layers": a.layers,
+        "hidden": a.hidden,
+        "batch": a.batch,
+        "cpus": os.cpu_count(),
+        "repeats": a.repeats,
+    }
     n, L, H = a.samples, a.layers, a.hidden
     data = Data(n, L, H)
     total = data.nbytes(range(n))
     os.makedirs(a.dir, exist_ok=True)
     rows = {}
-    print(f"# shapes: N={n} samples, L={L}, H={H}, float16, tokens uniform 16..256 "
-          f"(mean {data.lens.mean():.0f}); logical bytes {total / MB:.0f} MB per store; cpus={os.cpu_count()}")
+    print(
+        f"# shapes: N={n} samples, L={L}, H={H}, float16, tokens uniform 16..256 "
+        f"(mean {data.lens.mean():.0f}); logical bytes {total / MB:.0f} MB per store; cpus={os.cpu_count()}"
+    )
 
     # 1. ingest
     dd_s = timed(dd_write, f"{a.dir}/dd.bin", total)
@@ -230,7 +265,10 @@ def main():
         hb = data.nbytes(range(half))
         rows[fmt] = {"ingest": total / s}
         out.setdefault("ingest_vs_dd", {})[fmt] = round(total / s / dd, 3)
-        print(f"| {fmt} | {total / s / MB:.0f} | {total / s / dd:.2f} | {disk / MB:.0f} | {hb / s2 / MB:.0f} | {s1 / s2:.2f} |")
+        print(
+            f"| {fmt} | {total / s / MB:.0f} | {total / s / dd:.2f} | {disk / MB:.0f} "
+            f"| {hb / s2 / MB:.0f} | {s1 / s2:.2f} |"
+        )
 
     readers = {fmt: open_store(f"{a.dir}/{fmt}") for fmt in fmts}
     for fmt in fmts:
@@ -251,7 +289,9 @@ def main():
             lat.append(time.perf_counter() - t)
             nb += x.nbytes
         lat = np.array(lat) * 1e6
-        print(f"| {fmt} | {lat.mean():.0f} | {np.median(lat):.0f} | {np.percentile(lat, 95):.0f} | {nb / lat.sum():.0f} |")
+        print(
+            f"| {fmt} | {lat.mean():.0f} | {np.median(lat):.0f} | {np.percentile(lat, 95):.0f} | {nb / lat.sum():.0f} |"
+        )
 
     # 3. batches, page cached
     batches = []
@@ -261,7 +301,9 @@ def main():
         batches.append((np.repeat(s, 2), ls.reshape(-1)))
     base = med(batch_rate(mem, batches) for _ in range(a.repeats))
     out["memcpy_MBps"] = base / MB
-    print(f"\n## batches of {a.batch} samples x 2 layers, page cached (memcpy limit {base / MB:.0f} MB/s)")
+    print(
+        f"\n## batches of {a.batch} samples x 2 layers, page cached (memcpy limit {base / MB:.0f} MB/s)"
+    )
     print("| format | MB/s | / memcpy |")
     print("|---|---|---|")
     for fmt, r in readers.items():
@@ -271,7 +313,9 @@ def main():
         print(f"| {fmt} | {rate / MB:.0f} | {rate / base:.2f} |")
 
     # 4. DataLoader
-    print(f"\n## ActivationPairsDataset + DataLoader (fork), batch {a.batch}, page cached; / memcpy {base / MB:.0f} MB/s")
+    print(
+        f"\n## ActivationPairsDataset + DataLoader (fork), batch {a.batch}, page cached; / memcpy {base / MB:.0f} MB/s"
+    )
     print("| format | cache | workers 0 | workers 2 | workers 4 |")
     print("|---|---|---|---|---|")
     for fmt in fmts:
@@ -279,12 +323,15 @@ def main():
             cells = []
             for w in (0, 2, 4):
                 reps = 1 if fmt == "zarr" else a.repeats
-                rate = med(loader_rate(f"{a.dir}/{fmt}", w, 4 if fmt == "zarr" else 40, a.batch, cold=cold)
-                           for _ in range(reps))
+                rate = med(
+                    loader_rate(f"{a.dir}/{fmt}", w, 4 if fmt == "zarr" else 40, a.batch, cold=cold)
+                    for _ in range(reps)
+                )
                 if not cold:
                     warm(f"{a.dir}/{fmt}")
-                out.setdefault("loader_cold_vs_memcpy" if cold else "loader_vs_memcpy", {}) \
-                    .setdefault(fmt, {})[str(w)] = round(rate / base, 3)
+                out.setdefault(
+                    "loader_cold_vs_memcpy" if cold else "loader_vs_memcpy", {}
+                ).setdefault(fmt, {})[str(w)] = round(rate / base, 3)
                 cells.append(f"{rate / MB:.0f} MB/s ({rate / base:.2f})")
             warm(f"{a.dir}/{fmt}")
             print(f"| {fmt} | {'cold' if cold else 'cached'} | " + " | ".join(cells) + " |")

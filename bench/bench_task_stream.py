@@ -46,17 +46,24 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
 FORMATS = ("jsonl", "json", "csv", "tsv", "parquet", "hf")
 BASELINE = "triviaqa"
 MODES = ("reader", "groups", "run")
-_EXT = {"jsonl": ".jsonl", "json": ".json", "csv": ".csv", "tsv": ".tsv",
-        "parquet": ".parquet", "hf": ""}
+_EXT = {
+    "jsonl": ".jsonl",
+    "json": ".json",
+    "csv": ".csv",
+    "tsv": ".tsv",
+    "parquet": ".parquet",
+    "hf": "",
+}
 _BATCH = 100_000  # records per write batch
 
 
@@ -68,9 +75,38 @@ def _text_pool() -> str:
     import random
 
     rng = random.Random(0)
-    syllables = ["ka", "lo", "mi", "ren", "tas", "vo", "ul", "shi", "bar", "den", "fo", "gri",
-                 "hol", "ja", "ke", "lum", "nor", "pa", "qui", "ros", "sel", "tu", "vin", "wes",
-                 "yo", "zar", "an", "el", "or", "im"]
+    syllables = [
+        "ka",
+        "lo",
+        "mi",
+        "ren",
+        "tas",
+        "vo",
+        "ul",
+        "shi",
+        "bar",
+        "den",
+        "fo",
+        "gri",
+        "hol",
+        "ja",
+        "ke",
+        "lum",
+        "nor",
+        "pa",
+        "qui",
+        "ros",
+        "sel",
+        "tu",
+        "vin",
+        "wes",
+        "yo",
+        "zar",
+        "an",
+        "el",
+        "or",
+        "im",
+    ]
     vocab = sorted({"".join(rng.choices(syllables, k=rng.randint(1, 4))) for _ in range(5000)})
     return " ".join(rng.choices(vocab, k=800_000))
 
@@ -82,24 +118,32 @@ def _record(i: int) -> tuple[str, str, list[str], str]:
     head = f"[{i}] "
     pool = _text_pool()
     off = (i * 2654435761) % (len(pool) - 256)
-    return (f"q{i:09d}", f"Which city is meant by riddle number {i}?",
-            [value, value.upper()], head + pool[off:off + 200 - len(head)])
+    return (
+        f"q{i:09d}",
+        f"Which city is meant by riddle number {i}?",
+        [value, value.upper()],
+        head + pool[off : off + 200 - len(head)],
+    )
 
 
 def _qa_line(i: int) -> str:
     qid, question, answers, context = _record(i)
     answer = ", ".join(f'"{a}"' for a in answers)
-    return (f'{{"qid": "{qid}", "question": "{question}", "answer": [{answer}], '
-            f'"context": "{context}"}}')
+    return (
+        f'{{"qid": "{qid}", "question": "{question}", "answer": [{answer}], '
+        f'"context": "{context}"}}'
+    )
 
 
 def _triviaqa_line(i: int) -> str:
     qid, question, answers, context = _record(i)
     aliases = ", ".join(f'"{a}"' for a in answers)
     norm = ", ".join(f'"{a.lower()}"' for a in answers)
-    return (f'{{"QuestionId": "{qid}", "Question": "{question}", "Answer": {{"Value": '
-            f'"{answers[0]}", "Aliases": [{aliases}], "NormalizedAliases": [{norm}], '
-            f'"NormalizedValue": "{answers[0].lower()}"}}, "Context": "{context}"}}')
+    return (
+        f'{{"QuestionId": "{qid}", "Question": "{question}", "Answer": {{"Value": '
+        f'"{answers[0]}", "Aliases": [{aliases}], "NormalizedAliases": [{norm}], '
+        f'"NormalizedValue": "{answers[0].lower()}"}}, "Context": "{context}"}}'
+    )
 
 
 def _batches(n: int, size: int = _BATCH) -> Iterator[range]:
@@ -139,14 +183,23 @@ def write_file(fmt: str, n: int, where: Path, row_group: int = _BATCH) -> Path:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        schema = pa.schema([("qid", pa.string()), ("question", pa.string()),
-                            ("answer", pa.list_(pa.string())), ("context", pa.string())])
+        schema = pa.schema(
+            [
+                ("qid", pa.string()),
+                ("question", pa.string()),
+                ("answer", pa.list_(pa.string())),
+                ("context", pa.string()),
+            ]
+        )
         with pq.ParquetWriter(str(path), schema) as writer:
             for batch in _batches(n, row_group):  # one row group per batch
                 cols = list(zip(*map(_record, batch)))
-                writer.write_table(pa.Table.from_arrays(
-                    [pa.array(c, type=t) for c, t in zip(cols, schema.types)], schema=schema),
-                    row_group_size=row_group)
+                writer.write_table(
+                    pa.Table.from_arrays(
+                        [pa.array(c, type=t) for c, t in zip(cols, schema.types)], schema=schema
+                    ),
+                    row_group_size=row_group,
+                )
     elif fmt == "hf":
         import datasets
 
@@ -158,8 +211,9 @@ def write_file(fmt: str, n: int, where: Path, row_group: int = _BATCH) -> Path:
                 qid, question, answers, context = _record(i)
                 yield {"qid": qid, "question": question, "answer": answers, "context": context}
 
-        ds = datasets.Dataset.from_generator(gen, gen_kwargs={"count": n},
-                                             cache_dir=str(where / "hf_cache"))
+        ds = datasets.Dataset.from_generator(
+            gen, gen_kwargs={"count": n}, cache_dir=str(where / "hf_cache")
+        )
         ds.save_to_disk(str(path))
         del ds
         shutil.rmtree(where / "hf_cache", ignore_errors=True)
@@ -176,6 +230,7 @@ def _size_mb(path: Path) -> float:
 
 # ----------------------------------------------------------------------------- child side
 
+
 def _status_kb(key: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -187,8 +242,14 @@ def _status_kb(key: str) -> int:
 def task_config(fmt: str, path: str) -> dict[str, Any]:
     if fmt == BASELINE:
         return {"task": "triviaqa", "task_path": path}
-    return {"task": "qa", "task_path": path, "question_field": "question",
-            "answers_field": "answer", "id_field": "qid", "context_field": "context"}
+    return {
+        "task": "qa",
+        "task_path": path,
+        "question_field": "question",
+        "answers_field": "answer",
+        "id_field": "qid",
+        "context_field": "context",
+    }
 
 
 def child(mode: str, fmt: str, path: str) -> None:
@@ -210,8 +271,11 @@ def child(mode: str, fmt: str, path: str) -> None:
     start = time.monotonic()
     count = 0
     if mode == "reader":
-        records = (iter_jsonl(path, collector) if fmt == BASELINE
-                   else iter_records(path, collector=collector))
+        records = (
+            iter_jsonl(path, collector)
+            if fmt == BASELINE
+            else iter_records(path, collector=collector)
+        )
         for _ in records:
             count += 1
     elif mode == "groups":
@@ -227,21 +291,30 @@ def child(mode: str, fmt: str, path: str) -> None:
     else:
         raise SystemExit(f"unknown mode {mode}")
     wall = time.monotonic() - start
-    out.update(records=count, wall_s=round(wall, 2),
-               records_per_s=round(count * (2 if mode == "run" else 1) / wall),
-               base_rss_mb=round(base_kb / 1024, 1),
-               peak_rss_mb=round(_status_kb("VmHWM") / 1024, 1),
-               ru_maxrss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-               malformed=len(collector.items))
+    out.update(
+        records=count,
+        wall_s=round(wall, 2),
+        records_per_s=round(count * (2 if mode == "run" else 1) / wall),
+        base_rss_mb=round(base_kb / 1024, 1),
+        peak_rss_mb=round(_status_kb("VmHWM") / 1024, 1),
+        ru_maxrss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        malformed=len(collector.items),
+    )
     print(json.dumps(out))
 
 
 # ----------------------------------------------------------------------------- parent side
 
+
 def measure(mode: str, fmt: str, path: Path) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", mode, fmt,
-                           str(path)], env=env, cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--child", mode, fmt, str(path)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{fmt} {mode} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -262,23 +335,44 @@ def bench_one(fmt: str, n: int, where: Path, jobs: int, row_group: int) -> dict[
         shutil.rmtree(path)
     else:
         path.unlink()
-    return {"format": fmt, "records": n, "file_mb": round(size, 1),
-            "write_s": round(written, 1), "modes": modes}
+    return {
+        "format": fmt,
+        "records": n,
+        "file_mb": round(size, 1),
+        "write_s": round(written, 1),
+        "modes": modes,
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--child", nargs=3, metavar=("MODE", "FORMAT", "PATH"), help=argparse.SUPPRESS)
-    p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
-                   default=[10_000, 1_000_000], help="record counts (comma-separated)")
-    p.add_argument("--formats", type=lambda s: [x for x in s.split(",") if x],
-                   default=list(FORMATS), help=f"subset of {','.join(FORMATS)}")
+    p.add_argument(
+        "--sizes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[10_000, 1_000_000],
+        help="record counts (comma-separated)",
+    )
+    p.add_argument(
+        "--formats",
+        type=lambda s: [x for x in s.split(",") if x],
+        default=list(FORMATS),
+        help=f"subset of {','.join(FORMATS)}",
+    )
     p.add_argument("--jobs", type=int, default=2, help="measurements run at once")
-    p.add_argument("--parquet-row-group", type=int, default=_BATCH,
-                   help="rows per Parquet row group (default %(default)s): the Parquet reader "
-                        "holds one row group's column chunks at a time")
-    p.add_argument("--dir", type=Path, default=None, help="write the files here (default: a "
-                   "temporary directory, removed at the end)")
+    p.add_argument(
+        "--parquet-row-group",
+        type=int,
+        default=_BATCH,
+        help="rows per Parquet row group (default %(default)s): the Parquet reader "
+        "holds one row group's column chunks at a time",
+    )
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="write the files here (default: a temporary directory, removed at the end)",
+    )
     args = p.parse_args()
     if args.child:
         child(*args.child)
@@ -304,20 +398,33 @@ def main() -> None:
                 r = bench_one(fmt, n, where, args.jobs, args.parquet_row_group)
                 results.append(r)
                 m = r["modes"]
-                print(f"{fmt:<9} {n:>9} records  file {r['file_mb']:>7.1f} MB "
-                      f"(written in {r['write_s']} s)  peak RSS: reader "
-                      f"{m['reader']['peak_rss_mb']:>6.1f}  groups "
-                      f"{m['groups']['peak_rss_mb']:>6.1f}  run {m['run']['peak_rss_mb']:>6.1f} MB "
-                      f"(base "
-                      f"{m['groups']['base_rss_mb']:.0f}; run after the ids pass "
-                      f"{m['run']['rss_after_ids_mb']:.0f})  groups "
-                      f"{m['groups']['records_per_s']:,} rec/s", flush=True)
+                print(
+                    f"{fmt:<9} {n:>9} records  file {r['file_mb']:>7.1f} MB "
+                    f"(written in {r['write_s']} s)  peak RSS: reader "
+                    f"{m['reader']['peak_rss_mb']:>6.1f}  groups "
+                    f"{m['groups']['peak_rss_mb']:>6.1f}  run {m['run']['peak_rss_mb']:>6.1f} MB "
+                    f"(base "
+                    f"{m['groups']['base_rss_mb']:.0f}; run after the ids pass "
+                    f"{m['run']['rss_after_ids_mb']:.0f})  groups "
+                    f"{m['groups']['records_per_s']:,} rec/s",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(where, ignore_errors=True)
     summary = _summary(results, sizes)
     _print_table(summary, sizes)
-    print(json.dumps({"bench": "task_stream", "sizes": sizes, "jobs": args.jobs,
-                      "notes": notes, "summary": summary, "results": results}))
+    print(
+        json.dumps(
+            {
+                "bench": "task_stream",
+                "sizes": sizes,
+                "jobs": args.jobs,
+                "notes": notes,
+                "summary": summary,
+                "results": results,
+            }
+        )
+    )
 
 
 def _summary(results: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, Any]]:
@@ -325,32 +432,47 @@ def _summary(results: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, 
     rows = []
     for fmt in dict.fromkeys(r["format"] for r in results):
         by_n = {r["records"]: r for r in results if r["format"] == fmt}
-        row: dict[str, Any] = {"format": fmt, "file_mb": {n: by_n[n]["file_mb"] for n in by_n},
-                               "groups_records_per_s": by_n[hi]["modes"]["groups"]["records_per_s"]}
+        row: dict[str, Any] = {
+            "format": fmt,
+            "file_mb": {n: by_n[n]["file_mb"] for n in by_n},
+            "groups_records_per_s": by_n[hi]["modes"]["groups"]["records_per_s"],
+        }
         for mode in MODES:
             peaks = {n: by_n[n]["modes"][mode]["peak_rss_mb"] for n in by_n}
             growth = peaks[hi] - peaks[lo]
-            row[mode] = {"peak_rss_mb": peaks, "growth_mb": round(growth, 1),
-                         "bytes_per_record": round(growth * 2**20 / (hi - lo)) if hi > lo else 0}
+            row[mode] = {
+                "peak_rss_mb": peaks,
+                "growth_mb": round(growth, 1),
+                "bytes_per_record": round(growth * 2**20 / (hi - lo)) if hi > lo else 0,
+            }
         rows.append(row)
     return rows
 
 
 def _print_table(summary: list[dict[str, Any]], sizes: list[int]) -> None:
     lo, hi = sizes[0], sizes[-1]
-    print(f"\npeak RSS (MB, VmHWM of a fresh process) at {lo:,} → {hi:,} records; growth "
-          f"(MB, bytes per record)")
-    print(f"{'format':<9} {'file MB':>15} | {'reader':>24} | {'groups (a)':>24} | "
-          f"{'run: ids + groups (b)':>24} | groups rec/s")
+    print(
+        f"\npeak RSS (MB, VmHWM of a fresh process) at {lo:,} → {hi:,} records; growth "
+        f"(MB, bytes per record)"
+    )
+    print(
+        f"{'format':<9} {'file MB':>15} | {'reader':>24} | {'groups (a)':>24} | "
+        f"{'run: ids + groups (b)':>24} | groups rec/s"
+    )
     for row in summary:
         cells = []
         for mode in MODES:
             d = row[mode]
-            cells.append(f"{d['peak_rss_mb'][lo]:>5.0f} → {d['peak_rss_mb'][hi]:>5.0f} "
-                         f"+{d['growth_mb']:>4.0f} ({d['bytes_per_record']:>3} B)")
+            cells.append(
+                f"{d['peak_rss_mb'][lo]:>5.0f} → {d['peak_rss_mb'][hi]:>5.0f} "
+                f"+{d['growth_mb']:>4.0f} ({d['bytes_per_record']:>3} B)"
+            )
         files = f"{row['file_mb'][lo]:.1f} → {row['file_mb'][hi]:.0f}"
-        print(f"{row['format']:<9} {files:>15} | " + " | ".join(f"{c:>24}" for c in cells)
-              + f" | {row['groups_records_per_s']:>10,}")
+        print(
+            f"{row['format']:<9} {files:>15} | "
+            + " | ".join(f"{c:>24}" for c in cells)
+            + f" | {row['groups_records_per_s']:>10,}"
+        )
 
 
 if __name__ == "__main__":

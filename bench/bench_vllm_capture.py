@@ -61,17 +61,24 @@ MODEL = "smollm2"
 
 def start_server(args, port: int, capture: bool, spool: Path, log_path: Path):
     argv = vllm_server_command(
-        args.model_dir, host="127.0.0.1", port=port,
+        args.model_dir,
+        host="127.0.0.1",
+        port=port,
         layer_ids=list(range(args.num_layers + 1)) if capture else None,
-        spool_dir=spool if capture else None, dtype=args.dtype, served_model_name=MODEL,
-        python=args.python, extra_args=["--max-model-len", "2048"],
+        spool_dir=spool if capture else None,
+        dtype=args.dtype,
+        served_model_name=MODEL,
+        python=args.python,
+        extra_args=["--max-model-len", "2048"],
     )
     env = vllm_server_env(os.environ, gpu=None, cache_dir=args.cache_dir)
     for name in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR"):
         Path(env[name]).mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     url = f"http://127.0.0.1:{port}"
     while True:
         if proc.poll() is not None:
@@ -119,16 +126,29 @@ def take(path: str, strategy: str | None = None) -> int:
     return rows
 
 
-def generate(url: str, jobs, max_tokens: int, streams: int, capture: bool, spooled: bool,
-             strategy: str | None = None):
+def generate(
+    url: str,
+    jobs,
+    max_tokens: int,
+    streams: int,
+    capture: bool,
+    spooled: bool,
+    strategy: str | None = None,
+):
     """Run chat generations; returns (wall seconds, completion tokens, [(prompt ids, response ids)])."""
 
     def one(job):
         question, seed = job
         body = {
-            "model": MODEL, "messages": [{"role": "user", "content": question}],
-            "max_tokens": max_tokens, "temperature": 0.7, "seed": seed, "ignore_eos": True,
-            "logprobs": True, "top_logprobs": 5, "return_token_ids": True,
+            "model": MODEL,
+            "messages": [{"role": "user", "content": question}],
+            "max_tokens": max_tokens,
+            "temperature": 0.7,
+            "seed": seed,
+            "ignore_eos": True,
+            "logprobs": True,
+            "top_logprobs": 5,
+            "return_token_ids": True,
         }
         if capture:
             body["kv_transfer_params"] = {"include_output_tokens": True}
@@ -139,7 +159,9 @@ def generate(url: str, jobs, max_tokens: int, streams: int, capture: bool, spool
         if spooled:  # an extraction server writes a file for every request
             rows = take(resp["kv_transfer_params"]["hidden_states_path"], strategy)
             if capture and rows != len(prompt) + len(response) - 1:
-                raise AssertionError(f"capture has {rows} rows, expected {len(prompt) + len(response) - 1}")
+                raise AssertionError(
+                    f"capture has {rows} rows, expected {len(prompt) + len(response) - 1}"
+                )
         return prompt, response
 
     t0 = time.monotonic()
@@ -151,8 +173,11 @@ def generate(url: str, jobs, max_tokens: int, streams: int, capture: bool, spool
 def prefill_capture(url: str, pairs, streams: int, strategy: str | None = None) -> float:
     def one(pair):
         ids = pair[0] + pair[1]
-        r = httpx.post(url + "/v1/completions", json={
-            "model": MODEL, "prompt": ids, "max_tokens": 1, "temperature": 0}, timeout=600)
+        r = httpx.post(
+            url + "/v1/completions",
+            json={"model": MODEL, "prompt": ids, "max_tokens": 1, "temperature": 0},
+            timeout=600,
+        )
         r.raise_for_status()
         rows = take(r.json()["kv_transfer_params"]["hidden_states_path"], strategy)
         if rows != len(ids):
@@ -184,10 +209,16 @@ def disk_write_rate(directory: Path, nbytes: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=sys.executable, help="interpreter of the vLLM venv")
-    parser.add_argument("--model-dir", default=None, help="default: serving.model_loader.default_model_dir()")
-    parser.add_argument("--num-layers", type=int, default=30, help="decoder layers (ids 0..N captured)")
+    parser.add_argument(
+        "--model-dir", default=None, help="default: serving.model_loader.default_model_dir()"
+    )
+    parser.add_argument(
+        "--num-layers", type=int, default=30, help="decoder layers (ids 0..N captured)"
+    )
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--cache-dir", default=None, help="server cache root (default: hallulog cache/vllm-cpu)")
+    parser.add_argument(
+        "--cache-dir", default=None, help="server cache root (default: hallulog cache/vllm-cpu)"
+    )
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--requests-per-stream", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=48)
@@ -216,10 +247,15 @@ def main() -> None:
     servers = []
     try:
         for name, capture, port in (("plain", False, args.port), ("capture", True, args.port + 1)):
-            proc, url, results["startup_s"][name] = start_server(args, port, capture, spool, work / f"{name}.log")
+            proc, url, results["startup_s"][name] = start_server(
+                args, port, capture, spool, work / f"{name}.log"
+            )
             servers.append(proc)
             generate(url, warm, args.max_tokens, 1, capture=capture, spooled=capture)
-        plain_url, capture_url = f"http://127.0.0.1:{args.port}", f"http://127.0.0.1:{args.port + 1}"
+        plain_url, capture_url = (
+            f"http://127.0.0.1:{args.port}",
+            f"http://127.0.0.1:{args.port + 1}",
+        )
         walls: dict[tuple[str, int], list[float]] = {}
         tokens: dict[tuple[str, int], int] = {}
 
@@ -229,12 +265,28 @@ def main() -> None:
 
         for _ in range(args.rounds):
             for streams, jobs in workloads.items():
-                wall_p, tok_p, pairs = generate(plain_url, jobs, args.max_tokens, streams, capture=False, spooled=False)
-                wall_a, tok_a, _ = generate(capture_url, jobs, args.max_tokens, streams, capture=True,
-                                            spooled=True, strategy=f"a/{streams}")
+                wall_p, tok_p, pairs = generate(
+                    plain_url, jobs, args.max_tokens, streams, capture=False, spooled=False
+                )
+                wall_a, tok_a, _ = generate(
+                    capture_url,
+                    jobs,
+                    args.max_tokens,
+                    streams,
+                    capture=True,
+                    spooled=True,
+                    strategy=f"a/{streams}",
+                )
                 wall_cap = prefill_capture(capture_url, pairs, streams, f"b/{streams}")
-                wall_c, tok_c, pairs_c = generate(capture_url, jobs, args.max_tokens, streams, capture=False,
-                                                  spooled=True, strategy=f"c/{streams}")
+                wall_c, tok_c, pairs_c = generate(
+                    capture_url,
+                    jobs,
+                    args.max_tokens,
+                    streams,
+                    capture=False,
+                    spooled=True,
+                    strategy=f"c/{streams}",
+                )
                 wall_c += prefill_capture(capture_url, pairs_c, streams, f"c/{streams}")
                 record("plain", streams, wall_p, tok_p)
                 record("a: include_output_tokens", streams, wall_a, tok_a)
@@ -249,12 +301,18 @@ def main() -> None:
         wall = statistics.median(samples)
         wall_p = statistics.median(walls[("plain", streams)])
         n = len(workloads[streams])
-        results["runs"].append({
-            "strategy": name, "streams": streams, "requests": n, "wall_s": round(wall, 3),
-            "wall_s_rounds": [round(w, 3) for w in samples],
-            "gen_per_s": round(n / wall, 3), "tok_per_s": round(tokens[(name, streams)] / wall, 1),
-            "vs_plain": round(wall_p / wall, 3),
-        })
+        results["runs"].append(
+            {
+                "strategy": name,
+                "streams": streams,
+                "requests": n,
+                "wall_s": round(wall, 3),
+                "wall_s_rounds": [round(w, 3) for w in samples],
+                "gen_per_s": round(n / wall, 3),
+                "tok_per_s": round(tokens[(name, streams)] / wall, 1),
+                "vs_plain": round(wall_p / wall, 3),
+            }
+        )
     results["runs"].sort(key=lambda r: r["streams"])
     leftovers = sorted(os.listdir(spool))
     # the disk bound: the same bytes as strategy a's capture files, written sequentially
@@ -269,28 +327,51 @@ def main() -> None:
             run["capture_MB"] = round(nbytes / 1e6, 1)
             run["capture_MBps"] = round(nbytes / run["wall_s"] / 1e6, 1)
             run["capture_vs_disk"] = round(nbytes / run["wall_s"] / disk, 3)
-    best = max((r for r in results["runs"] if r["streams"] == top and r["strategy"][:1] in "abc"),
-               key=lambda r: r["vs_plain"])
-    results["best"] = {"strategy": best["strategy"], "streams": top, "vs_plain": best["vs_plain"],
-                       "capture_vs_disk": best.get("capture_vs_disk")}
+    best = max(
+        (r for r in results["runs"] if r["streams"] == top and r["strategy"][:1] in "abc"),
+        key=lambda r: r["vs_plain"],
+    )
+    results["best"] = {
+        "strategy": best["strategy"],
+        "streams": top,
+        "vs_plain": best["vs_plain"],
+        "capture_vs_disk": best.get("capture_vs_disk"),
+    }
 
-    print(f"model {args.model_dir} ({args.dtype}), {args.max_tokens} tokens per generation, "
-          f"layer ids 0..{args.num_layers}, median of {args.rounds} rounds")
-    print(f"startup: plain {results['startup_s']['plain']:.1f} s, "
-          f"capture {results['startup_s']['capture']:.1f} s")
-    print(f"{'strategy':34} {'streams':>7} {'reqs':>5} {'wall s':>8} {'gen/s':>7} {'tok/s':>8} {'vs plain':>9}")
+    print(
+        f"model {args.model_dir} ({args.dtype}), {args.max_tokens} tokens per generation, "
+        f"layer ids 0..{args.num_layers}, median of {args.rounds} rounds"
+    )
+    print(
+        f"startup: plain {results['startup_s']['plain']:.1f} s, "
+        f"capture {results['startup_s']['capture']:.1f} s"
+    )
+    print(
+        f"{'strategy':34} {'streams':>7} {'reqs':>5} {'wall s':>8} {'gen/s':>7} {'tok/s':>8} {'vs plain':>9}"
+    )
     for run in results["runs"]:
-        print(f"{run['strategy']:34} {run['streams']:>7} {run['requests']:>5} {run['wall_s']:>8.2f} "
-              f"{run['gen_per_s']:>7.2f} {run['tok_per_s']:>8.1f} {run['vs_plain']:>9.2f}")
-    print(f"disk write (same bytes as a's files, sequential, no fsync): {results['disk_write_MBps']} MB/s")
+        print(
+            f"{run['strategy']:34} {run['streams']:>7} {run['requests']:>5} {run['wall_s']:>8.2f} "
+            f"{run['gen_per_s']:>7.2f} {run['tok_per_s']:>8.1f} {run['vs_plain']:>9.2f}"
+        )
+    print(
+        f"disk write (same bytes as a's files, sequential, no fsync): {results['disk_write_MBps']} MB/s"
+    )
     for run in results["runs"]:
         if "capture_MBps" in run:
-            print(f"  {run['strategy']:34} {run['streams']:>3} streams: {run['capture_MB']} MB of capture files, "
-                  f"{run['capture_MBps']} MB/s = {run['capture_vs_disk']:.2f} of the disk write")
+            print(
+                f"  {run['strategy']:34} {run['streams']:>3} streams: {run['capture_MB']} MB of capture files, "
+                f"{run['capture_MBps']} MB/s = {run['capture_vs_disk']:.2f} of the disk write"
+            )
     print(f"best at {top} streams: {best['strategy']}: {best['vs_plain']:.2f} of plain generation")
     print(f"spool files left: {len(leftovers)}")
-    results.update(bench="vllm_capture", model_dir=args.model_dir, dtype=args.dtype,
-                   max_tokens=args.max_tokens, cpus=os.cpu_count())
+    results.update(
+        bench="vllm_capture",
+        model_dir=args.model_dir,
+        dtype=args.dtype,
+        max_tokens=args.max_tokens,
+        cpus=os.cpu_count(),
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     print(json.dumps(results))

@@ -100,9 +100,13 @@ def run_pass(name, make_iter, n, cold_path=None):
     io1 = rchar()
     assert count == n, (name, count, n)
     lat_ms = np.array(lat) * 1e3
-    return {"samples_s": count / dt, "p50_ms": float(np.percentile(lat_ms, 50)),
-            "p95_ms": float(np.percentile(lat_ms, 95)), "opens_per_1k": 1000 * opens / count,
-            "kb_read_per_sample": (io1 - io0) / count / 1024}
+    return {
+        "samples_s": count / dt,
+        "p50_ms": float(np.percentile(lat_ms, 50)),
+        "p95_ms": float(np.percentile(lat_ms, 95)),
+        "opens_per_1k": 1000 * opens / count,
+        "kb_read_per_sample": (io1 - io0) / count / 1024,
+    }
 
 
 def main():
@@ -125,11 +129,15 @@ def main():
     convert_store(os.path.join(a.dir, "packed"), os.path.join(a.dir, "zarr"), "zarr")
     t_zarr = time.perf_counter() - t
     t = time.perf_counter()
-    m = export_wds(os.path.join(a.dir, "packed"), os.path.join(a.dir, "wds"), shard_bytes=a.shard_mb << 20)
+    m = export_wds(
+        os.path.join(a.dir, "packed"), os.path.join(a.dir, "wds"), shard_bytes=a.shard_mb << 20
+    )
     t_wds = time.perf_counter() - t
-    print(f"data: {n} samples, L={L}, H={H}, float16, prompt U[16,64] + response U[8,64] tokens, "
-          f"{nbytes / 1e9:.2f} GB per format; WDS {len(m['shards'])} shards of <= {a.shard_mb} MiB, "
-          f"shuffle buffer {a.buffer}")
+    print(
+        f"data: {n} samples, L={L}, H={H}, float16, prompt U[16,64] + response U[8,64] tokens, "
+        f"{nbytes / 1e9:.2f} GB per format; WDS {len(m['shards'])} shards of <= {a.shard_mb} MiB, "
+        f"shuffle buffer {a.buffer}"
+    )
     print(f"write: packed {t_packed:.1f} s, packed->zarr {t_zarr:.1f} s, packed->wds {t_wds:.1f} s")
 
     zarr_dir, packed_dir = os.path.join(a.dir, "zarr"), os.path.join(a.dir, "packed")
@@ -140,31 +148,43 @@ def main():
         def make():
             ds = ActivationPairsDataset(open_store(path), seed=0)
             return (ds[int(i)] for i in order)
+
         return make
 
     def stream():
         ds = WdsPairsDataset(wds_dir, seed=0, shuffle_buffer=a.buffer)
         return iter(ds)
 
-    cases = [("zarr", pairs(zarr_dir), zarr_dir), ("packed", pairs(packed_dir), packed_dir),
-             ("wds", stream, wds_dir)]
+    cases = [
+        ("zarr", pairs(zarr_dir), zarr_dir),
+        ("packed", pairs(packed_dir), packed_dir),
+        ("wds", stream, wds_dir),
+    ]
     rows = {}
     for cache in ("warm", "cold"):
         for name, make, path in cases:
             if cache == "warm":
                 run_pass(name, make, n)  # warm-up pass fills the page cache
-            rows[(name, cache)] = run_pass(name, make, n, cold_path=path if cache == "cold" else None)
+            rows[(name, cache)] = run_pass(
+                name, make, n, cold_path=path if cache == "cold" else None
+            )
     print()
-    print("| format | cache | samples/s | vs zarr | p50 ms | p95 ms | opens / 1k samples | KiB read / sample |")
+    print(
+        "| format | cache | samples/s | vs zarr | p50 ms | p95 ms | opens / 1k samples | KiB read / sample |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for cache in ("warm", "cold"):
         base = rows[("zarr", cache)]["samples_s"]
         for name, _, _ in cases:
             r = rows[(name, cache)]
-            print(f"| {name} | {cache} | {r['samples_s']:.0f} | {r['samples_s'] / base:.2f}x | {r['p50_ms']:.2f} | "
-                  f"{r['p95_ms']:.2f} | {r['opens_per_1k']:.0f} | {r['kb_read_per_sample']:.0f} |")
-    print(f"\n(useful bytes per sample: 2 layers x mean T x H x 2 = "
-          f"{2 * nbytes / n / L / 1024:.0f} KiB; a whole record: {nbytes / n / 1024:.0f} KiB)")
+            print(
+                f"| {name} | {cache} | {r['samples_s']:.0f} | {r['samples_s'] / base:.2f}x | {r['p50_ms']:.2f} | "
+                f"{r['p95_ms']:.2f} | {r['opens_per_1k']:.0f} | {r['kb_read_per_sample']:.0f} |"
+            )
+    print(
+        f"\n(useful bytes per sample: 2 layers x mean T x H x 2 = "
+        f"{2 * nbytes / n / L / 1024:.0f} KiB; a whole record: {nbytes / n / 1024:.0f} KiB)"
+    )
 
 
 if __name__ == "__main__":

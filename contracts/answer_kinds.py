@@ -31,12 +31,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from contracts.abstention import detect_abstention
-from contracts.answer_match import _ARTICLE_RE, _PUNCT_TABLE, CORRECT, HALLUCINATED, answer_tokens
+from contracts.answer_match import ARTICLE_RE, CORRECT, HALLUCINATED, PUNCT_TABLE, answer_tokens
 
-__all__ = ["Grade", "answer_kind", "answer_grader", "grade_answer", "token_spans", "parse_letter",
-           "parse_choice_text", "parse_number", "KINDS", "ALIASES", "CHOICE", "NUMERIC", "JUDGE",
-           "ALIAS_MATCH", "CHOICE_MATCH", "NUMERIC_MATCH", "GRADERS", "STATUSES",
-           "DEFAULT_TOLERANCE"]
+__all__ = [
+    "Grade",
+    "answer_kind",
+    "answer_grader",
+    "grade_answer",
+    "token_spans",
+    "parse_letter",
+    "parse_choice_text",
+    "parse_number",
+    "KINDS",
+    "ALIASES",
+    "CHOICE",
+    "NUMERIC",
+    "JUDGE",
+    "ALIAS_MATCH",
+    "CHOICE_MATCH",
+    "NUMERIC_MATCH",
+    "GRADERS",
+    "STATUSES",
+    "DEFAULT_TOLERANCE",
+]
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +101,11 @@ def answer_kind(reference: Any) -> str | None:
         return kind
     if str(kind) not in _warned:
         _warned.add(str(kind))
-        log.warning("reference kind %r is not one of %s: such answers are not graded",
-                    kind, ", ".join(KINDS))
+        log.warning(
+            "reference kind %r is not one of %s: such answers are not graded",
+            kind,
+            ", ".join(KINDS),
+        )
     return None
 
 
@@ -114,11 +134,15 @@ def _fixed(grade: Grade) -> Grader:
 
 
 def _verdict(ok: bool, grader: str, span: Span | None) -> Grade:
-    return Grade(CORRECT, grader, "correct", span) if ok else \
-        Grade(HALLUCINATED, grader, "incorrect", span)
+    return (
+        Grade(CORRECT, grader, "correct", span)
+        if ok
+        else Grade(HALLUCINATED, grader, "incorrect", span)
+    )
 
 
 # ---------------------------------------------------------------------------------- aliases
+
 
 def _aliases(reference: Mapping[str, Any]) -> list[str]:
     aliases = reference.get("aliases")
@@ -144,7 +168,7 @@ def token_spans(text: str) -> list[tuple[str, int, int]]:
     origin: list[int] | None = None
     if len(lowered) != len(spaced):  # a character lower-cased into several
         origin = [i for i, ch in enumerate(spaced) for _ in range(len(ch.lower()))]
-    blank = _ARTICLE_RE.sub(lambda m: " " * len(m.group()), lowered.translate(_PUNCT_TABLE))
+    blank = ARTICLE_RE.sub(lambda m: " " * len(m.group()), lowered.translate(PUNCT_TABLE))
     out = []
     for m in re.finditer(r"\S+", blank):
         start, end = m.span()
@@ -164,7 +188,7 @@ def _first_run(tokens: list[str], needles: list[list[str]]) -> tuple[int, int] |
     for i, tok in enumerate(tokens):
         candidates = by_first.get(tok)
         if candidates:
-            best = max((len(n) for n in candidates if tokens[i:i + len(n)] == n), default=0)
+            best = max((len(n) for n in candidates if tokens[i : i + len(n)] == n), default=0)
             if best:
                 return i, best
     return None
@@ -187,8 +211,9 @@ def _alias_grader(reference: Mapping[str, Any]) -> Grader:
             return Grade(HALLUCINATED, ALIAS_MATCH, "incorrect")
         spans = token_spans(text)
         hit = _first_run([t for t, _, _ in spans], needles)
-        return _verdict(hit is not None, ALIAS_MATCH,
-                        _run_span(spans, *hit) if hit is not None else None)
+        return _verdict(
+            hit is not None, ALIAS_MATCH, _run_span(spans, *hit) if hit is not None else None
+        )
 
     return grade
 
@@ -209,7 +234,8 @@ def _unanswerable(text: str | None) -> Grade:
 _LETTER_RE = re.compile(
     r"(?:\A\s*|(?i:\banswer(?:\s+is|\s*:))\s*:?\s*)"
     r"(?:\*\*)?[(\[]?(?:\*\*)?(?P<letter>[A-Z])(?:\*\*)?"
-    r"(?=[.:,;)\]]|[ \t]*(?:\r|\n|\Z))")
+    r"(?=[.:,;)\]]|[ \t]*(?:\r|\n|\Z))"
+)
 
 
 def parse_letter(text: str, n_choices: int) -> tuple[int, Span] | None:
@@ -226,7 +252,7 @@ def _find(tokens: list[str], needle: list[str]) -> int:
     """Index of the first occurrence of ``needle`` as a run in ``tokens``, -1 when none."""
     n = len(needle)
     for i in range(len(tokens) - n + 1):
-        if tokens[i] == needle[0] and tokens[i:i + n] == needle:
+        if tokens[i] == needle[0] and tokens[i : i + n] == needle:
             return i
     return -1
 
@@ -238,15 +264,19 @@ def parse_choice_text(text: str, choice_tokens: list[list[str]]) -> tuple[int, S
     match."""
     spans = token_spans(text)
     tokens = [t for t, _, _ in spans]
-    found = [(i, pos) for i, needle in enumerate(choice_tokens)
-             if needle and (pos := _find(tokens, needle)) >= 0]
+    found = [
+        (i, pos)
+        for i, needle in enumerate(choice_tokens)
+        if needle and (pos := _find(tokens, needle)) >= 0
+    ]
     if not found:
         return None
     if len(found) > 1:
         longest = max(len(choice_tokens[i]) for i, _ in found)
         top = [(i, pos) for i, pos in found if len(choice_tokens[i]) == longest]
-        if len(top) > 1 or any(_find(choice_tokens[top[0][0]], choice_tokens[i]) < 0
-                               for i, _ in found):
+        if len(top) > 1 or any(
+            _find(choice_tokens[top[0][0]], choice_tokens[i]) < 0 for i, _ in found
+        ):
             return None
         found = top
     i, pos = found[0]
@@ -255,8 +285,12 @@ def parse_choice_text(text: str, choice_tokens: list[list[str]]) -> tuple[int, S
 
 def _choice_grader(reference: Mapping[str, Any]) -> Grader:
     choices, index = reference.get("choices"), reference.get("answer_index")
-    if (not isinstance(choices, (list, tuple)) or not choices or not _is_int(index)
-            or not 0 <= index < min(len(choices), len(string.ascii_uppercase))):
+    if (
+        not isinstance(choices, (list, tuple))
+        or not choices
+        or not _is_int(index)
+        or not 0 <= index < min(len(choices), len(string.ascii_uppercase))
+    ):
         return _fixed(Grade(None, CHOICE_MATCH, "no_reference"))
     n_letters = min(len(choices), len(string.ascii_uppercase))
     choice_tokens = [answer_tokens(str(c)) if c is not None else [] for c in choices]
@@ -284,7 +318,8 @@ _NUMBER_RE = re.compile(
     r"(?<![\w.])(?P<sign>[-\u2212]?)\$?"
     r"(?:(?P<grouped>\d{1,3}(?:,\d{3})+(?:\.\d+)?)(?!\d)"
     r"|(?P<num>\d+)/(?P<den>\d+)"
-    r"|(?P<plain>\d+(?:\.\d+)?|\.\d+))%?")
+    r"|(?P<plain>\d+(?:\.\d+)?|\.\d+))%?"
+)
 
 
 def _value(m: re.Match[str]) -> float | None:

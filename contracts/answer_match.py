@@ -22,14 +22,25 @@ import re
 import string
 from collections.abc import Callable, Iterable
 
-__all__ = ["normalize_answer", "alias_match_label", "alias_matcher", "answer_tokens", "CORRECT", "HALLUCINATED"]
+__all__ = [
+    "normalize_answer",
+    "alias_match_label",
+    "alias_matcher",
+    "answer_tokens",
+    "CORRECT",
+    "HALLUCINATED",
+    "PUNCT_TABLE",
+    "ARTICLE_RE",
+]
 
 CORRECT = 0
 HALLUCINATED = 1
 
 _PUNCT = frozenset(string.punctuation) | {"\u2018", "\u2019", "\u00b4", "`"}
-_PUNCT_TABLE = {ord(ch): " " for ch in _PUNCT}
-_ARTICLE_RE = re.compile(r"\b(?:a|an|the)\b")
+PUNCT_TABLE = {ord(ch): " " for ch in _PUNCT}
+"""``str.translate`` table: every punctuation character (ASCII and curly quotes) → a space."""
+ARTICLE_RE = re.compile(r"\b(?:a|an|the)\b")
+"""The articles ``normalize_answer`` removes (on lower-cased text)."""
 
 
 def normalize_answer(text: str) -> str:
@@ -39,8 +50,8 @@ def normalize_answer(text: str) -> str:
     (whole words); collapse whitespace.
     """
     text = text.replace("_", " ").lower()
-    text = text.translate(_PUNCT_TABLE)
-    text = _ARTICLE_RE.sub(" ", text)
+    text = text.translate(PUNCT_TABLE)
+    text = ARTICLE_RE.sub(" ", text)
     return " ".join(text.split())
 
 
@@ -55,7 +66,7 @@ def _contains_run(haystack: list[str], needle: list[str]) -> bool:
         return False
     first = needle[0]
     for i in range(len(haystack) - n + 1):
-        if haystack[i] == first and haystack[i:i + n] == needle:
+        if haystack[i] == first and haystack[i : i + n] == needle:
             return True
     return False
 
@@ -82,12 +93,3 @@ def alias_matcher(aliases: Iterable[str]) -> Callable[[str | None], int]:
         return HALLUCINATED
 
     return label
-    tokens = answer_tokens(answer_text)
-    if not tokens:
-        return HALLUCINATED
-    for alias in aliases:
-        if alias is None:
-            continue
-        if _contains_run(tokens, answer_tokens(str(alias))):
-            return CORRECT
-    return HALLUCINATED

@@ -3,7 +3,12 @@
 Each field becomes ``--field-name``; its help is the field's ``metadata["help"]`` or else the
 docstring written under the field; its type comes from the annotation (``bool`` takes
 ``true/false``, ``tuple[int, ...]`` a comma-separated list with inclusive ranges (``0-7``,
-``0,2-3``), ``Literal`` its values as choices).
+``0,2-3``), ``Literal`` its values as choices). The same ``Literal`` types check the values in
+``__post_init__`` (:func:`literal_problem`), so a choice is written once: in the type.
+
+Field metadata: ``help`` (else the docstring), and argparse's ``metavar``, ``type``, ``choices``,
+``nargs``, ``action``, ``const``; other keys (e.g. the orchestrator's fingerprint membership)
+are the dataclass's own business.
 """
 
 from __future__ import annotations
@@ -15,10 +20,23 @@ import inspect
 import textwrap
 import types
 import typing
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
-__all__ = ["add_dataclass_arguments", "field_docs", "parse_bool"]
+__all__ = [
+    "add_dataclass_arguments",
+    "field_docs",
+    "parse_bool",
+    "literal_choices",
+    "literal_problem",
+    "flag_name",
+    "argument_for",
+    "int_list",
+    "str_list",
+]
+
+_ARGPARSE_KEYS = frozenset({"metavar", "type", "choices", "nargs", "action", "const"})
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -27,8 +45,12 @@ def field_docs(cls: type) -> dict[str, str]:
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
     for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
-                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+        ):
             docs[node.target.id] = " ".join(str(nxt.value.value).split())
     return docs
 
@@ -43,7 +65,7 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def _int_list(text: str) -> tuple[int, ...]:
+def int_list(text: str) -> tuple[int, ...]:
     """``0,2,5`` and inclusive ranges ``0-7`` / ``0,2-3`` (``-1`` alone is the integer -1)."""
     out: list[int] = []
     for part in (x.strip() for x in text.split(",")):
@@ -60,23 +82,85 @@ def _int_list(text: str) -> tuple[int, ...]:
                 out.append(int(part))
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"expected comma-separated integers or ranges (0,2-3), got {text!r}") from None
+                f"expected comma-separated integers or ranges (0,2-3), got {text!r}"
+            ) from None
     return tuple(out)
 
 
-def _str_list(text: str) -> tuple[str, ...]:
+def str_list(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-def _argument_for(annotation: Any) -> dict[str, Any]:
+def flag_name(name: str) -> str:
+    """The flag of field ``name``: ``storage_format`` → ``--storage-format``."""
+    return "--" + name.replace("_", "-")
+
+
+def _literal_args(annotation: Any) -> tuple[Any, ...] | None:
+    """The values of a ``Literal[...]`` annotation (also inside ``X | None``), else None."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        found = [v for a in args if a is not type(None) for v in (_literal_args(a) or ())]
+        return tuple(found) or None
+    if origin is typing.Literal:
+        return args
+    return None
+
+
+def literal_choices(cls: type) -> dict[str, tuple[Any, ...]]:
+    """The allowed values of each ``Literal``-typed field of dataclass ``cls``, by field name."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        values = _literal_args(hints[f.name])
+        if values is not None:
+            out[f.name] = values
+    return out
+
+
+def literal_problem(obj: Any) -> str | None:
+    """For a dataclass instance: the first ``Literal``-typed field whose value is not one of
+    its type's values, as one line naming the flag and the choices (None when every value is
+    allowed; None itself is allowed where the type says ``| None``)."""
+    for name, values in _literal_fields(type(obj)).items():
+        value = getattr(obj, name)
+        if value is None and _optional(type(obj), name):
+            continue
+        if value not in values:
+            return f"{flag_name(name)}: {value!r} is not one of {', '.join(map(str, values))}"
+    return None
+
+
+_LITERALS: dict[type, dict[str, tuple[Any, ...]]] = {}
+_OPTIONAL: dict[type, frozenset[str]] = {}
+
+
+def _literal_fields(cls: type) -> dict[str, tuple[Any, ...]]:
+    if cls not in _LITERALS:  # type hints are resolved once per class
+        hints = typing.get_type_hints(cls)
+        _LITERALS[cls] = literal_choices(cls)
+        _OPTIONAL[cls] = frozenset(
+            name
+            for name in _LITERALS[cls]
+            if typing.get_origin(hints[name]) in (typing.Union, types.UnionType)
+            and type(None) in typing.get_args(hints[name])
+        )
+    return _LITERALS[cls]
+
+
+def _optional(cls: type, name: str) -> bool:
+    return name in _OPTIONAL[cls]
+
+
+def argument_for(annotation: Any) -> dict[str, Any]:
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
-        return _argument_for(inner[0])
+        return argument_for(inner[0])
     if origin is typing.Literal:
         return {"type": type(args[0]), "choices": list(args)}
     if origin is tuple:
-        return {"type": _int_list if args and args[0] is int else _str_list}
+        return {"type": int_list if args and args[0] is int else str_list}
     if annotation is bool:
         return {"type": parse_bool, "metavar": "{true,false}"}
     if annotation in (int, float, str, Path):
@@ -84,9 +168,14 @@ def _argument_for(annotation: Any) -> dict[str, Any]:
     raise TypeError(f"no CLI mapping for {annotation!r}")
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, *,
-                            choices: Mapping[str, Iterable[str]] | None = None,
-                            hidden: Iterable[str] = (), unset_is_none: bool = False) -> None:
+def add_dataclass_arguments(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    *,
+    choices: Mapping[str, Iterable[str]] | None = None,
+    hidden: Iterable[str] = (),
+    unset_is_none: bool = False,
+) -> None:
     """Add one ``--flag`` per field of dataclass ``cls`` to ``parser``.
 
     ``unset_is_none``: flags not given parse as None (so that a caller can layer them over
@@ -98,8 +187,8 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, *,
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        kwargs = _argument_for(hints[f.name])
-        kwargs.update({k: v for k, v in f.metadata.items() if k != "help"})
+        kwargs = argument_for(hints[f.name])
+        kwargs.update({k: v for k, v in f.metadata.items() if k in _ARGPARSE_KEYS})
         if choices and f.name in choices:
             kwargs["choices"] = list(choices[f.name])
         default = f.default if f.default is not dataclasses.MISSING else None
@@ -107,5 +196,10 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, *,
         text = f.metadata.get("help") or docs.get(f.name, "")
         if "default" not in text:
             text = f"{text} (default: {shown})"
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
-                            default=None if unset_is_none else default, help=text, **kwargs)
+        parser.add_argument(
+            flag_name(f.name),
+            dest=f.name,
+            default=None if unset_is_none else default,
+            help=text,
+            **kwargs,
+        )

@@ -1,7 +1,11 @@
-"""The root of hallulog's error hierarchy, shared by the orchestrator and the workers.
+"""The root of hallulog's one error tree.
 
 Every error a person can act on derives from :class:`HallulogError`; the CLI prints its message
-as one line. ``storage/`` has its own hierarchy (it imports nothing from the rest).
+as one line. The branches: :class:`ArtifactError` here (a file of the run), ``StorageError``
+(``storage/errors.py``: the activation stores), the orchestrator's (``orchestrator/errors.py``)
+and ``api.StatusError``. Where an error is a case of a builtin, it is that builtin too (a
+malformed line is a ``ValueError``, a store not found a ``FileNotFoundError``), so code that
+catches the builtin keeps working.
 """
 
 from __future__ import annotations
@@ -17,10 +21,11 @@ class ArtifactError(HallulogError):
     """An artifact file is missing, malformed or inconsistent; the message names the path."""
 
 
-class MalformedLineError(ArtifactError):
+class MalformedLineError(ArtifactError, ValueError):
     """A complete line of a JSONL file is not a JSON object."""
 
     def __init__(self, path: str, line: int, what: str) -> None:
         super().__init__(f"{path}:{line}: {what}")
         self.path = path
         self.line = line
+        self.what = what

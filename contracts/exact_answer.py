@@ -27,8 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-__all__ = ["exact_answer_span", "first_line_span", "char_to_token_span", "GRADER",
-           "FIRST_LINE"]
+__all__ = ["exact_answer_span", "first_line_span", "char_to_token_span", "GRADER", "FIRST_LINE"]
 
 GRADER, FIRST_LINE = "grader", "first_line"
 
@@ -48,15 +47,14 @@ def first_line_span(text: str) -> tuple[int, int] | None:
         prefix = _ANSWER_PREFIX.match(answer)
         if prefix:
             start += prefix.end()
-            answer = answer[prefix.end():]
+            answer = answer[prefix.end() :]
         end = start + len(answer.rstrip(_TRAILING + " \t\f\v"))
         if end > start:
             return start, end
     return None
 
 
-def char_to_token_span(token_texts: Sequence[str], span: tuple[int, int]
-                       ) -> tuple[int, int] | None:
+def char_to_token_span(token_texts: Sequence[str], span: tuple[int, int]) -> tuple[int, int] | None:
     """``[s, e)`` of the tokens overlapping the character span ``[start, end)`` of the tokens'
     concatenation; None when no token does."""
     start, end = int(span[0]), int(span[1])
@@ -74,8 +72,9 @@ def char_to_token_span(token_texts: Sequence[str], span: tuple[int, int]
     return None if first is None else (first, last + 1)
 
 
-def exact_answer_span(text: str, token_texts: Sequence[str | None],
-                      grader_span: Sequence[int] | None) -> dict | None:
+def exact_answer_span(
+    text: str, token_texts: Sequence[str | None], grader_span: Sequence[int] | None
+) -> dict | None:
     """``{"chars": [a, b], "tokens": [s, e], "source": "grader" | "first_line"}`` or None.
 
     ``token_texts`` are the response's token strings in order (the logprobs' ``token``);

@@ -13,17 +13,33 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal
+from typing import Any, BinaryIO, Literal
 
 import orjson
 
-from contracts.errors import MalformedLineError
+from contracts.errors import ArtifactError, MalformedLineError
 
-__all__ = ["Line", "iter_lines", "iter_rows", "committed_size", "cut_torn_tail", "truncate_to",
-           "dumps", "encode", "encode_line", "parse_line",
-           "JsonlAppender", "MalformedLineError"]
+__all__ = [
+    "Line",
+    "iter_lines",
+    "iter_rows",
+    "scan_lines",
+    "read_row_at",
+    "read_document",
+    "is_malformed",
+    "committed_size",
+    "cut_torn_tail",
+    "truncate_to",
+    "dumps",
+    "encode",
+    "encode_line",
+    "parse_line",
+    "JsonlAppender",
+    "MalformedLineError",
+]
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +58,12 @@ class Line:
     raw: bytes = b""
 
 
-def iter_lines(path: str | Path, *, malformed: Literal["raise", "skip"] = "raise",
-               on_malformed: Callable[[int, str], None] | None = None) -> Iterator[Line]:
+def iter_lines(
+    path: str | Path,
+    *,
+    malformed: Literal["raise", "skip"] = "raise",
+    on_malformed: Callable[[int, str], None] | None = None,
+) -> Iterator[Line]:
     """Committed lines of ``path`` (none when it does not exist), streamed.
 
     ``malformed="raise"`` raises :class:`MalformedLineError` at the first complete line that is
@@ -78,6 +98,65 @@ def iter_lines(path: str | Path, *, malformed: Literal["raise", "skip"] = "raise
                 on_malformed(lineno, problem)
 
 
+def scan_lines(path: str | Path) -> Iterator[tuple[int, Any, str | None]]:
+    """``(lineno, value, problem)`` for every non-blank line of ``path``, the last one too when
+    it is torn: for validators, which report every line they cannot take.
+
+    ``value`` is whatever JSON the line holds (not only objects; None when it does not parse);
+    ``problem`` is None, or ``"torn JSON line (...)"`` / ``"malformed JSON line (...)"``. A torn
+    last line that parses whole is yielded as a value (only its newline is missing).
+    """
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with f:
+        for lineno, raw in enumerate(f, start=1):
+            if raw.isspace():
+                continue
+            try:
+                yield lineno, parse_line(raw), None
+            except (ValueError, UnicodeDecodeError) as exc:
+                what = "torn" if not raw.endswith(b"\n") else "malformed"
+                yield lineno, None, f"{what} JSON line ({getattr(exc, 'msg', exc)})"
+
+
+def read_row_at(f: BinaryIO, offset: int) -> Any:
+    """The JSON value of the line that starts at byte ``offset`` of the binary file ``f`` (an
+    offset :func:`iter_lines` gave as ``Line.start``): one line re-read on demand."""
+    f.seek(offset)
+    return parse_line(f.readline())
+
+
+def is_malformed(raw: bytes) -> bool:
+    """A complete line that is not a JSON object: one :func:`iter_lines` refuses (a blank line
+    or a torn tail is not malformed: the tail is the recovery's business)."""
+    if not raw.endswith(b"\n") or raw.isspace():
+        return False
+    try:
+        return not isinstance(parse_line(raw), dict)
+    except (ValueError, UnicodeDecodeError):
+        return True
+
+
+def read_document(path: str | Path, what: str = "JSON document") -> Any:
+    """The one JSON value a whole file holds (a manifest, a checkpoint); None when the file does
+    not exist. Malformed JSON or bytes that are not UTF-8 are an
+    :class:`~contracts.errors.ArtifactError` naming the file (and line), e.g.
+    ``run_manifest.json:3: malformed manifest (Expecting value)`` for ``what="manifest"``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError as exc:
+        raise ArtifactError(f"{path}: not UTF-8 (byte offset {exc.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{path}:{exc.lineno}: malformed {what} ({exc.msg})") from None
+
+
 def parse_line(raw: bytes) -> Any:
     """One JSON value: orjson (3-4x the stdlib), the stdlib where orjson refuses (NaN or
     Infinity as Python writes them, ints beyond 64 bits) or the line is malformed (so errors
@@ -88,8 +167,9 @@ def parse_line(raw: bytes) -> Any:
         return json.loads(raw)
 
 
-def iter_rows(path: str | Path, *, malformed: Literal["raise", "skip"] = "raise"
-              ) -> Iterator[dict[str, Any]]:
+def iter_rows(
+    path: str | Path, *, malformed: Literal["raise", "skip"] = "raise"
+) -> Iterator[dict[str, Any]]:
     """The rows of :func:`iter_lines`, without positions."""
     for line in iter_lines(path, malformed=malformed):
         yield line.row
@@ -158,8 +238,7 @@ def encode_line(row: dict[str, Any]) -> bytes:
     try:
         return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
     except (orjson.JSONEncodeError, TypeError):
-        return (json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n"
-                ).encode("utf-8")
+        return (json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
 
 
 def encode(rows: Iterable[dict[str, Any]]) -> bytes:
@@ -248,7 +327,7 @@ class JsonlAppender:
     def rollback(self, offset: int) -> None:
         """Drop everything from ``offset`` on (the rows of a group that failed to commit)."""
         if offset >= self._size:
-            del self._pending[offset - self._size:]
+            del self._pending[offset - self._size :]
             self._dirty = bool(self._pending)
             return
         self._pending.clear()
@@ -269,7 +348,7 @@ class JsonlAppender:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "JsonlAppender":
+    def __enter__(self) -> JsonlAppender:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -5,9 +5,12 @@
   run_manifest.json  completed_prompts.json  completions.log  labels.jsonl
   servers/server_{i}.log   spool/server_{i}/   (or --spool-root: run_spool_dir)
   worker_{i}/  prompt_index.jsonl generations.jsonl activation_index.jsonl errors.jsonl activations/
+               quarantine.jsonl (repair)
   consolidated/  prompt_index.jsonl generations.jsonl activation_index.jsonl activations/
                  prompts.parquet generations.parquet activation_index.parquet labels.parquet
-                 exports/  validation_report.json
+                 validation_report.json  alignment_audit.json
+                 exports/  selfcheck_samples.jsonl semantic_entropy_inputs.jsonl
+                           semantic_energy_inputs.jsonl geometry_inputs.jsonl logprob_inputs.jsonl
   evaluation/    report.json report.md *.png
 ```
 
@@ -21,11 +24,48 @@ import os
 from pathlib import Path
 
 __all__ = [
-    "MANIFEST", "CHECKPOINT", "COMPLETION_LOG", "LABELS", "CONSOLIDATED", "EXPORTS",
-    "EVALUATION", "VALIDATION_REPORT", "PROMPT_INDEX", "GENERATIONS", "ACTIVATION_INDEX",
-    "ERRORS", "WORKER_JSONL_FILES", "CONSOLIDATED_JSONL_FILES", "PARQUET_TABLES", "worker_dir",
-    "worker_dirs", "worker_id_of", "consolidated_dir", "exports_dir", "evaluation_dir",
-    "servers_dir", "spool_dir", "run_spool_dir",
+    "MANIFEST",
+    "CHECKPOINT",
+    "COMPLETION_LOG",
+    "LABELS",
+    "CONSOLIDATED",
+    "EXPORTS",
+    "EVALUATION",
+    "VALIDATION_REPORT",
+    "ALIGNMENT_AUDIT",
+    "ACTIVATIONS",
+    "PROMPT_INDEX",
+    "GENERATIONS",
+    "ACTIVATION_INDEX",
+    "ERRORS",
+    "QUARANTINE",
+    "WORKER_JSONL_FILES",
+    "CONSOLIDATED_JSONL_FILES",
+    "PROMPTS_PARQUET",
+    "GENERATIONS_PARQUET",
+    "ACTIVATION_INDEX_PARQUET",
+    "LABELS_PARQUET",
+    "PARQUET_TABLES",
+    "SELFCHECK_SAMPLES",
+    "SEMANTIC_ENTROPY_INPUTS",
+    "SEMANTIC_ENERGY_INPUTS",
+    "GEOMETRY_INPUTS",
+    "LOGPROB_INPUTS",
+    "EXPORT_FILES",
+    "REPORT_JSON",
+    "REPORT_MD",
+    "SCORES",
+    "ARTIFACT_FILE_NAMES",
+    "worker_dir",
+    "worker_dirs",
+    "worker_id_of",
+    "consolidated_dir",
+    "exports_dir",
+    "evaluation_dir",
+    "servers_dir",
+    "spool_dir",
+    "run_spool_dir",
+    "activations_dir",
 ]
 
 MANIFEST = "run_manifest.json"
@@ -36,17 +76,65 @@ CONSOLIDATED = "consolidated"
 EXPORTS = "exports"
 EVALUATION = "evaluation"
 VALIDATION_REPORT = "validation_report.json"
+ALIGNMENT_AUDIT = "alignment_audit.json"
+"""``consolidated/alignment_audit.json``: the report of ``--validate-only --deep``."""
+ACTIVATIONS = "activations"
+"""A worker's (or ``consolidated/``'s) activation store directory."""
 
 PROMPT_INDEX = "prompt_index.jsonl"
 GENERATIONS = "generations.jsonl"
 ACTIVATION_INDEX = "activation_index.jsonl"
 ERRORS = "errors.jsonl"
+QUARANTINE = "quarantine.jsonl"
+"""A worker directory's lines set aside by ``--retry-failed`` repair."""
 WORKER_JSONL_FILES = (PROMPT_INDEX, GENERATIONS, ACTIVATION_INDEX, ERRORS)
 """A worker directory's JSONL files (docs/formats/worker-jsonl.md)."""
 CONSOLIDATED_JSONL_FILES = (PROMPT_INDEX, GENERATIONS, ACTIVATION_INDEX)
-PARQUET_TABLES = ("prompts.parquet", "generations.parquet", "activation_index.parquet",
-                  "labels.parquet")
+PROMPTS_PARQUET = "prompts.parquet"
+GENERATIONS_PARQUET = "generations.parquet"
+ACTIVATION_INDEX_PARQUET = "activation_index.parquet"
+LABELS_PARQUET = "labels.parquet"
+PARQUET_TABLES = (PROMPTS_PARQUET, GENERATIONS_PARQUET, ACTIVATION_INDEX_PARQUET, LABELS_PARQUET)
 """The consolidated Parquet tables (docs/formats/parquet.md)."""
+
+SELFCHECK_SAMPLES = "selfcheck_samples.jsonl"
+SEMANTIC_ENTROPY_INPUTS = "semantic_entropy_inputs.jsonl"
+SEMANTIC_ENERGY_INPUTS = "semantic_energy_inputs.jsonl"
+GEOMETRY_INPUTS = "geometry_inputs.jsonl"
+LOGPROB_INPUTS = "logprob_inputs.jsonl"
+EXPORT_FILES = (
+    SELFCHECK_SAMPLES,
+    SEMANTIC_ENTROPY_INPUTS,
+    SEMANTIC_ENERGY_INPUTS,
+    GEOMETRY_INPUTS,
+    LOGPROB_INPUTS,
+)
+"""The method exports in ``consolidated/exports/`` (docs/exports.md), in writing order."""
+
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+SCORES = "scores.parquet"
+"""``evaluation/``'s files (``hallulog evaluate``): the report and the per-prompt scores."""
+
+ARTIFACT_FILE_NAMES = frozenset(
+    {
+        MANIFEST,
+        CHECKPOINT,
+        COMPLETION_LOG,
+        LABELS,
+        VALIDATION_REPORT,
+        ALIGNMENT_AUDIT,
+        *WORKER_JSONL_FILES,
+        QUARANTINE,
+        *PARQUET_TABLES,
+        *EXPORT_FILES,
+        REPORT_JSON,
+        REPORT_MD,
+        SCORES,
+    }
+)
+"""Every file name above: no module outside ``contracts/`` spells one out
+(tests/test_architecture.py)."""
 
 
 def worker_dir(artifact_root: str | Path, worker_id: int) -> Path:
@@ -62,8 +150,11 @@ def worker_id_of(path: str | Path) -> int | None:
 
 def worker_dirs(artifact_root: str | Path) -> list[Path]:
     """Existing ``worker_{i}`` directories, by worker id."""
-    found = [p for p in Path(artifact_root).glob("worker_*")
-             if p.is_dir() and worker_id_of(p) is not None]
+    found = [
+        p
+        for p in Path(artifact_root).glob("worker_*")
+        if p.is_dir() and worker_id_of(p) is not None
+    ]
     return sorted(found, key=lambda p: worker_id_of(p) or 0)
 
 
@@ -77,6 +168,11 @@ def exports_dir(artifact_root: str | Path) -> Path:
 
 def evaluation_dir(artifact_root: str | Path) -> Path:
     return Path(artifact_root) / EVALUATION
+
+
+def activations_dir(directory: str | Path) -> Path:
+    """The activation store of a worker directory or of ``consolidated/``."""
+    return Path(directory) / ACTIVATIONS
 
 
 def servers_dir(artifact_root: str | Path) -> Path:
@@ -95,7 +191,8 @@ def run_spool_dir(artifact_root: str | Path, spool_root: str | Path | None = Non
     return Path(spool_root) / f"hallulog-spool-{digest}"
 
 
-def spool_dir(artifact_root: str | Path, server_index: int,
-              spool_root: str | Path | None = None) -> Path:
+def spool_dir(
+    artifact_root: str | Path, server_index: int, spool_root: str | Path | None = None
+) -> Path:
     """Where server ``server_index`` writes capture files for the workers to pick up."""
     return run_spool_dir(artifact_root, spool_root) / f"server_{server_index}"

@@ -40,8 +40,16 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["POSITION_NAMES", "WINDOW_KINDS", "ResolvedPositions", "parse_positions",
-           "parse_layers", "count_rows", "resolve_positions", "num_captured"]
+__all__ = [
+    "POSITION_NAMES",
+    "WINDOW_KINDS",
+    "ResolvedPositions",
+    "parse_positions",
+    "parse_layers",
+    "count_rows",
+    "resolve_positions",
+    "num_captured",
+]
 
 POSITION_NAMES = ("tbg", "slt", "exact_answer", "last", "response", "prompt", "all")
 """The plain position names; windows ``first:K`` and ``last:K`` (K >= 1) come in addition."""
@@ -79,7 +87,8 @@ class ResolvedPositions:
     def contiguous(self) -> bool:
         """True when the stored positions are one run ``positions[0] .. positions[-1]``."""
         return not self.positions or self.positions[-1] - self.positions[0] + 1 == len(
-            self.positions)
+            self.positions
+        )
 
 
 def parse_positions(text: str) -> tuple[str, ...]:
@@ -101,9 +110,11 @@ def parse_positions(text: str) -> tuple[str, ...]:
                 raise ValueError(f"--positions: {raw.strip()!r}: K must be >= 1")
             name = f"{window.group(1)}:{k}"
         elif name not in POSITION_NAMES:
-            hint = ("K must be a positive integer (first:K, last:K)"
-                    if name.split(":")[0] in WINDOW_KINDS else
-                    f"choose from {', '.join(POSITION_NAMES)}, first:K, last:K")
+            hint = (
+                "K must be a positive integer (first:K, last:K)"
+                if name.split(":")[0] in WINDOW_KINDS
+                else f"choose from {', '.join(POSITION_NAMES)}, first:K, last:K"
+            )
             raise ValueError(f"--positions: unknown position {raw.strip()!r}; {hint}")
         if name not in out:
             out.append(name)
@@ -127,8 +138,9 @@ def parse_layers(text: str, num_hidden_layers: int) -> list[int]:
         v = int(value)
         layer = v if v >= 0 else n + 1 + v
         if not 0 <= layer <= n:
-            raise ValueError(f"--layers: layer {v} is out of range for a model with {n} layers "
-                             f"(ids 0..{n})")
+            raise ValueError(
+                f"--layers: layer {v} is out of range for a model with {n} layers (ids 0..{n})"
+            )
         return layer
 
     for raw in str(text).split(","):
@@ -137,8 +149,10 @@ def parse_layers(text: str, num_hidden_layers: int) -> list[int]:
             continue
         m = _LAYER_RE.match(item)
         if not m:
-            raise ValueError(f"--layers: cannot read {raw.strip()!r}; give ids and inclusive "
-                             "ranges such as 0,8,16-20,-1")
+            raise ValueError(
+                f"--layers: cannot read {raw.strip()!r}; give ids and inclusive "
+                "ranges such as 0,8,16-20,-1"
+            )
         start = resolve(m.group(1))
         end = resolve(m.group(2)) if m.group(2) is not None else start
         if end < start:
@@ -160,8 +174,9 @@ def num_captured(*, prompt_len: int, response_len: int, capture_mode: str) -> in
     return p + max(r - 1, 0) if capture_mode == "generation" else p + r
 
 
-def _name_positions(name: str, *, p: int, r: int, n: int,
-                    exact_answer: tuple[int, int] | None) -> range:
+def _name_positions(
+    name: str, *, p: int, r: int, n: int, exact_answer: tuple[int, int] | None
+) -> range:
     if name == "prompt":
         return range(0, p)
     if name == "tbg":
@@ -188,9 +203,14 @@ def _name_positions(name: str, *, p: int, r: int, n: int,
     raise ValueError(f"--positions: unknown position {name!r}")
 
 
-def resolve_positions(names: Iterable[str], *, prompt_len: int, response_len: int,
-                      capture_mode: str,
-                      exact_answer: tuple[int, int] | None) -> ResolvedPositions:
+def resolve_positions(
+    names: Iterable[str],
+    *,
+    prompt_len: int,
+    response_len: int,
+    capture_mode: str,
+    exact_answer: tuple[int, int] | None,
+) -> ResolvedPositions:
     """The rows one generation stores for position ``names`` (see the module's table).
 
     ``exact_answer`` is the answer's token span ``[start, end)`` in response tokens, or None.
@@ -198,21 +218,33 @@ def resolve_positions(names: Iterable[str], *, prompt_len: int, response_len: in
     names = tuple(names)
     p, r = int(prompt_len), int(response_len)
     n = num_captured(prompt_len=p, response_len=r, capture_mode=capture_mode)
-    per_name = {name: _name_positions(name, p=p, r=r, n=n, exact_answer=exact_answer)
-                for name in names}
+    per_name = {
+        name: _name_positions(name, p=p, r=r, n=n, exact_answer=exact_answer) for name in names
+    }
     positions = tuple(sorted({pos for rng in per_name.values() for pos in rng}))
     index = {pos: j for j, pos in enumerate(positions)}
     rows = {name: tuple(index[pos] for pos in rng) for name, rng in per_name.items()}
     return ResolvedPositions(positions=positions, rows=rows, num_tokens=n)
 
 
-def count_rows(names: Iterable[str], *, prompt_len: int, response_len: int, capture_mode: str,
-               exact_answer_len: int = 1) -> int:
+def count_rows(
+    names: Iterable[str],
+    *,
+    prompt_len: int,
+    response_len: int,
+    capture_mode: str,
+    exact_answer_len: int = 1,
+) -> int:
     """Rows stored for one generation: the union of ``names``' positions, each once.
 
     For projections: the exact answer is taken as the first ``exact_answer_len`` answer tokens
     (0: no exact answer).
     """
     span = (0, int(exact_answer_len)) if exact_answer_len > 0 else None
-    return resolve_positions(names, prompt_len=prompt_len, response_len=response_len,
-                             capture_mode=capture_mode, exact_answer=span).num_rows
+    return resolve_positions(
+        names,
+        prompt_len=prompt_len,
+        response_len=response_len,
+        capture_mode=capture_mode,
+        exact_answer=span,
+    ).num_rows

@@ -35,13 +35,27 @@ class PromptGroup:
     (``--chat false``); ``messages`` is then empty."""
 
     @classmethod
-    def create(cls, dataset: str, split: str, dataset_id: Any, messages: list[dict[str, str]],
-               reference: Any = None, meta: dict[str, Any] | None = None,
-               prompt: str | None = None) -> "PromptGroup":
+    def create(
+        cls,
+        dataset: str,
+        split: str,
+        dataset_id: Any,
+        messages: list[dict[str, str]],
+        reference: Any = None,
+        meta: dict[str, Any] | None = None,
+        prompt: str | None = None,
+    ) -> PromptGroup:
         """Build a group, deriving ``prompt_id`` from ``(dataset, split, dataset_id)``."""
-        return cls(prompt_id=prompt_id_for(dataset, split, dataset_id), dataset=dataset, split=split,
-                   dataset_id=str(dataset_id), messages=messages, reference=reference,
-                   meta=dict(meta or {}), prompt=prompt)
+        return cls(
+            prompt_id=prompt_id_for(dataset, split, dataset_id),
+            dataset=dataset,
+            split=split,
+            dataset_id=str(dataset_id),
+            messages=messages,
+            reference=reference,
+            meta=dict(meta or {}),
+            prompt=prompt,
+        )
 
     @property
     def prompt_text(self) -> str:

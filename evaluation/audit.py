@@ -25,12 +25,19 @@ from pathlib import Path
 
 import numpy as np
 
+from contracts import layout
 from contracts.errors import ArtifactError
+from contracts.run_manifest import RunManifest
 
 from .data import EvaluationInputError, iter_jsonl
 
-__all__ = ["audit_alignment", "format_audit", "load_embedding_matrix", "RECOMPUTE_RTOL",
-           "EXACT_RTOL"]
+__all__ = [
+    "audit_alignment",
+    "format_audit",
+    "load_embedding_matrix",
+    "RECOMPUTE_RTOL",
+    "EXACT_RTOL",
+]
 
 log = logging.getLogger(__name__)
 
@@ -41,21 +48,27 @@ EXACT_RTOL = 1e-3
 RECOMPUTE_RTOL = 0.05
 _MAX_LISTED = 50
 
-_EMBED_KEYS = ("model.embed_tokens.weight", "embed_tokens.weight", "transformer.wte.weight",
-               "wte.weight", "model.decoder.embed_tokens.weight", "lm_head.weight")
+_EMBED_KEYS = (
+    "model.embed_tokens.weight",
+    "embed_tokens.weight",
+    "transformer.wte.weight",
+    "wte.weight",
+    "model.decoder.embed_tokens.weight",
+    "lm_head.weight",
+)
 
 
 def _model_dir(root: Path, model_dir: Path | str | None) -> Path:
     if model_dir is not None:
         return Path(model_dir)
-    man = root / "run_manifest.json"
-    path = None
-    if man.is_file():
-        path = json.loads(man.read_text()).get("model_path")
+    man = RunManifest.path(root)
+    manifest = RunManifest.load(root)
+    path = manifest.model_path if manifest is not None else None
     if not path or not (Path(path) / "config.json").is_file():
         raise EvaluationInputError(
             f"{man}: no usable model_path (got {path!r}); the audit reads the model's embedding "
-            "matrix from the model directory: pass --model-dir or rerun so the manifest has it")
+            "matrix from the model directory: pass --model-dir or rerun so the manifest has it"
+        )
     return Path(path)
 
 
@@ -76,42 +89,57 @@ def load_embedding_matrix(model_dir: Path | str) -> np.ndarray:
 
 def _prompt_ids(cons: Path) -> dict[str, np.ndarray]:
     out = {}
-    for lineno, row in iter_jsonl(cons / "prompt_index.jsonl"):
+    path = cons / layout.PROMPT_INDEX
+    for lineno, row in iter_jsonl(path):
         ids = row.get("prompt_token_ids")
         if ids is None:
-            raise ArtifactError(f"{cons / 'prompt_index.jsonl'}:{lineno}: no prompt_token_ids")
+            raise ArtifactError(f"{path}:{lineno}: no prompt_token_ids")
         out[row["prompt_id"]] = np.asarray(ids, np.int64)
     return out
 
 
 def _act_index(cons: Path) -> dict[str, dict]:
     out = {}
-    for _, row in iter_jsonl(cons / "activation_index.jsonl"):
+    for _, row in iter_jsonl(cons / layout.ACTIVATION_INDEX):
         row0 = int(row.get("row0_position", 0))
         n = int(row.get("num_rows", (row.get("shape") or [0, 0])[1]))
         # row j sits at token_positions[j] (--positions runs), else at row0_position + j
         pos = row.get("token_positions")
         out[row["activation_key"]] = {
-            "row0": row0, "num_rows": n, "prompt_rows": row.get("prompt_rows"),
-            "positions": np.asarray(pos if pos is not None else range(row0, row0 + n), np.int64)}
+            "row0": row0,
+            "num_rows": n,
+            "prompt_rows": row.get("prompt_rows"),
+            "positions": np.asarray(pos if pos is not None else range(row0, row0 + n), np.int64),
+        }
     return out
 
 
 def _iter_generations(cons: Path):
-    for _, row in iter_jsonl(cons / "generations.jsonl"):
-        yield row["prompt_id"], int(row["sample_id"]), np.asarray(row.get("token_ids") or [], np.int64)
+    for _, row in iter_jsonl(cons / layout.GENERATIONS):
+        yield (
+            row["prompt_id"],
+            int(row["sample_id"]),
+            np.asarray(row.get("token_ids") or [], np.int64),
+        )
 
 
-def audit_alignment(artifact_root: Path | str, *, model_dir: Path | str | None = None,
-                    sample: int = 8, seed: int = 0) -> dict:
+def audit_alignment(
+    artifact_root: Path | str,
+    *,
+    model_dir: Path | str | None = None,
+    sample: int = 8,
+    seed: int = 0,
+) -> dict:
     """Check every stored activation (layer 0 stored) or a sample (recompute); return a report
     ``{ok, mode, checked, rows_checked, mismatches: [{activation_key, ...}], ...}``."""
     t0 = time.monotonic()
     root = Path(artifact_root)
-    cons = root / "consolidated"
+    cons = layout.consolidated_dir(root)
     if not cons.is_dir():
-        raise EvaluationInputError(f"{root}: no consolidated/ directory; run `python -m "
-                                   f"orchestrator run --artifact-root {root} --consolidate-only`")
+        raise EvaluationInputError(
+            f"{root}: no consolidated/ directory; run `python -m "
+            f"orchestrator run --artifact-root {root} --consolidate-only`"
+        )
     from storage import open_store
 
     reader = open_store(cons)
@@ -127,8 +155,10 @@ def audit_alignment(artifact_root: Path | str, *, model_dir: Path | str | None =
         mode = "embedding"
         emb = load_embedding_matrix(mdir)
         if emb.shape[1] != reader.hidden_size:
-            raise EvaluationInputError(f"{mdir}: embedding width {emb.shape[1]} differs from the "
-                                       f"store's hidden size {reader.hidden_size}")
+            raise EvaluationInputError(
+                f"{mdir}: embedding width {emb.shape[1]} differs from the "
+                f"store's hidden size {reader.hidden_size}"
+            )
         emb_s = emb.astype(reader.dtype).astype(np.float32)
         norms = np.linalg.norm(emb_s, axis=1) + 1e-12
         lpos = layer_ids.index(0)
@@ -154,9 +184,15 @@ def audit_alignment(artifact_root: Path | str, *, model_dir: Path | str | None =
         meta = reader.meta(i)
         checked += 1
         if int(meta["seq_len"]) != a["num_rows"] or len(expected) != a["num_rows"]:
-            mismatches.append({"activation_key": key, "problem": "row count",
-                               "stored_rows": int(meta["seq_len"]), "index_rows": a["num_rows"],
-                               "token_ids_available": int(len(expected))})
+            mismatches.append(
+                {
+                    "activation_key": key,
+                    "problem": "row count",
+                    "stored_rows": int(meta["seq_len"]),
+                    "index_rows": a["num_rows"],
+                    "token_ids_available": int(len(expected)),
+                }
+            )
             continue
         if mode == "embedding":
             rows = reader.read(i, lpos).astype(np.float32)
@@ -167,29 +203,52 @@ def audit_alignment(artifact_root: Path | str, *, model_dir: Path | str | None =
             worst = max(worst, float(err.max()) if len(err) else 0.0)
             if len(bad):
                 decoded = _decode(rows[bad], emb_s, norms)
-                mismatches.append({
-                    "activation_key": key, "problem": "layer-0 rows are not the embeddings of "
-                    "the recorded token ids", "rows": bad[:20].tolist(), "num_bad_rows": int(len(bad)),
-                    "positions": at[bad[:20]].tolist(),
-                    "expected_token_ids": expected[bad[:20]].tolist(),
-                    "decoded_token_ids": decoded[:20].tolist()})
+                mismatches.append(
+                    {
+                        "activation_key": key,
+                        "problem": "layer-0 rows are not the embeddings of the recorded token ids",
+                        "rows": bad[:20].tolist(),
+                        "num_bad_rows": int(len(bad)),
+                        "positions": at[bad[:20]].tolist(),
+                        "expected_token_ids": expected[bad[:20]].tolist(),
+                        "decoded_token_ids": decoded[:20].tolist(),
+                    }
+                )
         else:
             err, layer = model.compare(reader, i, seq, at)
             rows_checked += a["num_rows"]
             worst = max(worst, err)
             if err > RECOMPUTE_RTOL:
-                mismatches.append({"activation_key": key, "problem": "stored rows differ from "
-                                   "the recomputed hidden states", "max_rel_error": err,
-                                   "layer_id": layer, "tolerance": RECOMPUTE_RTOL})
+                mismatches.append(
+                    {
+                        "activation_key": key,
+                        "problem": "stored rows differ from the recomputed hidden states",
+                        "max_rel_error": err,
+                        "layer_id": layer,
+                        "tolerance": RECOMPUTE_RTOL,
+                    }
+                )
     for key in missing_in_store:
-        mismatches.append({"activation_key": key, "problem": "in activation_index.jsonl but "
-                           "not in the activation store"})
+        mismatches.append(
+            {
+                "activation_key": key,
+                "problem": "in activation_index.jsonl but not in the activation store",
+            }
+        )
     reader.close()
-    return {"ok": not mismatches, "mode": mode, "model_dir": str(mdir), "layer_ids": layer_ids,
-            "checked": checked, "rows_checked": rows_checked,
-            "tolerance": EXACT_RTOL if mode == "embedding" else RECOMPUTE_RTOL,
-            "max_rel_error": worst, "num_mismatches": len(mismatches), "mismatches": mismatches[:_MAX_LISTED],
-            "seconds": round(time.monotonic() - t0, 3)}
+    return {
+        "ok": not mismatches,
+        "mode": mode,
+        "model_dir": str(mdir),
+        "layer_ids": layer_ids,
+        "checked": checked,
+        "rows_checked": rows_checked,
+        "tolerance": EXACT_RTOL if mode == "embedding" else RECOMPUTE_RTOL,
+        "max_rel_error": worst,
+        "num_mismatches": len(mismatches),
+        "mismatches": mismatches[:_MAX_LISTED],
+        "seconds": round(time.monotonic() - t0, 3),
+    }
 
 
 def _decode(rows: np.ndarray, emb: np.ndarray, norms: np.ndarray) -> np.ndarray:
@@ -216,32 +275,34 @@ class _Recompute:
         torch = self.torch
         with torch.no_grad():
             out = self.model(torch.as_tensor(ids[None]), output_hidden_states=True)
-        return torch.stack(out.hidden_states[:self.num_layers], 0)[:, 0].numpy()  # ids 0..N-1
+        return torch.stack(out.hidden_states[: self.num_layers], 0)[:, 0].numpy()  # ids 0..N-1
 
-    def compare(self, reader, i: int, seq: np.ndarray, positions: np.ndarray
-                ) -> tuple[float, int]:
+    def compare(self, reader, i: int, seq: np.ndarray, positions: np.ndarray) -> tuple[float, int]:
         """Worst relative error of the stored rows (row j at ``positions[j]``) and its layer."""
         if not len(positions):
             return 0.0, -1
-        hs = self.hidden(seq[:int(positions[-1]) + 1])
+        hs = self.hidden(seq[: int(positions[-1]) + 1])
         worst, worst_layer = 0.0, -1
         for lpos, lid in enumerate(self.layer_ids):
             if lid >= self.num_layers:  # transformers' last entry is after the final norm
                 continue
             stored = reader.read(i, lpos).astype(np.float32)
             ref = hs[lid, positions]
-            err = float((np.linalg.norm(stored - ref, axis=1) /
-                         (np.linalg.norm(ref, axis=1) + 1e-6)).max())
+            err = float(
+                (np.linalg.norm(stored - ref, axis=1) / (np.linalg.norm(ref, axis=1) + 1e-6)).max()
+            )
             if err > worst:
                 worst, worst_layer = err, lid
         return worst, worst_layer
 
 
 def format_audit(result: dict) -> str:
-    head = (f"alignment audit ({result['mode']}): {result['checked']} activations, "
-            f"{result['rows_checked']} rows checked in {result['seconds']:.1f} s (max relative "
-            f"error {result['max_rel_error']:.2g}, tolerance {result['tolerance']:g}): "
-            + ("OK" if result["ok"] else f"{result['num_mismatches']} MISALIGNED"))
+    head = (
+        f"alignment audit ({result['mode']}): {result['checked']} activations, "
+        f"{result['rows_checked']} rows checked in {result['seconds']:.1f} s (max relative "
+        f"error {result['max_rel_error']:.2g}, tolerance {result['tolerance']:g}): "
+        + ("OK" if result["ok"] else f"{result['num_mismatches']} MISALIGNED")
+    )
     lines = [head]
     for m in result["mismatches"][:10]:
         detail = {k: v for k, v in m.items() if k not in ("activation_key", "problem")}

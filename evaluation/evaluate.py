@@ -10,23 +10,45 @@ from pathlib import Path
 import numpy as np
 
 from .data import EvaluationInputError, Run
-from .features import EMBEDDING_METHODS, TEXT_METHODS, collect
-from .probes import PROBES, run_probes
-from .protocol import make_split, summarize
+from .features import EMBEDDING_METHODS, FAMILY_EXPORT, TEXT_METHODS, collect
+from .probes import PROBABILITY_PROBES, PROBES, run_probes
+from .protocol import Split, make_split
+from .scores import ScoreTable, summarize_scores
 
 __all__ = ["FAMILIES", "ALL_METHODS", "resolve_methods", "evaluate"]
 
 log = logging.getLogger(__name__)
 
-ALL_METHODS = {**TEXT_METHODS, **{p.name: p.family for p in PROBES.values()}}
+#: unsupervised methods on the K samples' stored rows (hidden.py)
+HIDDEN_METHODS = {"eigenscore": "eigenscore"}
+ALL_METHODS = {**TEXT_METHODS, **{p.name: p.family for p in PROBES.values()}, **HIDDEN_METHODS}
 FAMILIES = sorted(set(ALL_METHODS.values()))
 
 _ROW_HINT = {
     "last": "a response row",
     "tbg": "the last prompt row (sequence_mode response or all, or --positions tbg)",
     "slt": "the second-last response row (sequence_mode response or all, or --positions slt)",
-    "exact": "the exact-answer rows (sequence_mode response or all, or --positions "
-             "exact_answer)",
+    "exact": "the exact-answer rows (sequence_mode response or all, or --positions exact_answer)",
+}
+
+
+#: methods of LM-Polygraph's and TruthTorchLM's lists that one pass cannot score offline
+NOT_SCORED = {
+    "se_nli / num_sem_sets_nli / eigval_laplacian_nli / degmat_nli / eccentricity_nli": (
+        "need an NLI model (DeBERTa-large-MNLI) that is not shipped for offline use; the "
+        "exact-match, Jaccard and sentence-embedding variants are scored instead"
+    ),
+    "kernel_language_entropy / luq / semantic_density": (
+        "need NLI entailment probabilities between the samples (no offline NLI model)"
+    ),
+    "ccp (NLI)": "needs an NLI model to compare token alternatives; ccp_lexical compares them by "
+    "text",
+    "token_sar / sentence_sar": "need a cross-encoder relevance model (no offline copy)",
+    "p_true / verbalized_confidence / pmi / cond_pmi": (
+        "need further model passes (a judgement prompt, or the answer without the question) "
+        "that one pass does not store"
+    ),
+    "attention_score / focus / rauq": "need attention maps, which no profile stores",
 }
 
 
@@ -43,7 +65,8 @@ def resolve_methods(names: list[str] | None) -> tuple[list[str], bool]:
         else:
             raise EvaluationInputError(
                 f"--methods: unknown method {n!r}; choose from the families {FAMILIES} or the "
-                f"methods {sorted(ALL_METHODS)}")
+                f"methods {sorted(ALL_METHODS)}"
+            )
     return list(dict.fromkeys(out)), True
 
 
@@ -84,15 +107,27 @@ def _join_embeddings(run, job, feats, scores, wanted, unavailable, timings) -> N
         return
     ids, emb_scores, emb_timings = out
     if ids != feats.prompt_ids:
-        raise EvaluationInputError(f"{run.exports}: the exports changed during the evaluation; "
-                                   "run evaluate again")
+        raise EvaluationInputError(
+            f"{run.exports}: the exports changed during the evaluation; run evaluate again"
+        )
     scores.update(emb_scores)
     timings.update(emb_timings)
 
 
-def evaluate(root: Path | str, *, methods: list[str] | None = None, seed: int = 0,
-             folds: int = 5, n_boot: int = 1000, embeddings: bool = True) -> dict:
+def evaluate(
+    root: Path | str,
+    *,
+    methods: list[str] | None = None,
+    seed: int = 0,
+    folds: int = 5,
+    n_boot: int = 1000,
+    embeddings: bool = True,
+    train_root: Path | str | None = None,
+) -> dict:
     """Run the methods, return the report dict (``report.write_report`` writes it).
+
+    ``train_root``: fit the probes on that run's labelled prompts and score them on every
+    labelled prompt of ``root`` (transfer; the unsupervised methods score ``root`` alone).
 
     The embedding methods run in a child process (background.py) while this one streams the
     other text methods and fits the label probes; the SEP probes, whose target is the
@@ -100,35 +135,54 @@ def evaluate(root: Path | str, *, methods: list[str] | None = None, seed: int = 
     """
     t_start = time.monotonic()
     run = Run(root)
+    train = None
+    if train_root is not None:
+        from .transfer import check_compatible
+
+        train = Run(train_root)
+        check_compatible(train, run)
     wanted, explicit = resolve_methods(methods)
-    skipped: dict[str, str] = {}
+    skipped: dict[str, str] = {} if explicit else dict(NOT_SCORED)
 
     def unavailable(method: str, reason: str) -> None:
         if explicit:
             raise EvaluationInputError(f"{method}: {reason}")
         skipped[method] = reason
 
+    imported = bool(run.manifest().get("imported"))
     for m in list(wanted):
         fam = ALL_METHODS[m]
-        export = {"logprob": "logprob", "selfcheck": "selfcheck",
-                  "semantic_entropy": "semantic_entropy", "sep": "semantic_entropy",
-                  "semantic_energy": "semantic_energy"}.get(fam, "geometry")
-        if not run.has_export(export):
-            unavailable(m, f"{run.export_path(export)} is missing; re-export with "
-                           f"`python -m orchestrator run --artifact-root {run.root} "
-                           "--consolidate-only`")
+        export = {**FAMILY_EXPORT, "sep": "semantic_entropy"}.get(fam, "geometry")
+        if imported and (m in PROBES or m in HIDDEN_METHODS):
+            unavailable(
+                m,
+                "an imported run (python -m orchestrator import) holds no "
+                "activations; the hidden-state methods need a run of the orchestrator",
+            )
+            wanted.remove(m)
+        elif not run.has_export(export):
+            unavailable(
+                m,
+                f"{run.export_path(export)} is missing; re-export with "
+                f"`python -m orchestrator run --artifact-root {run.root} "
+                "--consolidate-only`",
+            )
             wanted.remove(m)
     job = _start_embeddings(run, wanted, embeddings, unavailable, skipped)
     if job is None:
         wanted = [m for m in wanted if m not in EMBEDDING_METHODS]
     try:
-        return _evaluate(run, wanted, job, skipped, unavailable, seed, folds, n_boot, t_start)
+        return _evaluate(
+            run, wanted, job, skipped, unavailable, seed, folds, n_boot, t_start, train
+        )
     finally:
         if job is not None:
             job.cancel()
 
 
-def _evaluate(run, wanted, job, skipped, unavailable, seed, folds, n_boot, t_start) -> dict:
+def _evaluate(
+    run, wanted, job, skipped, unavailable, seed, folds, n_boot, t_start, train=None
+) -> dict:
     timings: dict[str, float] = {}
     t = time.monotonic()
     feats = collect(run, set(wanted) - EMBEDDING_METHODS)
@@ -138,14 +192,21 @@ def _evaluate(run, wanted, job, skipped, unavailable, seed, folds, n_boot, t_sta
     if n1 == 0 or n0 == 0:
         raise EvaluationInputError(
             f"{run.consolidated}: {n0} correct / {n1} hallucinated labelled prompts; AUROC needs "
-            "both classes: run more prompts (--limit) or grade them (docs/labels.md)")
+            "both classes: run more prompts (--limit) or grade them (docs/labels.md)"
+        )
     if "semantic_energy_exact" in wanted and feats.logit_sources == {"logprobs_only"}:
         for m in [m for m in wanted if m.startswith("semantic_energy")]:
-            unavailable(m, "the run holds no raw logits (logit_source logprobs_only); use the "
-                           "embedded backend or vLLM with --logprobs-mode raw_logits")
+            unavailable(
+                m,
+                "the run holds no raw logits (logit_source logprobs_only); use the "
+                "embedded backend or vLLM with --logprobs-mode raw_logits",
+            )
             wanted.remove(m)
             scores.pop(m, None)
-    split = make_split(feats.prompt_ids, labels, seed=seed, k=folds)
+    if train is None:
+        split = make_split(feats.prompt_ids, labels, seed=seed, k=folds)
+    else:  # transfer: every labelled prompt of this run is a test prompt
+        split = Split(fold=np.zeros(len(labels), np.int64), k=1, holdout=False, seed=seed)
     test = split.test_mask()
     probe_names = [m for m in wanted if m in PROBES]
     if probe_names:
@@ -159,6 +220,19 @@ def _evaluate(run, wanted, job, skipped, unavailable, seed, folds, n_boot, t_sta
         store_idx = np.array([_index(reader, k) for k in feats.activation_keys], np.int64)
     rest = probe_names
     t = time.monotonic()
+    if train is not None:
+        if job is not None:
+            _join_embeddings(run, job, feats, scores, wanted, unavailable, timings)
+            job = None
+        if probe_names:
+            from .transfer import transfer_probes
+
+            probe_out.update(
+                transfer_probes(
+                    train, reader, store_idx, rows, labels, probe_names, seed=seed, folds=folds
+                )
+            )
+        rest = []
     if job is not None:  # label probes while the child embeds; the SEP target needs its SE
         first = [p for p in probe_names if PROBES[p].target == "label"]
         if first:
@@ -173,51 +247,146 @@ def _evaluate(run, wanted, job, skipped, unavailable, seed, folds, n_boot, t_sta
         se = scores.get("se_discrete_embedding", scores.get("se_discrete_exact"))
         if se is None:
             for p in [p for p in rest if PROBES[p].target == "se"]:
-                unavailable(p, "the SEP target needs semantic entropy: add semantic_entropy "
-                               "to --methods")
+                unavailable(
+                    p, "the SEP target needs semantic entropy: add semantic_entropy to --methods"
+                )
                 rest.remove(p)
         probe_out.update(run_probes(reader, store_idx, rows, labels, se, split, rest))
     if probe_names:
         timings["probes_s"] = timings.get("probes_s", 0.0) + time.monotonic() - t
     if reader is not None:
         reader.close()
+    hidden_layers: dict[str, int] = {}
+    if "eigenscore" in wanted:
+        t = time.monotonic()
+        es = _eigenscore(run, feats, unavailable)
+        if es is None:
+            wanted.remove("eigenscore")
+        else:
+            scores["eigenscore"], hidden_layers["eigenscore"] = es
+        timings["eigenscore_s"] = time.monotonic() - t
     t = time.monotonic()
-    results: dict[str, dict] = {}
     per_layer: dict[str, dict] = {}
-    roc_scores: dict[str, np.ndarray] = {}
+    columns: dict[str, np.ndarray] = {}
+    for m in list(wanted):
+        if m in scores and not np.isfinite(np.asarray(scores[m], np.float64)[test]).any():
+            unavailable(
+                m,
+                "no prompt has the inputs it needs (token logprobs, top-k alternatives or samples)",
+            )
+            wanted.remove(m)
     for m in wanted:
         if m in scores:
-            results[m] = {"family": ALL_METHODS[m], "kind": "unsupervised",
-                          **summarize(labels[test], scores[m][test], n_boot=n_boot, seed=seed)}
-            roc_scores[m] = scores[m]
+            columns[m] = np.asarray(scores[m], np.float64)
         elif m in probe_out:
             r = probe_out[m]
-            per_layer[m] = {"layer_ids": r["layer_ids"], "auroc": r["per_layer_auroc"],
-                            "selected_layers": r["selected_layers"]}
-            results[m] = {"family": PROBES[m].family, "kind": "probe",
-                          "selected_layers": r["selected_layers"],
-                          **summarize(labels[test], r["scores"][test], n_boot=n_boot, seed=seed)}
-            roc_scores[m] = r["scores"]
+            per_layer[m] = {
+                "layer_ids": r["layer_ids"],
+                "auroc": r["per_layer_auroc"],
+                "selected_layers": r["selected_layers"],
+            }
+            columns[m] = r["scores"]
+    table = ScoreTable(
+        prompt_ids=list(feats.prompt_ids),
+        labels=labels,
+        fold=split.fold,
+        test=test,
+        scores=columns,
+        probability=[m for m in columns if m in PROBABILITY_PROBES],
+        seed=seed,
+        n_boot=n_boot,
+    )
+    summary, comparison = summarize_scores(table)
+    results: dict[str, dict] = {}
+    for m, r in summary.items():
+        kind = "probe" if m in probe_out else "unsupervised"
+        results[m] = {"family": ALL_METHODS[m], "kind": kind, **r}
+        if m in probe_out:
+            results[m]["selected_layers"] = probe_out[m]["selected_layers"]
+        if m in hidden_layers:
+            results[m]["layer"] = hidden_layers[m]
+    roc_scores = columns
     timings["bootstrap_s"] = time.monotonic() - t
     timings["total_s"] = time.monotonic() - t_start
     manifest = run.manifest()
     report = {
         "schema_version": 1,
         "artifact_root": str(run.root),
-        "run": {k: manifest.get(k) for k in ("run_id", "model", "dataset", "split", "k_samples",
-                                             "logging_profile", "sequence_mode", "storage_format")},
+        "run": {
+            k: manifest.get(k)
+            for k in (
+                "run_id",
+                "model",
+                "dataset",
+                "split",
+                "k_samples",
+                "logging_profile",
+                "sequence_mode",
+                "storage_format",
+            )
+        },
         "labels": {"correct": n0, "hallucinated": n1, "unlabeled": feats.unlabeled},
-        "protocol": {"seed": seed, "scheme": "holdout" if split.holdout else f"{split.k}-fold",
-                     "test_prompts": int(test.sum()), "bootstrap": n_boot,
-                     "score_orientation": "higher = more likely hallucinated"},
+        "protocol": {
+            "seed": seed,
+            "scheme": (
+                "transfer"
+                if train is not None
+                else "holdout"
+                if split.holdout
+                else f"{split.k}-fold"
+            ),
+            **({"train_root": str(train.root)} if train is not None else {}),
+            "test_prompts": int(test.sum()),
+            "bootstrap": n_boot,
+            "score_orientation": "higher = more likely hallucinated",
+        },
         "methods": results,
+        "comparison": comparison,
         "per_layer": per_layer,
         "skipped": skipped,
         "timings_s": timings,
         "peak_rss_mib": max(_peak_rss_mib(), job.peak_rss_mib if job is not None else 0.0),
     }
-    report["_curves"] = {"labels": labels[test], "scores": {m: v[test] for m, v in roc_scores.items()}}
+    report["_curves"] = {
+        "labels": labels[test],
+        "scores": {m: v[test] for m, v in roc_scores.items()},
+    }
+    report["_scores"] = table
     return report
+
+
+def _eigenscore(run: Run, feats, unavailable):
+    """(EigenScore per prompt, layer id), or None when the run stores no sample rows."""
+    if not run.has_activations():
+        unavailable(
+            "eigenscore",
+            f"{run.consolidated}/activations holds no activation store; "
+            "rerun with a logging profile that stores activations",
+        )
+        return None
+    want = {p: i for i, p in enumerate(feats.prompt_ids)}
+    keys: list[list[str]] = [[] for _ in feats.prompt_ids]
+    for _, row in run.iter_activation_index():
+        i = want.get(row.get("prompt_id"))
+        if i is not None and row.get("sample_id") not in (0, None) and row.get("activation_key"):
+            keys[i].append(row["activation_key"])
+    if sum(len(k) >= 2 for k in keys) < 0.5 * len(keys):
+        unavailable(
+            "eigenscore",
+            "needs the stored rows of at least two sampled answers per "
+            "prompt, but the run stored activations of the primary answers "
+            "only; rerun with a profile that captures every sample",
+        )
+        return None
+    from storage import open_store
+
+    from .hidden import eigenscore_scores
+
+    reader = open_store(run.consolidated)
+    try:
+        return eigenscore_scores(reader, keys)
+    finally:
+        reader.close()
 
 
 def _index(reader, key: str | None) -> int:
@@ -232,8 +401,11 @@ def _index(reader, key: str | None) -> int:
 def _check_probe_inputs(run: Run, feats, rows, probe_names, unavailable) -> list[str]:
     if not run.has_activations():
         for p in probe_names:
-            unavailable(p, f"{run.consolidated}/activations holds no activation store; rerun "
-                           "with a logging profile that stores activations")
+            unavailable(
+                p,
+                f"{run.consolidated}/activations holds no activation store; rerun "
+                "with a logging profile that stores activations",
+            )
         return []
     keep = []
     modes = ",".join(sorted(feats.sequence_modes)) or "unknown"
@@ -241,9 +413,12 @@ def _check_probe_inputs(run: Run, feats, rows, probe_names, unavailable) -> list
         r = rows[PROBES[p].row]
         cover = float((r >= 0).mean()) if len(r) else 0.0
         if cover < 0.5:
-            unavailable(p, f"needs {_ROW_HINT[PROBES[p].row]} for most prompts, but the run "
-                           f"stored sequence_mode={modes} ({cover:.0%} have it); rerun with "
-                           "--logging-profile integrated or probes")
+            unavailable(
+                p,
+                f"needs {_ROW_HINT[PROBES[p].row]} for most prompts, but the run "
+                f"stored sequence_mode={modes} ({cover:.0%} have it); rerun with "
+                "--logging-profile integrated or probes",
+            )
             continue
         keep.append(p)
     return keep

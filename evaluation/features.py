@@ -12,24 +12,70 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import baselines, energy, selfcheck
+from . import baselines, energy, sample_methods, selfcheck
 from . import semantic_entropy as se_mod
 from .data import Run, iter_joined
 
-__all__ = ["TEXT_METHODS", "EMBEDDING_METHODS", "Features", "collect"]
+__all__ = [
+    "TEXT_METHODS",
+    "EMBEDDING_METHODS",
+    "FAMILY_EXPORT",
+    "Features",
+    "collect",
+    "probe_rows",
+]
 
 log = logging.getLogger(__name__)
 
 TEXT_METHODS = {
     **{m: "logprob" for m in baselines.LOGPROB_METHODS},
-    "selfcheck_unigram": "selfcheck", "selfcheck_unigram_max": "selfcheck",
+    "selfcheck_unigram": "selfcheck",
+    "selfcheck_unigram_max": "selfcheck",
     "selfcheck_embedding": "selfcheck",
-    "se_discrete_exact": "semantic_entropy", "se_weighted_exact": "semantic_entropy",
-    "se_discrete_embedding": "semantic_entropy", "se_weighted_embedding": "semantic_entropy",
-    "semantic_energy_exact": "semantic_energy", "semantic_energy_embedding": "semantic_energy",
+    "se_discrete_exact": "semantic_entropy",
+    "se_weighted_exact": "semantic_entropy",
+    "se_discrete_embedding": "semantic_entropy",
+    "se_weighted_embedding": "semantic_entropy",
+    "semantic_energy_exact": "semantic_energy",
+    "semantic_energy_embedding": "semantic_energy",
+    "mean_token_entropy": "token_entropy",
+    "max_token_entropy": "token_entropy",
+    "ccp_lexical": "ccp",
+    "mc_sequence_entropy": "mc_entropy",
+    "mc_normalized_sequence_entropy": "mc_entropy",
+    "lexsim_rouge1": "lexical_similarity",
+    "lexsim_rouge2": "lexical_similarity",
+    "lexsim_rougeL": "lexical_similarity",
+    "num_sem_sets_exact": "graph",
+    "num_sem_sets_embedding": "graph",
+    **{
+        f"{g}_{sim}": "graph"
+        for g in ("eigval_laplacian", "degmat", "eccentricity")
+        for sim in ("jaccard", "embedding")
+    },
 }
-EMBEDDING_METHODS = {"selfcheck_embedding", "se_discrete_embedding", "se_weighted_embedding",
-                     "semantic_energy_embedding"}
+EMBEDDING_METHODS = {
+    "selfcheck_embedding",
+    "se_discrete_embedding",
+    "se_weighted_embedding",
+    "semantic_energy_embedding",
+    "num_sem_sets_embedding",
+    "eigval_laplacian_embedding",
+    "degmat_embedding",
+    "eccentricity_embedding",
+}
+#: the export each text family reads
+FAMILY_EXPORT = {
+    "logprob": "logprob",
+    "token_entropy": "logprob",
+    "ccp": "logprob",
+    "selfcheck": "selfcheck",
+    "semantic_entropy": "semantic_entropy",
+    "mc_entropy": "semantic_entropy",
+    "lexical_similarity": "semantic_entropy",
+    "graph": "semantic_entropy",
+    "semantic_energy": "semantic_energy",
+}
 ROW_KINDS = ("last", "tbg", "slt", "exact")
 
 
@@ -45,9 +91,11 @@ class Features:
     logit_sources: set[str] = field(default_factory=set)
 
     def arrays(self):
-        return (np.asarray(self.labels, np.int64),
-                {m: np.asarray(v, np.float64) for m, v in self.scores.items()},
-                {k: np.asarray(v, np.int64) for k, v in self.rows.items()})
+        return (
+            np.asarray(self.labels, np.int64),
+            {m: np.asarray(v, np.float64) for m, v in self.scores.items()},
+            {k: np.asarray(v, np.int64) for k, v in self.rows.items()},
+        )
 
 
 def _rows(geo: dict | None, tokens: list[str] | None) -> dict[str, int]:
@@ -84,11 +132,19 @@ def _rows(geo: dict | None, tokens: list[str] | None) -> dict[str, int]:
     if named is not None:
         if at and p is not None and "last" not in named:  # last captured: P+R-2 or P+R-1
             out["last"] = n - 1 if at[-1] >= p + len(answer) - 2 else -1
-        for kind, name in (("tbg", "tbg"), ("slt", "slt"), ("last", "last"),
-                           ("exact", "exact_answer")):
+        for kind, name in (
+            ("tbg", "tbg"),
+            ("slt", "slt"),
+            ("last", "last"),
+            ("exact", "exact_answer"),
+        ):
             if name in named:
                 out[kind] = named[name][-1] if named[name] else -1
     return out
+
+
+#: the stored row of each probe kind for one primary answer (public name of ``_rows``)
+probe_rows = _rows
 
 
 def collect(run: Run, methods: set[str], embedder=None, chunk: int = 256) -> Features:
@@ -123,7 +179,7 @@ def _process(buf: list[dict], feats: Features, methods: set[str], embedder) -> N
         embs, k = [], 0
         for rows in buf:
             m = 1 + len((rows.get("selfcheck") or {}).get("samples") or [])
-            embs.append(flat[k:k + m])
+            embs.append(flat[k : k + m])
             k += m
     for j, rows in enumerate(buf):
         lp = rows["logprob"]
@@ -137,12 +193,18 @@ def _process(buf: list[dict], feats: Features, methods: set[str], embedder) -> N
             feats.rows[k].append(v)
         s: dict[str, float] = {}
         s.update(baselines.logprob_scores(lp.get("token_logprobs")))
+        if want & {"mean_token_entropy", "max_token_entropy", "ccp_lexical"}:
+            s["mean_token_entropy"], s["max_token_entropy"] = sample_methods.token_entropies(
+                lp.get("top_logprobs")
+            )
+            s["ccp_lexical"] = sample_methods.ccp_lexical(lp.get("tokens"), lp.get("top_logprobs"))
         sc = rows.get("selfcheck")
         if sc:
             prim = (sc.get("primary") or {}).get("text", "")
             samples = [x.get("text", "") for x in sc.get("samples") or []]
-            s["selfcheck_unigram"], s["selfcheck_unigram_max"] = \
-                selfcheck.unigram_scores(prim, samples)
+            s["selfcheck_unigram"], s["selfcheck_unigram_max"] = selfcheck.unigram_scores(
+                prim, samples
+            )
             if embs is not None:
                 s["selfcheck_embedding"] = selfcheck.embedding_score(embs[j][0], embs[j][1:])
         se_row = rows.get("semantic_entropy")
@@ -153,20 +215,44 @@ def _process(buf: list[dict], feats: Features, methods: set[str], embedder) -> N
             ex = se_mod.cluster_exact(texts)
             s["se_discrete_exact"] = se_mod.discrete_entropy(ex)
             s["se_weighted_exact"] = se_mod.weighted_entropy(ex, mlp)
+            s["num_sem_sets_exact"] = float(len(set(ex))) if ex else float("nan")
+            s["mc_sequence_entropy"], s["mc_normalized_sequence_entropy"] = (
+                sample_methods.mc_entropies(samples)
+            )
+            if want & {"lexsim_rouge1", "lexsim_rouge2", "lexsim_rougeL"}:
+                for metric in ("rouge1", "rouge2", "rougeL"):
+                    s[f"lexsim_{metric}"] = sample_methods.lexical_similarity(texts, metric)
+            if texts and want & {
+                "eigval_laplacian_jaccard",
+                "degmat_jaccard",
+                "eccentricity_jaccard",
+            }:
+                (s["eigval_laplacian_jaccard"], s["degmat_jaccard"], s["eccentricity_jaccard"]) = (
+                    sample_methods.graph_scores(sample_methods.jaccard_matrix(texts))
+                )
             if embs is not None:
                 emb_ids = se_mod.cluster_embedding(embs[j][1:])
                 s["se_discrete_embedding"] = se_mod.discrete_entropy(emb_ids)
                 s["se_weighted_embedding"] = se_mod.weighted_entropy(emb_ids, mlp)
+                s["num_sem_sets_embedding"] = float(len(set(emb_ids))) if emb_ids else float("nan")
+                if len(embs[j]) > 1:
+                    (
+                        s["eigval_laplacian_embedding"],
+                        s["degmat_embedding"],
+                        s["eccentricity_embedding"],
+                    ) = sample_methods.graph_scores(sample_methods.cosine_matrix(embs[j][1:]))
         en = rows.get("semantic_energy")
         if en:
             feats.logit_sources.add(en.get("logit_source"))
             gens = en.get("samples") or []
             energies = [energy.answer_energy(g.get("token_logits")) for g in gens]
             texts = [g.get("text", "") for g in gens]
-            s["semantic_energy_exact"] = energy.semantic_energy(se_mod.cluster_exact(texts),
-                                                                energies)
+            s["semantic_energy_exact"] = energy.semantic_energy(
+                se_mod.cluster_exact(texts), energies
+            )
             if embs is not None and len(embs[j]) == len(gens):
                 s["semantic_energy_embedding"] = energy.semantic_energy(
-                    se_mod.cluster_embedding(embs[j]), energies)
+                    se_mod.cluster_embedding(embs[j]), energies
+                )
         for m in want:
             feats.scores[m].append(s.get(m, float("nan")))

@@ -8,7 +8,16 @@ Probes (definitions in docs/evaluation.md), all on the primary answer's stored r
   trained on the binarised semantic entropy at the token before generation (TBG, the last
   prompt row) and the second-last token (SLT), scored against the correctness labels;
 - ``lkm_exact_answer``: LLMs-Know-More (Orgad et al., 2024), logistic regression on the last
-  token of the exact answer.
+  token of the exact answer;
+- ``saplma_last``: SAPLMA (Azaria & Mitchell, 2023), an MLP (256-128-64, ReLU) on the last row,
+  at five layers from the middle to the top;
+- ``mahalanobis_last`` / ``rel_mahalanobis_last``: Mahalanobis distance (Lee et al., 2018) of
+  the last row to the Gaussian of the training fold's correct answers (Ledoit-Wolf covariance),
+  and the relative Mahalanobis distance (Ren et al., 2021): minus the distance to the Gaussian
+  of all training answers;
+- ``haloscope_last``: HaloScope's membership score (Du et al., 2024): weighted squared
+  projection on the top-k singular vectors of the centred training rows (labels unused but for
+  the sign).
 
 Memory: one layer at a time; per layer one ``(prompts, hidden)`` float32 matrix per row kind is
 filled from ``read_pairs`` batches of at most ``batch`` samples (each a ``(seq_len, hidden)``
@@ -27,7 +36,14 @@ import numpy as np
 from .protocol import Split, auroc
 from .semantic_entropy import binarize_threshold
 
-__all__ = ["PROBES", "ProbeSpec", "run_probes"]
+__all__ = [
+    "PROBES",
+    "ProbeSpec",
+    "PROBABILITY_PROBES",
+    "run_probes",
+    "run_transfer",
+    "upper_layers",
+]
 
 log = logging.getLogger(__name__)
 
@@ -35,24 +51,95 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ProbeSpec:
     name: str
-    row: str            # which stored row: last | tbg | slt | exact
-    kind: str           # logistic | massmean
-    target: str         # label | se (binarised semantic entropy)
+    row: str  # which stored row: last | tbg | slt | exact
+    kind: str  # logistic | massmean
+    target: str  # label | se (binarised semantic entropy)
     family: str
+    layers: str = "all"  # all | upper (SAPLMA: five layers from the middle to the top)
 
 
 PROBES = {
-    p.name: p for p in [
+    p.name: p
+    for p in [
         ProbeSpec("got_logistic_last", "last", "logistic", "label", "geometry"),
         ProbeSpec("got_massmean_last", "last", "massmean", "label", "geometry"),
         ProbeSpec("sep_tbg", "tbg", "logistic", "se", "sep"),
         ProbeSpec("sep_slt", "slt", "logistic", "se", "sep"),
         ProbeSpec("lkm_exact_answer", "exact", "logistic", "label", "lkm_probe"),
+        ProbeSpec("saplma_last", "last", "mlp", "label", "saplma", "upper"),
+        ProbeSpec("mahalanobis_last", "last", "mahalanobis", "label", "density"),
+        ProbeSpec("rel_mahalanobis_last", "last", "rel_mahalanobis", "label", "density"),
+        ProbeSpec("haloscope_last", "last", "haloscope", "label", "subspace"),
     ]
 }
 
+#: probes whose score is the logit of P(hallucinated): ECE and Brier use sigmoid(score)
+PROBABILITY_PROBES = frozenset({"got_logistic_last", "lkm_exact_answer", "saplma_last"})
+#: SAPLMA's hidden layers (Azaria & Mitchell, 2023)
+SAPLMA_HIDDEN = (256, 128, 64)
+#: HaloScope: number of singular vectors of the membership score
+HALOSCOPE_K = 5
+
 #: inverse L2 strength of the logistic probes (on standardised features); fixed, not tuned
 LOGISTIC_C = 0.05
+
+
+def store_index(reader, key: str | None) -> int:
+    """Index of activation ``key`` in the store, -1 when absent."""
+    if not key:
+        return -1
+    try:
+        return reader.index_of(key)
+    except KeyError:
+        return -1
+
+
+def upper_layers(num_layers: int) -> list[int]:
+    """Indices (into the stored layers) at 1/2, 5/8, 3/4, 7/8 and all of the depth."""
+    return sorted({int(round(q * (num_layers - 1))) for q in (0.5, 0.625, 0.75, 0.875, 1.0)})
+
+
+def _gaussian(x: np.ndarray):
+    """Mean and Ledoit-Wolf shrunk covariance (1 - a) S + a m I of the rows ``x`` (S the
+    maximum-likelihood covariance, m = trace(S) / d, a sklearn's ``ledoit_wolf_shrinkage``)."""
+    from sklearn.covariance import ledoit_wolf_shrinkage
+
+    x = np.asarray(x, np.float64)
+    mu = x.mean(0)
+    xc = x - mu
+    shrink = float(ledoit_wolf_shrinkage(xc, assume_centered=True))
+    m = float((xc**2).sum() / xc.size)
+    return mu, xc, shrink, m
+
+
+def _mahalanobis(x: np.ndarray, g) -> np.ndarray:
+    """Squared Mahalanobis distance of the rows ``x`` under ``_gaussian``'s covariance: through
+    the Woodbury identity (an n x n solve, n the fitted rows) when n <= d, else a d x d solve."""
+    mu, xc, shrink, m = g
+    d = np.asarray(x, np.float64) - mu
+    a, b, n = shrink * m, 1.0 - shrink, len(xc)
+    if b <= 0 or n == 0:
+        return (d**2).sum(1) / a
+    if n > xc.shape[1]:  # more rows than features: d x d
+        cov = b * (xc.T @ xc) / n + a * np.eye(xc.shape[1])
+        return np.einsum("ij,ij->i", d, np.linalg.solve(cov, d.T).T)
+    u = d @ xc.T  # (rows, n)
+    gram = xc @ xc.T + (n * a / b) * np.eye(n)
+    return ((d**2).sum(1) - np.einsum("ij,ij->i", u, np.linalg.solve(gram, u.T).T)) / a
+
+
+def _haloscope(x_tr, y_tr, x_te, k=HALOSCOPE_K):
+    x_tr = x_tr.astype(np.float64)
+    mu = x_tr.mean(0)
+    _, sv, vt = np.linalg.svd(x_tr - mu, full_matrices=False)
+    k = min(k, len(sv))
+
+    def score(x):
+        proj = (x.astype(np.float64) - mu) @ vt[:k].T
+        return (proj**2 * sv[:k]).sum(1) / k
+
+    sign = 1.0 if auroc(y_tr, score(x_tr)) >= 0.5 else -1.0
+    return sign * score(x_te)
 
 
 def _fit_predict(kind: str, x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray) -> np.ndarray:
@@ -61,6 +148,25 @@ def _fit_predict(kind: str, x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray
     if kind == "massmean":
         theta = x_tr[y_tr == 1].mean(0) - x_tr[y_tr == 0].mean(0)
         return x_te @ theta
+    if kind in ("mahalanobis", "rel_mahalanobis"):
+        md = _mahalanobis(x_te, _gaussian(x_tr[y_tr == 0]))
+        if kind == "mahalanobis":
+            return md
+        return md - _mahalanobis(x_te, _gaussian(x_tr))
+    if kind == "haloscope":
+        return _haloscope(x_tr, y_tr, x_te)
+    if kind == "mlp":
+        from sklearn.neural_network import MLPClassifier
+
+        mu, sd = x_tr.mean(0), x_tr.std(0) + 1e-6
+        clf = MLPClassifier(
+            hidden_layer_sizes=SAPLMA_HIDDEN, activation="relu", max_iter=100, random_state=0
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            clf.fit((x_tr - mu) / sd, y_tr)
+        p = np.clip(clf.predict_proba((x_te - mu) / sd)[:, 1].astype(np.float64), 1e-12, 1 - 1e-12)
+        return np.log(p) - np.log1p(-p)
     from sklearn.linear_model import LogisticRegression
 
     mu, sd = x_tr.mean(0), x_tr.std(0) + 1e-6
@@ -71,8 +177,9 @@ def _fit_predict(kind: str, x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray
     return clf.decision_function((x_te - mu) / sd)
 
 
-def _fill_layer(reader, layer: int, store_idx: np.ndarray, rows: dict[str, np.ndarray],
-                batch: int) -> dict[str, np.ndarray]:
+def _fill_layer(
+    reader, layer: int, store_idx: np.ndarray, rows: dict[str, np.ndarray], batch: int
+) -> dict[str, np.ndarray]:
     """``{row kind: (prompts, hidden) float32}``; NaN rows where the kind is not stored."""
     from storage.dtypes import BFLOAT16, to_float32
 
@@ -82,7 +189,7 @@ def _fill_layer(reader, layer: int, store_idx: np.ndarray, rows: dict[str, np.nd
     out = {k: np.full((n, h), np.nan, np.float32) for k in rows}
     have = np.flatnonzero(store_idx >= 0)
     for start in range(0, len(have), batch):
-        chunk = have[start:start + batch]
+        chunk = have[start : start + batch]
         slices = reader.read_pairs(store_idx[chunk].tolist(), [layer] * len(chunk))
         for j, p in enumerate(chunk):
             a = slices[j]
@@ -93,9 +200,17 @@ def _fill_layer(reader, layer: int, store_idx: np.ndarray, rows: dict[str, np.nd
     return out
 
 
-def run_probes(reader, store_idx: np.ndarray, rows: dict[str, np.ndarray], labels: np.ndarray,
-               se: np.ndarray | None, split: Split, probes: list[str], *,
-               batch: int = 256) -> dict[str, dict]:
+def run_probes(
+    reader,
+    store_idx: np.ndarray,
+    rows: dict[str, np.ndarray],
+    labels: np.ndarray,
+    se: np.ndarray | None,
+    split: Split,
+    probes: list[str],
+    *,
+    batch: int = 256,
+) -> dict[str, dict]:
     """Per-layer out-of-fold scores of each probe and the layer-selected headline scores.
 
     Returns ``{probe: {layer_ids, per_layer_auroc, scores (selected layer per fold),
@@ -115,9 +230,12 @@ def _run_probes(reader, store_idx, rows, labels, se, split, probes, batch):
     n, L = len(labels), reader.num_layers
     oof = {s.name: np.full((L, n), np.nan) for s in specs}
     t0 = time.monotonic()
+    upper = set(upper_layers(L))
     for layer in range(L):
         feats = _fill_layer(reader, layer, store_idx, needed, batch)
         for s in specs:
+            if s.layers == "upper" and layer not in upper:
+                continue
             x = feats[s.row]
             ok = np.isfinite(x).all(1)
             if s.target == "se":
@@ -139,8 +257,10 @@ def _run_probes(reader, store_idx, rows, labels, se, split, probes, batch):
     test_mask = split.test_mask()
     for s in specs:
         scores = oof[s.name]
-        per_layer = [auroc(labels[test_mask & np.isfinite(sc)], sc[test_mask & np.isfinite(sc)])
-                     for sc in scores]
+        per_layer = [
+            auroc(labels[test_mask & np.isfinite(sc)], sc[test_mask & np.isfinite(sc)])
+            for sc in scores
+        ]
         chosen = np.full(n, np.nan)
         selected = []
         for test, sel in split.selection_masks():
@@ -155,8 +275,89 @@ def _run_probes(reader, store_idx, rows, labels, se, split, probes, batch):
             best = int(np.nanargmax(vals))
             selected.append(int(reader.layer_ids[best]))
             chosen[test] = scores[best, test]
-        out[s.name] = {"layer_ids": [int(x) for x in reader.layer_ids],
-                       "per_layer_auroc": per_layer, "scores": chosen,
-                       "selected_layers": selected,
-                       "coverage": float(np.isfinite(scores).any(0).mean())}
+        out[s.name] = {
+            "layer_ids": [int(x) for x in reader.layer_ids],
+            "per_layer_auroc": per_layer,
+            "scores": chosen,
+            "selected_layers": selected,
+            "coverage": float(np.isfinite(scores).any(0).mean()),
+        }
     return out
+
+
+def run_transfer(
+    train: dict, test: dict, probes: list[str], *, batch: int = 256
+) -> dict[str, dict]:
+    """Probes fitted on every labelled prompt of one run and scored on another's.
+
+    ``train`` / ``test``: ``{reader, store_idx, rows}``, ``train`` also ``labels``, ``se`` and
+    ``split`` (its k-fold split). The layer of each probe is the one with the best out-of-fold
+    AUROC on the training run (its own k-fold cross-fitting), so the test run's labels choose
+    nothing; ``per_layer_auroc`` is measured on the test run (``test["labels"]``).
+    """
+    import sklearn.linear_model  # noqa: F401
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):
+        return _run_transfer(train, test, probes, batch)
+
+
+def _run_transfer(train, test, probes, batch):
+    specs = [PROBES[p] for p in probes]
+    needed_a = {s.row: train["rows"][s.row] for s in specs}
+    needed_b = {s.row: test["rows"][s.row] for s in specs}
+    ra, rb = train["reader"], test["reader"]
+    ya, se, split = train["labels"], train["se"], train["split"]
+    L = ra.num_layers
+    na, nb = len(ya), len(test["labels"])
+    oof = {s.name: np.full((L, na), np.nan) for s in specs}
+    out_b = {s.name: np.full((L, nb), np.nan) for s in specs}
+    upper = set(upper_layers(L))
+    for layer in range(L):
+        fa = _fill_layer(ra, layer, train["store_idx"], needed_a, batch)
+        fb = _fill_layer(rb, layer, test["store_idx"], needed_b, batch)
+        for s in specs:
+            if s.layers == "upper" and layer not in upper:
+                continue
+            xa, xb = fa[s.row], fb[s.row]
+            ok_a, ok_b = np.isfinite(xa).all(1), np.isfinite(xb).all(1)
+            if s.target == "se":
+                if se is None:
+                    continue
+                ok_a &= np.isfinite(se)
+
+            def target(mask, by_se=s.target == "se"):
+                if by_se:
+                    return (se[mask] > binarize_threshold(se[mask])).astype(int)
+                return ya[mask]
+
+            for tr, te in split.folds():
+                tr, te = tr & ok_a, te & ok_a
+                if te.any() and tr.any():
+                    oof[s.name][layer, te] = _fit_predict(s.kind, xa[tr], target(tr), xa[te])
+            if ok_a.any() and ok_b.any():
+                out_b[s.name][layer, ok_b] = _fit_predict(s.kind, xa[ok_a], target(ok_a), xb[ok_b])
+    yb = test["labels"]
+    result = {}
+    for s in specs:
+        sel = [
+            auroc(ya[np.isfinite(sc)], sc[np.isfinite(sc)]) if np.isfinite(sc).any() else np.nan
+            for sc in oof[s.name]
+        ]
+        per_layer = [
+            auroc(yb[np.isfinite(sc)], sc[np.isfinite(sc)]) if np.isfinite(sc).any() else np.nan
+            for sc in out_b[s.name]
+        ]
+        if not np.isfinite(sel).any():
+            chosen, best = np.full(nb, np.nan), None
+        else:
+            best = int(np.nanargmax(sel))
+            chosen = out_b[s.name][best]
+        result[s.name] = {
+            "layer_ids": [int(x) for x in rb.layer_ids],
+            "per_layer_auroc": per_layer,
+            "scores": chosen,
+            "selected_layers": [None if best is None else int(ra.layer_ids[best])],
+            "coverage": float(np.isfinite(chosen).mean()) if nb else 0.0,
+        }
+    return result

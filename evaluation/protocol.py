@@ -10,7 +10,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Split", "make_split", "auroc", "bootstrap_ci", "summarize", "KFOLD_MAX"]
+__all__ = [
+    "Split",
+    "make_split",
+    "auroc",
+    "bootstrap_ci",
+    "summarize",
+    "KFOLD_MAX",
+    "resample_counts",
+    "weighted_aurocs",
+]
 
 #: up to this many labelled prompts the probes use k-fold cross-fitting, above it one holdout split
 KFOLD_MAX = 5000
@@ -52,11 +61,17 @@ class Split:
 
 def _unit_hash(prompt_id: str, seed: int) -> float:
     h = hashlib.sha256(f"{seed}:{prompt_id}".encode()).digest()
-    return int.from_bytes(h[:8], "big") / 2.0 ** 64
+    return int.from_bytes(h[:8], "big") / 2.0**64
 
 
-def make_split(prompt_ids: list[str], labels: np.ndarray, *, seed: int = 0, k: int = 5,
-               holdout_fraction: float = 0.2) -> Split:
+def make_split(
+    prompt_ids: list[str],
+    labels: np.ndarray,
+    *,
+    seed: int = 0,
+    k: int = 5,
+    holdout_fraction: float = 0.2,
+) -> Split:
     """Folds by prompt id: the order is a hash of (seed, prompt_id). Stratified: each class is
     dealt round-robin over the folds in hash order. Above ``KFOLD_MAX`` prompts: a test fold of
     ``holdout_fraction``, a validation fold of 0.8 x that, the rest for training."""
@@ -94,7 +109,7 @@ def auroc(labels: np.ndarray, scores: np.ndarray) -> float:
     return float((ranks[pos].sum() - n1 * (n1 + 1) / 2.0) / (n1 * n0))
 
 
-def _resample_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
+def resample_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
     """``(n_boot, n)`` multiplicities of each prompt in each resample (drawn one resample at a
     time from ``default_rng(seed)``, so the resamples do not depend on how they are scored)."""
     rng = np.random.default_rng(seed)
@@ -104,7 +119,7 @@ def _resample_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
     return counts
 
 
-def _weighted_aurocs(labels: np.ndarray, scores: np.ndarray, counts: np.ndarray) -> np.ndarray:
+def weighted_aurocs(labels: np.ndarray, scores: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """AUROC of each resample given as multiplicities (rows of ``counts``), all at once.
 
     Equal to ``auroc`` on the resampled arrays: the Mann-Whitney count of (hallucinated,
@@ -117,15 +132,22 @@ def _weighted_aurocs(labels: np.ndarray, scores: np.ndarray, counts: np.ndarray)
     w = counts[:, order].astype(np.float64)
     w_pos = np.add.reduceat(np.where(pos, w, 0.0), starts, axis=1)
     w_neg = np.add.reduceat(np.where(pos, 0.0, w), starts, axis=1)
-    below = np.cumsum(w_neg, axis=1) - w_neg          # correct answers scored strictly lower
+    below = np.cumsum(w_neg, axis=1) - w_neg  # correct answers scored strictly lower
     u = (w_pos * (below + 0.5 * w_neg)).sum(1)
     n1, n0 = w_pos.sum(1), w_neg.sum(1)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where((n1 > 0) & (n0 > 0), u / (n1 * n0), np.nan)
 
 
-def bootstrap_ci(labels: np.ndarray, scores: np.ndarray, *, n_boot: int = 1000, seed: int = 0,
-                 level: float = 0.95, chunk: int = 100) -> tuple[float, float]:
+def bootstrap_ci(
+    labels: np.ndarray,
+    scores: np.ndarray,
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+    chunk: int = 100,
+) -> tuple[float, float]:
     """Percentile bootstrap interval of the AUROC, resampling prompts with replacement.
 
     The resamples are scored ``chunk`` at a time (memory O(chunk x prompts)).
@@ -135,9 +157,11 @@ def bootstrap_ci(labels: np.ndarray, scores: np.ndarray, *, n_boot: int = 1000, 
     n = len(labels)
     if n == 0:
         return float("nan"), float("nan")
-    counts = _resample_counts(n, n_boot, seed)
-    vals = np.concatenate([_weighted_aurocs(labels, scores, counts[b:b + chunk])
-                           for b in range(0, n_boot, chunk)] or [np.empty(0)])
+    counts = resample_counts(n, n_boot, seed)
+    vals = np.concatenate(
+        [weighted_aurocs(labels, scores, counts[b : b + chunk]) for b in range(0, n_boot, chunk)]
+        or [np.empty(0)]
+    )
     vals = vals[np.isfinite(vals)]
     if not len(vals):
         return float("nan"), float("nan")
@@ -151,5 +175,9 @@ def summarize(labels: np.ndarray, scores: np.ndarray, *, n_boot: int, seed: int)
     ok = np.isfinite(scores)
     y, s = np.asarray(labels)[ok], scores[ok]
     lo, hi = bootstrap_ci(y, s, n_boot=n_boot, seed=seed)
-    return {"auroc": auroc(y, s), "ci95": [lo, hi], "n": int(ok.sum()),
-            "n_hallucinated": int((y == 1).sum())}
+    return {
+        "auroc": auroc(y, s),
+        "ci95": [lo, hi],
+        "n": int(ok.sum()),
+        "n_hallucinated": int((y == 1).sum()),
+    }

@@ -9,9 +9,14 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["write_report", "format_table", "REPORT_DIR"]
+from contracts import layout
 
-REPORT_DIR = "evaluation"
+__all__ = ["write_report", "format_table", "report_dir"]
+
+
+def report_dir(artifact_root: Path | str) -> Path:
+    """Where ``evaluate`` writes its report by default: the run's ``evaluation/``."""
+    return layout.evaluation_dir(artifact_root)
 
 
 def _fmt(r: dict) -> str:
@@ -26,37 +31,91 @@ def _ranked(report: dict) -> list[tuple[str, dict]]:
     return sorted(items, key=lambda kv: -kv[1]["auroc"] if math.isfinite(kv[1]["auroc"]) else 9)
 
 
+def _metric(r: dict, key: str, ci: bool = False) -> str:
+    v = (r.get("metrics") or {}).get(key)
+    if v is None or not math.isfinite(v):
+        return ""
+    if not ci:
+        return f"{v:.3f}"
+    lo, hi = (r.get("metrics_ci95") or {}).get(key, [float("nan")] * 2)
+    return f"{v:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
 def format_table(report: dict) -> str:
-    lines = ["| method | family | AUROC [95% CI] | n | layer(s) |", "|---|---|---|---|---|"]
+    lines = [
+        "| method | family | AUROC [95% CI] | PRR [95% CI] | PR-AUC hall. | PR-AUC corr. "
+        "| RCC-AUC | ECE | Brier | n | layer(s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in _ranked(report):
         layers = ""
         if r.get("selected_layers"):
             uniq = sorted({x for x in r["selected_layers"] if x is not None})
             layers = ",".join(map(str, uniq))
-        lines.append(f"| {name} | {r['family']} | {_fmt(r)} | {r['n']} | {layers} |")
+        elif r.get("layer") is not None:
+            layers = str(r["layer"])
+        lines.append(
+            f"| {name} | {r['family']} | {_fmt(r)} | {_metric(r, 'prr', True)} | "
+            f"{_metric(r, 'pr_auc_hallucinated')} | {_metric(r, 'pr_auc_correct')} | "
+            f"{_metric(r, 'rcc_auc')} | {_metric(r, 'ece')} | {_metric(r, 'brier')} | "
+            f"{r['n']} | {layers} |"
+        )
     return "\n".join(lines)
+
+
+def _comparison(report: dict) -> list[str]:
+    comp = report.get("comparison") or {}
+    if not comp.get("against"):
+        return []
+    out = [
+        f"## Paired bootstrap: `{comp['best']}` against each method",
+        "",
+        "| method | ΔAUROC [95% CI] | P(Δ ≤ 0) | ΔPRR [95% CI] |",
+        "|---|---|---|---|",
+    ]
+    for m, d in comp["against"].items():
+        a, p = d.get("auroc"), d.get("prr")
+        if not a:
+            continue
+        out.append(
+            f"| {m} | {a['diff']:+.3f} [{a['ci95'][0]:+.3f}, {a['ci95'][1]:+.3f}] | "
+            f"{a['p_le_0']:.3f} | {p['diff']:+.3f} [{p['ci95'][0]:+.3f}, "
+            f"{p['ci95'][1]:+.3f}] |"
+        )
+    return out + [""]
 
 
 def _markdown(report: dict, plots: list[str]) -> str:
     lab, proto = report["labels"], report["protocol"]
     run = report["run"]
     out = [
-        "# Hallucination detectors: evaluation report", "",
+        "# Hallucination detectors: evaluation report",
+        "",
         f"Run `{report['artifact_root']}`: model {run.get('model')}, {run.get('dataset')} "
-        f"{run.get('split')}, K={run.get('k_samples')}, profile {run.get('logging_profile')}.", "",
+        f"{run.get('split')}, K={run.get('k_samples')}, profile {run.get('logging_profile')}.",
+        "",
         f"Labels: {lab['correct']} correct / {lab['hallucinated']} hallucinated "
         f"({lab['unlabeled']} unlabeled, left out). Protocol: {proto['scheme']} split by prompt id "
         f"(seed {proto['seed']}), {proto['test_prompts']} test prompts, AUROC with "
         f"{proto['bootstrap']}-resample bootstrap 95 % intervals; scores oriented "
         f"{proto['score_orientation']}. Probes: out-of-fold scores, layer chosen per test fold "
-        "on the other folds (docs/evaluation.md).", "",
-        format_table(report), "",
+        "on the other folds (docs/evaluation.md).",
+        "",
+        format_table(report),
+        "",
     ]
+    out += _comparison(report)
     if report["skipped"]:
-        out += ["## Skipped", ""] + [f"- `{m}`: {why}" for m, why in report["skipped"].items()] + [""]
+        out += (
+            ["## Skipped", ""] + [f"- `{m}`: {why}" for m, why in report["skipped"].items()] + [""]
+        )
     if report["per_layer"]:
-        out += ["## AUROC per layer", "", "| layer | " + " | ".join(report["per_layer"]) + " |",
-                "|---|" + "---|" * len(report["per_layer"])]
+        out += [
+            "## AUROC per layer",
+            "",
+            "| layer | " + " | ".join(report["per_layer"]) + " |",
+            "|---|" + "---|" * len(report["per_layer"]),
+        ]
         first = next(iter(report["per_layer"].values()))
         for i, lid in enumerate(first["layer_ids"]):
             vals = []
@@ -67,8 +126,10 @@ def _markdown(report: dict, plots: list[str]) -> str:
         out.append("")
     out += [f"![{p}]({p})" for p in plots]
     t = report["timings_s"]
-    out += ["", f"Evaluated in {t.get('total_s', 0):.1f} s, peak RSS "
-            f"{report['peak_rss_mib']:.0f} MiB."]
+    out += [
+        "",
+        f"Evaluated in {t.get('total_s', 0):.1f} s, peak RSS {report['peak_rss_mib']:.0f} MiB.",
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -83,8 +144,12 @@ def _plots(report: dict, out: Path) -> list[str]:
     if report["per_layer"]:
         fig, ax = plt.subplots(figsize=(7, 4))
         for name, p in report["per_layer"].items():
-            ax.plot(p["layer_ids"], [np.nan if v is None else v for v in p["auroc"]],
-                    marker=".", label=name)
+            ax.plot(
+                p["layer_ids"],
+                [np.nan if v is None else v for v in p["auroc"]],
+                marker=".",
+                label=name,
+            )
         ax.axhline(0.5, color="grey", lw=0.8, ls="--")
         ax.set_xlabel("layer id (0 = embeddings)")
         ax.set_ylabel("AUROC (out of fold)")
@@ -102,7 +167,7 @@ def _plots(report: dict, out: Path) -> list[str]:
                 best.setdefault(r["family"], name)
         fig, ax = plt.subplots(figsize=(5.5, 5))
         y = curves["labels"]
-        for fam, name in best.items():
+        for name in best.values():
             s = curves["scores"][name]
             ok = np.isfinite(s)
             fpr, tpr, _ = roc_curve(y[ok], s[ok])
@@ -143,6 +208,6 @@ def write_report(report: dict, out: Path, *, plots: bool = True) -> Path:
     made = _plots(report, out) if plots else []
     public = {k: v for k, v in report.items() if not k.startswith("_")}
     public["plots"] = made
-    _atomic_write(out / "report.json", json.dumps(_clean(public), indent=2) + "\n")
-    _atomic_write(out / "report.md", _markdown(public, made))
-    return out / "report.md"
+    _atomic_write(out / layout.REPORT_JSON, json.dumps(_clean(public), indent=2) + "\n")
+    _atomic_write(out / layout.REPORT_MD, _markdown(public, made))
+    return out / layout.REPORT_MD

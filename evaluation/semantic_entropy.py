@@ -21,8 +21,15 @@ import string
 
 import numpy as np
 
-__all__ = ["normalize_answer", "cluster_exact", "cluster_embedding", "discrete_entropy",
-           "weighted_entropy", "binarize_threshold", "EMBED_THRESHOLD"]
+__all__ = [
+    "normalize_answer",
+    "cluster_exact",
+    "cluster_embedding",
+    "discrete_entropy",
+    "weighted_entropy",
+    "binarize_threshold",
+    "EMBED_THRESHOLD",
+]
 
 #: cosine similarity above which two answers share a meaning (all-MiniLM-L6-v2 embeddings)
 EMBED_THRESHOLD = 0.8
@@ -88,7 +95,7 @@ def binarize_threshold(se: np.ndarray) -> float:
         return float(v[0]) if len(v) else 0.0
     n = len(v)
     c1, c2 = np.cumsum(v), np.cumsum(v * v)
-    k = np.flatnonzero(np.diff(v) > 0) + 1          # split after k values, between distinct ones
+    k = np.flatnonzero(np.diff(v) > 0) + 1  # split after k values, between distinct ones
     left = c2[k - 1] - c1[k - 1] ** 2 / k
     right = (c2[-1] - c2[k - 1]) - (c1[-1] - c1[k - 1]) ** 2 / (n - k)
     return float(v[k[np.argmin(left + right)] - 1])

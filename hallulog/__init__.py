@@ -7,6 +7,8 @@ The command line is ``hallulog run …`` (the same as ``python -m orchestrator r
 
 from __future__ import annotations
 
-__all__ = ["__version__"]
+from .run import RunView, open_run
+
+__all__ = ["__version__", "open_run", "RunView"]
 
 __version__ = "0.1.0"

@@ -13,7 +13,7 @@ uninitialised, so with speculative decoding on (which hidden-state extraction is
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

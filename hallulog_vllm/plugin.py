@@ -64,13 +64,17 @@ def _register_connector() -> tuple[bool, str]:
     if not hasattr(upstream, "_submit_async_write"):
         logger.warning(
             "hallulog vLLM plugin: upstream %s has no _submit_async_write; the CPU write path "
-            "will not be used (this vLLM version needs a plugin update)", upstream.__name__
+            "will not be used (this vLLM version needs a plugin update)",
+            upstream.__name__,
         )
     if CONNECTOR_NAME not in KVConnectorFactory._registry:
         KVConnectorFactory.register_connector(
             CONNECTOR_NAME, "hallulog_vllm.connector", "HallulogHiddenStatesConnector"
         )
-    return True, f"registered kv_connector {CONNECTOR_NAME!r} (sync writes when the cache is not on CUDA)"
+    return (
+        True,
+        f"registered kv_connector {CONNECTOR_NAME!r} (sync writes when the cache is not on CUDA)",
+    )
 
 
 def _fix_expand_kernel() -> tuple[bool, str]:

@@ -1,4 +1,4 @@
-"""``python -m orchestrator run|status``."""
+"""``python -m orchestrator COMMAND`` (= the ``hallulog`` console script)."""
 
 import sys
 

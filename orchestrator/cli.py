@@ -1,4 +1,12 @@
-"""``python -m orchestrator``: the CLI, derived from ``RunConfig``'s fields and docstrings."""
+"""``hallulog`` (= ``python -m orchestrator``): the CLI as subcommands.
+
+``run | consolidate | validate | retry | merge | evaluate | import | status | estimate``. The
+flags of the commands that take a run's config are derived from ``RunConfig``'s fields,
+docstrings and types (``contracts/config_cli.py``: a ``Literal`` field's values are its
+choices). Every subcommand is one entry of :data:`SUBCOMMANDS` (name, a function adding its
+parser to the subparsers, its handler); another package adds one with
+:func:`register_subcommand`.
+"""
 
 from __future__ import annotations
 
@@ -8,58 +16,192 @@ import json
 import logging
 import os
 import sys
+import typing
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple
 
-from contracts.config_cli import add_dataclass_arguments
-from orchestrator.config import PROFILES, ConfigError, RunConfig
+from contracts.config_cli import literal_choices
+from orchestrator import cli_parsers as parsers
+from orchestrator.config import ConfigError, RunConfig
 from orchestrator.errors import HallulogError
 from orchestrator.study_file import StudyFile, StudyFileError, dump_study, load_study
 
-__all__ = ["main", "build_parser", "config_from_args"]
+__all__ = [
+    "main",
+    "build_parser",
+    "config_from_args",
+    "Subcommand",
+    "SUBCOMMANDS",
+    "register_subcommand",
+    "PROG",
+]
 
 log = logging.getLogger("orchestrator")
 
-_HIDDEN_FIELDS = {"extra"}
-_CHOICES = {
-    "logging_profile": list(PROFILES),
-    "target_layers": ["all", "first_half", "second_half"],
-    "sequence_mode": ["all", "prompt", "response", "last"],
-    "dtype": ["float16", "float32", "bfloat16"],
-    "storage_format": ["npy", "packed", "zarr"],
-    "executor": ["local", "ray"],
-}
+PROG = "hallulog"
+#: The choices of RunConfig's fields, read from their ``Literal`` types (the flags' and the
+#: study file's).
+_CHOICES = {name: list(values) for name, values in literal_choices(RunConfig).items()}
+#: Commands that work on an existing artifact root: their config starts from the one recorded in
+#: its run_manifest.json.
+_POST_RUN = ("consolidate", "validate", "retry")
 
 
-def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    from orchestrator.tasks import TASKS
+class Subcommand(NamedTuple):
+    """One ``hallulog`` subcommand: ``add_parser(subparsers)`` adds (and returns) its parser;
+    ``handler(args)`` runs it and returns the exit code."""
 
-    add_dataclass_arguments(parser, RunConfig, choices={**_CHOICES, "task": TASKS},
-                            hidden=_HIDDEN_FIELDS,
-                            unset_is_none=True)
-    parser.add_argument("--config", type=Path, metavar="FILE",
-                        help="Study file (.toml; .yaml/.yml with PyYAML): RunConfig field names "
-                             "as keys (k_samples = 5); flags given override it "
-                             "(examples/README.md).")
-    parser.add_argument("--print-config", action="store_true",
-                        help="Print the effective config (defaults < --config < flags) as a "
-                             "study file, then exit without running.")
-    parser.add_argument("--consolidate-only", action="store_true",
-                        help="Only consolidate existing worker outputs, then exit.")
-    parser.add_argument("--merge", action="store_true",
-                        help="With --consolidate-only and a shard format: physically merge the "
-                             "worker stores instead of writing a manifest over them.")
-    parser.add_argument("--validate-only", action="store_true",
-                        help="Only validate existing artifacts, then exit.")
-    parser.add_argument("--deep", action="store_true",
-                        help="With --validate-only: also audit every stored activation against "
-                             "its token ids (docs/alignment.md); mismatches fail the exit code.")
-    parser.add_argument("--retry-failed", action="store_true",
-                        help="Reprocess the prompts in errors.jsonl or found incomplete.")
-    parser.add_argument("--log-level", default="WARNING",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="Logging level.")
-    parser.add_argument("--debug", action="store_true",
-                        help="Show the traceback of an error (errors are one line otherwise).")
+    name: str
+    add_parser: Callable[[typing.Any], argparse.ArgumentParser]
+    handler: Callable[[argparse.Namespace], int]
+
+
+def _post_run_command(args: argparse.Namespace) -> str | None:
+    """The post-run command ``args`` ask for: a post-run subcommand, or ``run`` with one of its
+    deprecated flags (``--consolidate-only`` first, as before)."""
+    command = getattr(args, "command", None)
+    if command in _POST_RUN:
+        return command
+    for flag, replacement in parsers.DEPRECATED.items():
+        if getattr(args, flag, False):
+            return replacement
+    return None
+
+
+def _replace_deprecated(args: argparse.Namespace) -> None:
+    """``run --consolidate-only`` and the like: one line saying what to use instead; ``args``
+    then reads as that subcommand's."""
+    if args.command != "run":
+        return
+    replacement = _post_run_command(args)
+    if replacement is None:
+        return
+    flag = next(f for f, r in parsers.DEPRECATED.items() if r == replacement and getattr(args, f))
+    extra = (
+        " --merge"
+        if replacement == "consolidate" and args.merge
+        else " --deep"
+        if replacement == "validate" and args.deep
+        else ""
+    )
+    root = args.artifact_root if args.artifact_root is not None else RunConfig.artifact_root
+    print(
+        f"{PROG} run --{flag.replace('_', '-')} is deprecated: use `{PROG} {replacement} "
+        f"--artifact-root {root}{extra}` (doing that now)",
+        file=sys.stderr,
+    )
+    args.command = replacement
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from evaluation import run_evaluate
+
+    return run_evaluate(args)
+
+
+def _add_import(sub) -> argparse.ArgumentParser:
+    from evaluation import add_import_parser
+
+    return add_import_parser(sub)
+
+
+def _import(args: argparse.Namespace) -> int:
+    from evaluation import run_import
+
+    return run_import(args)
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from orchestrator.commands import print_validation
+    from orchestrator.postrun.merge import merge_shards
+
+    _configure_logging(args.log_level)
+    try:
+        summary = merge_shards(args.out, args.shard_roots, mode=args.mode)
+    except HallulogError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    c = summary["consolidation"]
+    print(
+        f"merged {summary['shards']} shards ({summary['worker_dirs']} worker dirs, "
+        f"{summary['prompts']} prompts) into {summary['out']}: {c['generations']} "
+        f"generations, {c['activations']} activations"
+    )
+    print_validation(summary["validation"])
+    return 0 if summary["validation"]["ok"] else 1
+
+
+def _add_push(sub) -> argparse.ArgumentParser:
+    from orchestrator.push_pull import add_push_parser
+
+    return add_push_parser(sub)
+
+
+def _push(args: argparse.Namespace) -> int:
+    from orchestrator.push_pull import run_push
+
+    return run_push(args)
+
+
+def _add_pull(sub) -> argparse.ArgumentParser:
+    from orchestrator.push_pull import add_pull_parser
+
+    return add_pull_parser(sub)
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from orchestrator.push_pull import run_pull
+
+    return run_pull(args)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from api.client import fetch_status, format_status, status_from_artifacts
+
+    if bool(args.url) == bool(args.artifact_root):
+        args._parser.error("status needs exactly one of --url or --artifact-root")
+    try:
+        token = args.token or os.environ.get("HALLULOG_STATUS_TOKEN")
+        snapshot = (
+            fetch_status(args.url, token) if args.url else status_from_artifacts(args.artifact_root)
+        )
+    except Exception as exc:  # network or file errors: one clear line
+        return _fail(exc, args.debug)
+    print(json.dumps(snapshot, indent=2) if args.json else format_status(snapshot))
+    return 0
+
+
+SUBCOMMANDS: list[Subcommand] = [
+    Subcommand("run", parsers.add_run, lambda args: _config_command(args)),
+    Subcommand("consolidate", parsers.add_consolidate, lambda args: _config_command(args)),
+    Subcommand("validate", parsers.add_validate, lambda args: _config_command(args)),
+    Subcommand("retry", parsers.add_retry, lambda args: _config_command(args)),
+    Subcommand("merge", parsers.add_merge, _merge),
+    Subcommand("evaluate", parsers.add_evaluate, _evaluate),
+    Subcommand("import", _add_import, _import),
+    Subcommand("status", parsers.add_status, _status),
+    Subcommand("push", _add_push, _push),
+    Subcommand("pull", _add_pull, _pull),
+    Subcommand("estimate", parsers.add_estimate, lambda args: _config_command(args)),
+]
+"""The subcommands in the order ``--help`` lists them."""
+
+
+def register_subcommand(
+    name: str,
+    add_parser: Callable[[typing.Any], argparse.ArgumentParser],
+    handler: Callable[[argparse.Namespace], int],
+) -> None:
+    """Add a subcommand (or replace the one of that name): ``add_parser(subparsers)`` adds its
+    parser (``subparsers.add_parser(name, ...)``) and returns it; ``handler(args)`` returns the
+    exit code."""
+    entry = Subcommand(name, add_parser, handler)
+    for i, known in enumerate(SUBCOMMANDS):
+        if known.name == name:
+            SUBCOMMANDS[i] = entry
+            return
+    SUBCOMMANDS.append(entry)
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -71,100 +213,56 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(
-        prog="python -m orchestrator",
+        prog=PROG,
         description="hallulog: one inference pass producing every artifact hallucination "
-                    "detectors need.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    run_p = sub.add_parser("run", help="Run (or resume) the integrated inference job.")
-    _add_run_arguments(run_p)
-    status_p = sub.add_parser("status", help="Print a run's status.")
-    status_p.add_argument("--url", help="Status API base URL of a running orchestrator.")
-    status_p.add_argument("--artifact-root", type=Path,
-                          help="Report from the files of a run (finished or not).")
-    status_p.add_argument("--token", help="Bearer token of the status API (default: "
-                          "$HALLULOG_STATUS_TOKEN, which keeps it out of the process list).")
-    status_p.add_argument("--json", action="store_true", help="Print the raw JSON.")
-    status_p.add_argument("--debug", action="store_true",
-                          help="Show the traceback of an error.")
-    from evaluation import add_evaluate_parser
-
-    add_evaluate_parser(sub)
-    _add_merge_arguments(sub)
-    est_p = sub.add_parser("estimate", help="Project what a run stores (bytes per generation, "
-                           "total, time) from the model's shape and the task, before running "
-                           "it (docs/budget.md).")
-    _add_run_arguments(est_p)
-    from orchestrator.estimate import add_estimate_arguments
-
-    add_estimate_arguments(est_p)
+        "detectors need (also `python -m orchestrator`).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in SUBCOMMANDS:
+        p = command.add_parser(sub)
+        p.set_defaults(_handler=command.handler, _parser=p)
     return parser
-
-
-def _add_merge_arguments(sub) -> None:
-    merge_p = sub.add_parser(
-        "merge", help="Merge the artifact roots of `run --shard I/N` into one run root.",
-        description="Merge shard roots into one root that consolidates, exports and validates "
-                    "like a single run. Refuses configs that differ beyond the shard, "
-                    "overlapping or missing shards, and unfinished shards.")
-    merge_p.add_argument("--out", type=Path, required=True, help="The merged artifact root.")
-    merge_p.add_argument("shard_roots", nargs="+", type=Path, metavar="SHARD_ROOT",
-                         help="Artifact roots of the shards (every index 0..N-1 once).")
-    merge_p.add_argument("--mode", choices=["link", "copy", "move"], default="link",
-                         help="How worker directories enter the merged root: hard links "
-                              "(default; copies across filesystems), copies, or moved.")
-    merge_p.add_argument("--log-level", default="WARNING",
-                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="Logging level.")
-
-
-def _merge(args: argparse.Namespace) -> int:
-    from orchestrator.commands import _print_validation
-    from orchestrator.postrun.merge import merge_shards
-
-    summary = merge_shards(args.out, args.shard_roots, mode=args.mode)
-    c = summary["consolidation"]
-    print(f"merged {summary['shards']} shards ({summary['worker_dirs']} worker dirs, "
-          f"{summary['prompts']} prompts) into {summary['out']}: {c['generations']} "
-          f"generations, {c['activations']} activations")
-    _print_validation(summary["validation"])
-    return 0 if summary["validation"]["ok"] else 1
 
 
 def _study_file(args: argparse.Namespace) -> StudyFile | None:
     """The ``--config`` study file, checked against the same choices as the flags."""
     if getattr(args, "config", None) is None:
         return None
-    from orchestrator.tasks import TASKS
-
-    return load_study(args.config, choices={**_CHOICES, "task": TASKS})
+    return load_study(args.config, choices={**_CHOICES, "task": parsers.task_choices()})
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """A ``RunConfig`` from parsed args: dataclass defaults < the ``--config`` study file <
     the flags given (unset flags parse as None and do not override).
 
-    The post-run commands (``--consolidate-only``, ``--validate-only``, ``--retry-failed``)
-    start from the config recorded in the run's manifest, so only ``--artifact-root`` is needed;
-    a study file and flags given explicitly still override it.
+    The post-run commands (``consolidate``, ``validate``, ``retry``, and the deprecated flags of
+    ``run`` that stand for them) start from the config recorded in the run's manifest, so only
+    ``--artifact-root`` is needed; a study file and flags given explicitly still override it.
     """
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)
-             if f.name not in _HIDDEN_FIELDS and getattr(args, f.name, None) is not None}
+    given = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(RunConfig)
+        if f.name not in parsers.HIDDEN_FIELDS and getattr(args, f.name, None) is not None
+    }
     study = _study_file(args)
     if study is not None:
         given = {**study.values, **given}
-    if getattr(args, "consolidate_only", False) or getattr(args, "validate_only", False) \
-            or getattr(args, "retry_failed", False):
+    if _post_run_command(args) is not None:
         from orchestrator.manifest import load_manifest
 
         manifest = load_manifest(given.get("artifact_root", RunConfig.artifact_root))
         if manifest is not None:
             names = {f.name for f in dataclasses.fields(RunConfig)}
-            recorded = {k: tuple(v) if isinstance(v, list) else v
-                        for k, v in manifest.get("config", {}).items() if k in names}
+            recorded = {
+                k: tuple(v) if isinstance(v, list) else v
+                for k, v in manifest.get("config", {}).items()
+                if k in names
+            }
             for key in ("artifact_root", "cache_dir", "spool_root"):
                 if recorded.get(key) is not None:
                     recorded[key] = Path(recorded[key])
-            # --retry-failed starts servers again and spools where the run did; a spool root
-            # gone since (a tmpfs after a reboot) falls back to the artifact root's spool/
+            # retry starts servers again and spools where the run did; a spool root gone since
+            # (a tmpfs after a reboot) falls back to the artifact root's spool/
             if recorded.get("spool_root") is not None and not recorded["spool_root"].is_dir():
                 del recorded["spool_root"]
             given = {**recorded, **given}
@@ -181,33 +279,30 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit codes: 0 done, 1 an error at run time (one line on stderr; ``--debug`` adds the
     traceback), 2 a bad flag or value, 3 some prompts failed, 130 interrupted."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "status":
-        return _status(args, parser)
-    if args.command == "evaluate":
-        from evaluation import run_evaluate
+    args = build_parser().parse_args(argv)
+    return args._handler(args)
 
-        return run_evaluate(args)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     _configure_startup_messages()
-    if args.command == "merge":
-        try:
-            return _merge(args)
-        except HallulogError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
+
+
+def _config_command(args: argparse.Namespace) -> int:
+    """``run``, ``consolidate``, ``validate``, ``retry``, ``estimate``: the config from the
+    flags (and the recorded one), then the command."""
+    _configure_logging(args.log_level)
+    _replace_deprecated(args)
+    prog = f"{PROG} {args.command}"
     try:
         config = config_from_args(args)
     except StudyFileError as exc:  # names the file and key; --help would not help
-        print(f"python -m orchestrator run: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except ConfigError as exc:
-        print(f"python -m orchestrator run: error: {exc} (see python -m orchestrator run --help)",
-              file=sys.stderr)
+        print(f"{prog}: error: {exc} (see {prog} --help)", file=sys.stderr)
         return 2
-    except Exception as exc:  # e.g. an unreadable run_manifest.json of --validate-only
+    except Exception as exc:  # e.g. an unreadable run_manifest.json of `validate`
         return _fail(exc, args.debug)
     if args.print_config:
         print(dump_study(config), end="")
@@ -216,12 +311,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_command(config, args)
     except OSError as exc:
         if exc.filename is None and exc.errno is not None:  # a buffered write names no file
-            exc = OSError(exc.errno, exc.strerror, f"a file under {config.artifact_root}"
-                          ).with_traceback(exc.__traceback__)
+            exc = OSError(
+                exc.errno, exc.strerror, f"a file under {config.artifact_root}"
+            ).with_traceback(exc.__traceback__)
         return _fail(exc, args.debug)
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, or the storage cap (its own message)
-        print(str(exc) or "interrupted: committed work is kept; rerun the same command to "
-              "resume", file=sys.stderr)
+        print(
+            str(exc) or "interrupted: committed work is kept; rerun the same command to resume",
+            file=sys.stderr,
+        )
         return 130
     except Exception as exc:
         return _fail(exc, args.debug)
@@ -268,42 +366,29 @@ def _configure_startup_messages() -> None:
 
 def _run_command(config: RunConfig, args: argparse.Namespace) -> int:
     from orchestrator import commands
-    from orchestrator.run import run
+    from orchestrator.remote_run import remote_command
 
+    if (code := remote_command(config, args)) is not None:  # an s3:// root
+        return code
     if args.command == "estimate":
         from orchestrator.estimate import run_estimate
 
         return run_estimate(config, args)
-    if args.consolidate_only:
-        return commands.consolidate_only(config, merge=args.merge)
-    if args.validate_only:
-        rc = commands.validate_only(config)
-        if args.deep:
-            from evaluation import run_deep_audit
+    if args.command == "consolidate":
+        return commands.consolidate_command(config, merge=args.merge)
+    if args.command == "validate":
+        return commands.validate_command(config, deep=args.deep)
+    if args.command == "retry":
+        return commands.retry_command(config)
+    from orchestrator.run import run
 
-            rc = max(rc, 0 if run_deep_audit(config.artifact_root)["ok"] else 1)
-        return rc
-    if args.retry_failed:
-        return commands.retry_failed(config)
     result = run(config)
     print(commands.format_result(result))
     if result.failed:
-        print(f"{len(result.failed)} prompt(s) failed: see worker_*/errors.jsonl; rerun with "
-              "--retry-failed to reprocess them", file=sys.stderr)
+        print(
+            f"{len(result.failed)} prompt(s) failed: see worker_*/errors.jsonl; "
+            f"`{PROG} retry --artifact-root {config.artifact_root}` reprocesses them",
+            file=sys.stderr,
+        )
         return 3
-    return 0
-
-
-def _status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from api.client import fetch_status, format_status, status_from_artifacts
-
-    if bool(args.url) == bool(args.artifact_root):
-        parser.error("status needs exactly one of --url or --artifact-root")
-    try:
-        token = args.token or os.environ.get("HALLULOG_STATUS_TOKEN")
-        snapshot = fetch_status(args.url, token) if args.url \
-            else status_from_artifacts(args.artifact_root)
-    except Exception as exc:  # network or file errors: one clear line
-        return _fail(exc, args.debug)
-    print(json.dumps(snapshot, indent=2) if args.json else format_status(snapshot))
     return 0

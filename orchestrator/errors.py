@@ -1,15 +1,17 @@
-"""The orchestrator's error hierarchy: retryable conditions kept apart from fatal ones."""
+"""The orchestrator's errors: a branch of hallulog's one error tree (``contracts/errors.py``)."""
 
 from __future__ import annotations
 
 from contracts.errors import ArtifactError, HallulogError, MalformedLineError
 
-__all__ = ["HallulogError", "BackendUnavailable", "BackendStartError", "ResumeRefused",
-           "ArtifactError", "MalformedLineError"]
-
-
-class BackendUnavailable(HallulogError):
-    """A server cannot be reached right now (retryable)."""
+__all__ = [
+    "HallulogError",
+    "BackendStartError",
+    "ResumeRefused",
+    "ArtifactError",
+    "MalformedLineError",
+    "ConfigError",
+]
 
 
 class BackendStartError(HallulogError):
@@ -20,5 +22,5 @@ class ResumeRefused(HallulogError):
     """The artifact root holds a run with a different config fingerprint."""
 
 
-class ConfigError(ValueError):
+class ConfigError(HallulogError, ValueError):
     """A configuration value is invalid; the message names the flag."""

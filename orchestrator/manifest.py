@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import platform
 import uuid
 from datetime import datetime, timezone
@@ -12,13 +10,20 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import RunConfig
-from orchestrator.errors import ArtifactError, ResumeRefused
 from contracts import layout
 from contracts.ids import fingerprint
+from contracts.run_manifest import RunManifest
+from orchestrator.config import RunConfig
+from orchestrator.errors import ResumeRefused
 
-__all__ = ["MANIFEST_NAME", "build_manifest", "load_manifest", "write_manifest",
-           "check_resumable", "update_manifest"]
+__all__ = [
+    "MANIFEST_NAME",
+    "build_manifest",
+    "load_manifest",
+    "write_manifest",
+    "check_resumable",
+    "update_manifest",
+]
 
 MANIFEST_NAME = layout.MANIFEST
 
@@ -33,11 +38,23 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def build_manifest(config: RunConfig, *, run_id: str | None, model_name: str, model_path: str,
-                   layer_ids: list[int], hidden_size: int, num_hidden_layers: int,
-                   dataset: str, split: str, prompt_template: str, worker_count: int,
-                   total_prompts: int, answer_kind: str | None = None,
-                   prompt_fingerprinted: bool = False) -> dict[str, Any]:
+def build_manifest(
+    config: RunConfig,
+    *,
+    run_id: str | None,
+    model_name: str,
+    model_path: str,
+    layer_ids: list[int],
+    hidden_size: int,
+    num_hidden_layers: int,
+    dataset: str,
+    split: str,
+    prompt_template: str,
+    worker_count: int,
+    total_prompts: int,
+    answer_kind: str | None = None,
+    prompt_fingerprinted: bool = False,
+) -> dict[str, Any]:
     """A fresh manifest for ``config`` (a new run id unless one is given).
 
     ``prompt_template`` is the prompt's whole text (template, system prompt, few-shot examples,
@@ -78,7 +95,7 @@ def build_manifest(config: RunConfig, *, run_id: str | None, model_name: str, mo
         "backend": config.backend,
         "model_dtype": config.model_dtype,
         "artifact_root": str(config.artifact_root),
-        "activations_subdir": "activations/",
+        "activations_subdir": layout.ACTIVATIONS + "/",
         "worker_count": worker_count,
         "model_revision": None,
         # the config's values: what managed servers run with (unmanaged ones are not asked)
@@ -98,40 +115,22 @@ def build_manifest(config: RunConfig, *, run_id: str | None, model_name: str, mo
 
 
 def load_manifest(artifact_root: Path) -> dict[str, Any] | None:
-    """The manifest of an existing run, or None."""
-    path = Path(artifact_root) / MANIFEST_NAME
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ArtifactError(f"{path}:{exc.lineno}: malformed manifest ({exc.msg})") from None
-    except UnicodeDecodeError as exc:
-        raise ArtifactError(f"{path}: not UTF-8 (byte offset {exc.start})") from None
-    if not isinstance(data, dict):
-        raise ArtifactError(f"{path}: malformed manifest (not a JSON object)")
-    return data
+    """The manifest of an existing run as a dict (a copy), or None
+    (:meth:`contracts.run_manifest.RunManifest.load`)."""
+    manifest = RunManifest.load(artifact_root)
+    return manifest.to_dict() if manifest is not None else None
 
 
 def write_manifest(artifact_root: Path, manifest: dict[str, Any]) -> None:
     """Atomic rewrite (``.partial`` then ``os.replace``)."""
-    path = Path(artifact_root) / MANIFEST_NAME
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    RunManifest(manifest).dump(artifact_root)
 
 
 def update_manifest(artifact_root: Path, **fields: Any) -> dict[str, Any]:
     """Merge ``fields`` into the existing manifest and rewrite it."""
-    manifest = load_manifest(artifact_root)
-    if manifest is None:
-        raise ArtifactError(f"{Path(artifact_root) / MANIFEST_NAME}: no run manifest")
-    manifest.update(fields)
-    write_manifest(artifact_root, manifest)
-    return manifest
+    manifest = RunManifest.require(artifact_root).replace(**fields)
+    manifest.dump(artifact_root)
+    return manifest.to_dict()
 
 
 def check_resumable(existing: dict[str, Any], fresh: dict[str, Any]) -> None:
@@ -145,14 +144,20 @@ def check_resumable(existing: dict[str, Any], fresh: dict[str, Any]) -> None:
         raise ResumeRefused(
             f"{existing.get('artifact_root')} holds shard {had} of run {existing.get('run_id')}, "
             f"not shard {fresh.get('shard') or 'none'}: pass the same --shard to resume it, or "
-            "pick another --artifact-root.")
+            "pick another --artifact-root."
+        )
     if existing.get("config_fingerprint") == fresh["config_fingerprint"]:
         return
     old, new = existing.get("fingerprint_fields", {}), fresh["fingerprint_fields"]
-    diffs = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
-             if old.get(k) != new.get(k)]
+    diffs = [
+        f"{k}: {old.get(k)!r} -> {new.get(k)!r}"
+        for k in sorted(set(old) | set(new))
+        if old.get(k) != new.get(k)
+    ]
     raise ResumeRefused(
         f"{existing.get('artifact_root')} holds run {existing.get('run_id')} with a different "
         f"config (fingerprint {str(existing.get('config_fingerprint'))[:12]} vs "
-        f"{fresh['config_fingerprint'][:12]}): " + "; ".join(diffs or ["unknown fields"])
-        + ". Use the same flags to resume, another --artifact-root, or remove the old run.")
+        f"{fresh['config_fingerprint'][:12]}): "
+        + "; ".join(diffs or ["unknown fields"])
+        + ". Use the same flags to resume, another --artifact-root, or remove the old run."
+    )

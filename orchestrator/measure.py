@@ -21,10 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from contracts import layout
+from contracts.errors import HallulogError
+from contracts.run_manifest import RunManifest
 from orchestrator.config import RunConfig
 
-__all__ = ["Lengths", "Measured", "measure_run", "pilot_lengths", "task_prompts", "tree_bytes",
-           "free_bytes", "PILOT_LINES", "TEMPLATE_TOKENS_BOUND"]
+__all__ = [
+    "Lengths",
+    "Measured",
+    "measure_run",
+    "pilot_lengths",
+    "task_prompts",
+    "tree_bytes",
+    "free_bytes",
+    "PILOT_LINES",
+    "TEMPLATE_TOKENS_BOUND",
+]
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +108,13 @@ def measure_run(root: str | Path, *, with_metadata: bool = True) -> Measured | N
         generations += _count_lines(index)
         budget = max(0, PILOT_LINES - len(keyed))
         for row in itertools.islice(_jsonl(index), budget):
-            keyed.append(((row.get("prompt_id"), int(row.get("sample_id", 0))),
-                          int(row.get("prompt_token_count") or 1),
-                          int(row.get("response_token_count") or 1)))
+            keyed.append(
+                (
+                    (row.get("prompt_id"), int(row.get("sample_id", 0))),
+                    int(row.get("prompt_token_count") or 1),
+                    int(row.get("response_token_count") or 1),
+                )
+            )
             rows.append(int(row.get("num_rows") or -1))
         for row in itertools.islice(_jsonl(wdir / layout.GENERATIONS), budget):
             answers[(row.get("prompt_id"), int(row.get("sample_id", 0)))] = _answer_tokens(row)
@@ -116,22 +131,36 @@ def measure_run(root: str | Path, *, with_metadata: bool = True) -> Measured | N
     prompts: dict[str, int] = {}
     prompt_of = tuple(prompts.setdefault(key[0], len(prompts)) for key, _, _ in keyed)
     activations = sum(tree_bytes(d / "activations") for d in dirs) if with_metadata else 0
-    metadata = (tree_bytes(root, skip=_transient(root)) - activations) / generations \
-        if with_metadata else None
+    metadata = (
+        (tree_bytes(root, skip=_transient(root)) - activations) / generations
+        if with_metadata
+        else None
+    )
     rate = generations / (last - first) if first and last and last > first else None
-    return Measured(root, generations, samples, activations, metadata, rate,
-                    stored_rows=tuple(rows) if min(rows, default=-1) >= 0 else (),
-                    prompt_of=prompt_of, signature=_signature(root))
+    return Measured(
+        root,
+        generations,
+        samples,
+        activations,
+        metadata,
+        rate,
+        stored_rows=tuple(rows) if min(rows, default=-1) >= 0 else (),
+        prompt_of=prompt_of,
+        signature=_signature(root),
+    )
 
 
 def _signature(root: Path) -> tuple | None:
     """(position names, capture mode, max tokens) of the run manifest in ``root``."""
     try:
-        fields = json.loads((root / layout.MANIFEST).read_text())["fingerprint_fields"]
-        names = tuple(n.strip() for n in fields["positions"].split(",")) \
-            if fields.get("positions") else (fields["sequence_mode"],)
+        fields = RunManifest.load(root).get("fingerprint_fields")
+        names = (
+            tuple(n.strip() for n in fields["positions"].split(","))
+            if fields.get("positions")
+            else (fields["sequence_mode"],)
+        )
         return names, fields.get("capture_mode", "generation"), int(fields["max_tokens"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (HallulogError, OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -201,7 +230,9 @@ def tree_bytes(path: str | Path, *, skip: Iterable[Path] = ()) -> int:
     return total
 
 
-def task_prompts(config: RunConfig, *, tokenizer_dir: Path | None, lengths: bool) -> tuple[int, Lengths]:
+def task_prompts(
+    config: RunConfig, *, tokenizer_dir: Path | None, lengths: bool
+) -> tuple[int, Lengths]:
     """The run's prompt count (the task streamed as the run does: --limit and --shard apply)
     and, with ``lengths``, the prompts' token lengths: tokenized with the model's tokenizer
     when ``tokenizer_dir`` has one, else bounded by their bytes."""
@@ -216,16 +247,20 @@ def task_prompts(config: RunConfig, *, tokenizer_dir: Path | None, lengths: bool
     for group in stream.groups():
         n = measure(group) if measure is not None else _byte_bound(group)
         count, longest, total = count + 1, max(longest, n), total + n
-    return count, Lengths(prompt_max=longest or None,
-                          prompt_mean=total / count if count and source == "tokenizer" else None,
-                          prompt_source=source)
+    return count, Lengths(
+        prompt_max=longest or None,
+        prompt_mean=total / count if count and source == "tokenizer" else None,
+        prompt_source=source,
+    )
 
 
 def _byte_bound(group: Any) -> int:
     if group.prompt is not None:
         return len(group.prompt.encode()) + 2
-    return sum(len(str(m.get("content", "")).encode()) + 8 for m in group.messages) \
+    return (
+        sum(len(str(m.get("content", "")).encode()) + 8 for m in group.messages)
         + TEMPLATE_TOKENS_BOUND
+    )
 
 
 def _token_counter(model_dir: Path | None, *, chat: bool):
@@ -238,16 +273,17 @@ def _token_counter(model_dir: Path | None, *, chat: bool):
 
         tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - no tokenizer: fall back to the byte bound
-        log.warning("no tokenizer in %s (%s): prompt lengths bounded by their bytes",
-                    model_dir, exc)
+        log.warning(
+            "no tokenizer in %s (%s): prompt lengths bounded by their bytes", model_dir, exc
+        )
         return None
 
     def count(group: Any) -> int:
         if group.prompt is not None or not chat:
             return len(tok(group.prompt_text)["input_ids"])
-        text = tok.apply_chat_template(group.messages, add_generation_prompt=True,
-                                       tokenize=False)
+        text = tok.apply_chat_template(group.messages, add_generation_prompt=True, tokenize=False)
         return len(tok(text, add_special_tokens=False)["input_ids"])
+
     return count
 
 
@@ -256,12 +292,18 @@ def pilot_lengths(measured: Measured) -> Lengths:
     n = len(measured.samples)
     ps, rs, as_ = zip(*measured.samples)
     answered = [a for a in as_ if a]
-    return Lengths(prompt_max=max(ps), prompt_mean=sum(ps) / n, prompt_source="pilot",
-                   response_mean=sum(rs) / n,
-                   answer_mean=sum(answered) / len(answered) if answered else None,
-                   samples=measured.samples, source="pilot",
-                   stored_rows=measured.stored_rows, prompt_of=measured.prompt_of,
-                   signature=measured.signature)
+    return Lengths(
+        prompt_max=max(ps),
+        prompt_mean=sum(ps) / n,
+        prompt_source="pilot",
+        response_mean=sum(rs) / n,
+        answer_mean=sum(answered) / len(answered) if answered else None,
+        samples=measured.samples,
+        source="pilot",
+        stored_rows=measured.stored_rows,
+        prompt_of=measured.prompt_of,
+        signature=measured.signature,
+    )
 
 
 def free_bytes(path: Path) -> int:

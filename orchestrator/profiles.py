@@ -39,8 +39,9 @@ class LoggingProfile:
         if self.sequence_mode not in ("all", "prompt", "response", "last", "positions"):
             raise ConfigError(f"--sequence-mode: unknown value {self.sequence_mode!r}")
         if (self.sequence_mode == "positions") != bool(self.positions):
-            raise ConfigError("a logging profile gives positions exactly with sequence_mode "
-                              "positions")
+            raise ConfigError(
+                "a logging profile gives positions exactly with sequence_mode positions"
+            )
         if self.dtype not in ("float16", "float32", "bfloat16"):
             raise ConfigError(f"--dtype: unknown value {self.dtype!r} (float16|float32|bfloat16)")
 
@@ -52,8 +53,9 @@ PROFILES: dict[str, LoggingProfile] = {
     "full": LoggingProfile("full", "all", "all", "float32"),
     # the rows the probes of docs/evaluation.md read (SEP TBG/SLT, LLMs-Know-More exact answer,
     # Geometry of Truth last token) on two layers: under 5 % of `integrated` (docs/alignment.md)
-    "probes": LoggingProfile("probes", "spread", "positions", "float16",
-                             positions=("tbg", "slt", "exact_answer", "last")),
+    "probes": LoggingProfile(
+        "probes", "spread", "positions", "float16", positions=("tbg", "slt", "exact_answer", "last")
+    ),
 }
 
 

@@ -9,7 +9,8 @@ a complete run in its own artifact root; ``python -m orchestrator merge`` joins 
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, TypeVar
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 __all__ = ["ShardSpec", "parse_shard", "shard_of", "select_shard"]
 
@@ -19,7 +20,7 @@ T = TypeVar("T")
 class ShardSpec(tuple):
     """``(index, count)`` of one shard; ``str()`` gives back ``"I/N"``."""
 
-    def __new__(cls, index: int, count: int) -> "ShardSpec":
+    def __new__(cls, index: int, count: int) -> ShardSpec:
         return super().__new__(cls, (index, count))
 
     @property
@@ -43,8 +44,10 @@ def parse_shard(text: str) -> ShardSpec:
     if count < 1:
         raise ValueError(f"--shard {text}: N must be >= 1")
     if index >= count:
-        raise ValueError(f"--shard {text}: shard index {index} is out of range for {count} "
-                         f"shard(s) (I must be 0..{count - 1})")
+        raise ValueError(
+            f"--shard {text}: shard index {index} is out of range for {count} "
+            f"shard(s) (I must be 0..{count - 1})"
+        )
     return ShardSpec(index, count)
 
 

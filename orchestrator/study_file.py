@@ -18,16 +18,25 @@ import json
 import math
 import os
 import re
-import tomllib
 import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from contracts.config_cli import _argument_for, _int_list, _str_list, parse_bool
+import tomllib
+
+from contracts.config_cli import argument_for, int_list, parse_bool, str_list
+from contracts.extras import MissingExtra, require
 from orchestrator.config import SECRET_FIELDS, ConfigError, RunConfig
 
-__all__ = ["StudyFile", "StudyFileError", "load_study", "dump_study", "FILE_RELATIVE_FIELDS",
-           "PROVENANCE_KEYS"]
+__all__ = [
+    "StudyFile",
+    "StudyFileError",
+    "load_study",
+    "dump_study",
+    "FILE_RELATIVE_FIELDS",
+    "PROVENANCE_KEYS",
+]
 
 #: Path fields resolved against the study file's directory (inputs that travel with the study).
 FILE_RELATIVE_FIELDS = ("task_path", "fewshot_path", "prompt_template_file")
@@ -56,9 +65,9 @@ def _fail(path: Path, message: str) -> StudyFileError:
 def _read(path: Path, data: bytes) -> Any:
     if path.suffix in (".yaml", ".yml"):
         try:
-            import yaml
-        except ImportError:
-            raise StudyFileError(f"reading {path} needs PyYAML: pip install pyyaml") from None
+            yaml = require("yaml", f"reading {path}")
+        except MissingExtra as exc:
+            raise StudyFileError(str(exc)) from None
         try:
             return yaml.safe_load(data.decode("utf-8"))
         except yaml.YAMLError as exc:
@@ -78,11 +87,16 @@ def _expected(annotation: Any, choices: Sequence[Any] | None) -> tuple[type | st
     """(the Python kind a file value must have, its description) for a field's annotation."""
     if choices:
         return "choice", "one of " + ", ".join(map(str, choices))
-    conv = _argument_for(annotation)["type"]
+    conv = argument_for(annotation)["type"]
     table: dict[Any, tuple[type | str, str]] = {
-        parse_bool: (bool, "true or false"), int: (int, "an integer"),
-        float: (float, "a number"), str: (str, "a string"), Path: (Path, "a path (a string)"),
-        _int_list: ("ints", "a list of integers"), _str_list: ("strs", "a list of strings")}
+        parse_bool: (bool, "true or false"),
+        int: (int, "an integer"),
+        float: (float, "a number"),
+        str: (str, "a string"),
+        Path: (Path, "a path (a string)"),
+        int_list: ("ints", "a list of integers"),
+        str_list: ("strs", "a list of strings"),
+    }
     return table[conv]
 
 
@@ -110,7 +124,8 @@ def _convert(value: Any, annotation: Any, choices: Sequence[Any] | None) -> Any:
     else:  # a list (tuple field)
         item = int if kind == "ints" else str
         ok = isinstance(value, list) and all(
-            isinstance(v, item) and not isinstance(v, bool) for v in value)
+            isinstance(v, item) and not isinstance(v, bool) for v in value
+        )
         value = tuple(value) if ok else value
     if not ok:
         raise ValueError(described)
@@ -123,13 +138,15 @@ def _check_extra(path: Path, value: Any) -> dict[str, Any]:
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise _fail(path, f"extra: values must be strings, numbers, booleans, lists and "
-                          f"tables ({exc})") from None
+        raise _fail(
+            path, f"extra: values must be strings, numbers, booleans, lists and tables ({exc})"
+        ) from None
     return dict(value)
 
 
-def load_study(path: str | os.PathLike[str], *,
-               choices: Mapping[str, Sequence[Any]] | None = None) -> StudyFile:
+def load_study(
+    path: str | os.PathLike[str], *, choices: Mapping[str, Sequence[Any]] | None = None
+) -> StudyFile:
     """Read and check the study file at ``path``.
 
     ``choices``: allowed values of fields beyond their ``Literal`` annotations (the CLI's).
@@ -153,15 +170,18 @@ def load_study(path: str | os.PathLike[str], *,
     for key, value in doc.items():
         if key not in fields:
             close = difflib.get_close_matches(str(key).replace("-", "_"), fields, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else \
-                " (keys are RunConfig field names: python -m orchestrator run --help)"
+            hint = (
+                f" (did you mean {close[0]!r}?)"
+                if close
+                else " (keys are RunConfig field names: python -m orchestrator run --help)"
+            )
             if key in _NOT_IN_FILE:
                 hint = " (secret: pass it as $HALLULOG_STATUS_TOKEN, never in a file)"
             raise _fail(path, f"unknown key {key!r}{hint}")
         if key == "extra":
             values[key] = _check_extra(path, value)
             continue
-        allowed = (choices or {}).get(key) or _argument_for(hints[key]).get("choices")
+        allowed = (choices or {}).get(key) or argument_for(hints[key]).get("choices")
         try:
             value = _convert(value, hints[key], allowed)
         except ValueError as exc:
@@ -170,8 +190,11 @@ def load_study(path: str | os.PathLike[str], *,
             value = os.path.abspath(base / Path(value).expanduser())  # absolute: kept
         values[key] = value
     sha = hashlib.sha256(data).hexdigest()
-    values["extra"] = {**values.get("extra", {}), "config_file": str(base / path.name),
-                       "config_file_sha256": sha}
+    values["extra"] = {
+        **values.get("extra", {}),
+        "config_file": str(base / path.name),
+        "config_file_sha256": sha,
+    }
     return StudyFile(path=path, sha256=sha, values=values)
 
 
@@ -210,8 +233,11 @@ def _value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{_key(str(k))} = {_value(v)}" for k, v in value.items()
-                               if v is not None) + "}"
+        return (
+            "{"
+            + ", ".join(f"{_key(str(k))} = {_value(v)}" for k, v in value.items() if v is not None)
+            + "}"
+        )
     raise TypeError(f"no TOML form for {type(value).__name__}")
 
 

@@ -36,6 +36,7 @@ def build_server(config: ServerConfig):
         spool=spool,
         capture_layers=layers,
         metrics=metrics,
+        fused_decode=config.fused_decode,
     )
     engine.start()
     return create_app(engine, config.model_name, metrics)
@@ -55,10 +56,20 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    logger.info("model %s ready in %.1f s; listening on http://%s:%d",
-                config.model_name, time.monotonic() - t0, config.host, config.port)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
-                access_log=config.log_level == "debug")
+    logger.info(
+        "model %s ready in %.1f s; listening on http://%s:%d",
+        config.model_name,
+        time.monotonic() - t0,
+        config.host,
+        config.port,
+    )
+    uvicorn.run(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        access_log=config.log_level == "debug",
+    )
     return 0
 
 

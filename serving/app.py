@@ -78,8 +78,9 @@ def create_app(engine: Engine, model_name: str, metrics: ServingMetrics) -> Fast
 
     @app.get("/v1/models")
     async def models() -> P.ModelList:
-        card = P.ModelCard(id=model_name, root=str(engine.loaded.path),
-                           max_model_len=engine.loaded.max_model_len)
+        card = P.ModelCard(
+            id=model_name, root=str(engine.loaded.path), max_model_len=engine.loaded.max_model_len
+        )
         return P.ModelList(data=[card])
 
     @app.get("/metrics")
@@ -91,8 +92,9 @@ def create_app(engine: Engine, model_name: str, metrics: ServingMetrics) -> Fast
         _check_model(req.model)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                 tokenize=False)
+            text = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False
+            )
         except Exception as exc:  # noqa: BLE001 - template errors are the caller's input
             raise ApiError(400, f"cannot apply the chat template: {exc}") from exc
         prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -192,8 +194,11 @@ def create_app(engine: Engine, model_name: str, metrics: ServingMetrics) -> Fast
 
 def _usage(prompt_ids: list[int], outputs: list[SequenceOutput]) -> P.Usage:
     completion = sum(len(out.token_ids) for out in outputs)
-    return P.Usage(prompt_tokens=len(prompt_ids), completion_tokens=completion,
-                   total_tokens=len(prompt_ids) + completion)
+    return P.Usage(
+        prompt_tokens=len(prompt_ids),
+        completion_tokens=completion,
+        total_tokens=len(prompt_ids) + completion,
+    )
 
 
 def _utf8(text: str) -> list[int]:
@@ -206,10 +211,19 @@ def _chat_logprobs(out: SequenceOutput, token_text) -> P.ChatLogprobs | None:
     content = []
     for entry in out.logprobs:
         token = token_text(entry.token_id)
-        top = [P.TopLogprob(token=token_text(t), logprob=lp, bytes=_utf8(token_text(t)))
-               for t, lp in entry.top]
-        content.append(P.ChatTokenLogprob(token=token, logprob=entry.logprob, bytes=_utf8(token),
-                                          top_logprobs=top, logit=entry.logit))
+        top = [
+            P.TopLogprob(token=token_text(t), logprob=lp, bytes=_utf8(token_text(t)))
+            for t, lp in entry.top
+        ]
+        content.append(
+            P.ChatTokenLogprob(
+                token=token,
+                logprob=entry.logprob,
+                bytes=_utf8(token),
+                top_logprobs=top,
+                logit=entry.logit,
+            )
+        )
     return P.ChatLogprobs(content=content)
 
 
@@ -228,5 +242,10 @@ def _completion_logprobs(out: SequenceOutput, token_text) -> P.CompletionLogprob
         top = {token_text(t): lp for t, lp in entry.top}
         top.setdefault(token, entry.logprob)  # vLLM always lists the chosen token too
         top_logprobs.append(top)
-    return P.CompletionLogprobs(text_offset=offsets, token_logprobs=token_logprobs, tokens=tokens,
-                                top_logprobs=top_logprobs, token_logits=logits)
+    return P.CompletionLogprobs(
+        text_offset=offsets,
+        token_logprobs=token_logprobs,
+        tokens=tokens,
+        top_logprobs=top_logprobs,
+        token_logits=logits,
+    )

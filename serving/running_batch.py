@@ -78,7 +78,9 @@ class RunningBatch:
         index = torch.tensor(keep, device=self.mask.device)
         self.cache.batch_select_indices(index)
         self.mask, self.positions, self.logits = (
-            self.mask[index], self.positions[index], self.logits[index]
+            self.mask[index],
+            self.positions[index],
+            self.logits[index],
         )
         first = int(self.mask.any(dim=0).int().argmax())
         if first > 0:

@@ -69,7 +69,9 @@ class SequenceState:
     states: torch.Tensor | None = None  # [capacity, layers, hidden] capture buffer
     n_states: int = 0
 
-    def capture(self, outputs: list[torch.Tensor], row: int, tokens: int, max_model_len: int) -> None:
+    def capture(
+        self, outputs: list[torch.Tensor], row: int, tokens: int, max_model_len: int
+    ) -> None:
         """Append the last ``tokens`` positions of ``row`` of every layer output to the buffer."""
         first = outputs[0]
         need = self.n_states + tokens
@@ -78,12 +80,16 @@ class SequenceState:
             if self.states is not None:
                 cap = max(cap, 2 * self.states.shape[0])
             cap = min(cap, max(max_model_len, need))
-            grown = torch.empty((cap, len(outputs), first.shape[-1]), dtype=first.dtype,
-                                device="cpu")
+            grown = torch.empty(
+                (cap, len(outputs), first.shape[-1]), dtype=first.dtype, device="cpu"
+            )
             if self.states is not None:
                 grown[: self.n_states] = self.states[: self.n_states]
             self.states = grown
         seq_len = first.shape[1]
-        torch.stack([out[row, seq_len - tokens:] for out in outputs], dim=1,
-                    out=self.states[self.n_states : need])
+        torch.stack(
+            [out[row, seq_len - tokens :] for out in outputs],
+            dim=1,
+            out=self.states[self.n_states : need],
+        )
         self.n_states = need

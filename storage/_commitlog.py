@@ -1,16 +1,32 @@
-"""The append-only commit log shared by the packed and zarr writers (one JSON line a sample)."""
+"""The append-only commit log shared by the packed and zarr writers (one JSON line a sample):
+appending a group's records (:class:`CommitLogWriter`), reading them back on reopen
+(:func:`read_commit_log`, :func:`cut_uncommitted`) and dropping a tail on rollback."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from array import array
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
+
+from contracts.errors import MalformedLineError
+from contracts.jsonl import committed_size, iter_lines
 
 from ._io import write_all
-from .errors import StorageError
+from .errors import ManifestError, StorageError
 
-__all__ = ["append_records", "record_line", "tail_to_drop", "RecordColumns"]
+__all__ = [
+    "append_records",
+    "record_line",
+    "tail_to_drop",
+    "read_commit_log",
+    "cut_uncommitted",
+    "CommitLogWriter",
+    "RecordColumns",
+]
+
+log = logging.getLogger(__name__)
 
 
 def record_line(record: dict) -> bytes:
@@ -43,6 +59,54 @@ def append_records(fd: int, lines: list[bytes]) -> list[int]:
     return starts
 
 
+def read_commit_log(log_path: str) -> Iterator[tuple[int, int, dict]]:
+    """``(line number, byte offset, record)`` of every committed line (a torn last line, the
+    record a crash cut short, is not read); a malformed line is a :class:`ManifestError`."""
+    try:
+        for line in iter_lines(log_path):
+            yield line.lineno, line.start, line.row
+    except MalformedLineError as exc:
+        raise ManifestError("unparsable commit log line", log_path, line=exc.line) from None
+
+
+def cut_uncommitted(log_path: str) -> int:
+    """Cut a torn last record off the log; returns the committed size (bytes kept)."""
+    end, size = committed_size(log_path), os.path.getsize(log_path)
+    if end != size:
+        log.warning("%s: dropping %d bytes of an uncommitted record", log_path, size - end)
+        os.truncate(log_path, end)
+    return end
+
+
+class CommitLogWriter:
+    """The commit point of a writer with a commit log (packed, zarr), once its samples' bytes
+    are durable. The writer holds ``_log_fd``, ``_pending`` (``[(key, record)]``), ``_records``,
+    ``_keys``, ``_line_starts`` and ``_staged``."""
+
+    _log_fd: int
+    _pending: list[tuple[str, dict]]
+    _staged: list[bytes]
+
+    def _append_pending(self) -> None:
+        """Append the pending records to the log (one write, one fdatasync), then count them
+        committed. Pending stays pending until its log lines are durable: a failed append
+        leaves the group for ``rollback()`` to drop (:func:`append_records` cuts its own torn
+        lines)."""
+        self._staged = []
+        for key, rec in self._pending:
+            self._commit(key, rec)
+        self._line_starts.extend(append_records(self._log_fd, self._staged))  # type: ignore[attr-defined]
+        self._staged = []
+        pending, self._pending = self._pending, []
+        for key, rec in pending:
+            self._records.append(rec)  # type: ignore[attr-defined]
+            self._keys.add(key)  # type: ignore[attr-defined]
+
+    def _commit(self, key: str, record: dict) -> None:
+        """Stage the record's log line (tests interpose here to crash mid-commit)."""
+        self._staged.append(record_line(record))
+
+
 def tail_to_drop(keys: Sequence[str], keep: set[str], fmt: str, path: str) -> int | None:
     """Index of the first committed key not in ``keep`` (None: nothing to drop).
 
@@ -54,8 +118,11 @@ def tail_to_drop(keys: Sequence[str], keep: set[str], fmt: str, path: str) -> in
         return None
     kept_later = [k for k in keys[drop_at:] if k in keep]
     if kept_later:
-        raise StorageError(f"{fmt} rollback drops only a tail: {keys[drop_at]} is "
-                           f"dropped but later samples {kept_later[:3]} are kept", path)
+        raise StorageError(
+            f"{fmt} rollback drops only a tail: {keys[drop_at]} is "
+            f"dropped but later samples {kept_later[:3]} are kept",
+            path,
+        )
     return drop_at
 
 

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 import shutil
-from typing import Iterator
+from collections.abc import Iterator
 
 from ._io import fsync_dir
 from .errors import StorageError

@@ -17,8 +17,18 @@ from .errors import CorruptShardError, ManifestError, StorageError
 
 #: What parsers of damaged bytes raise (np.load, json, zarr, tarfile, ast, dict/list access on
 #: metadata of the wrong shape) besides the project's own errors.
-MALFORMED = (ValueError, TypeError, KeyError, IndexError, EOFError, SyntaxError, OverflowError,
-             AttributeError, tokenize.TokenError, RecursionError)
+MALFORMED = (
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    EOFError,
+    SyntaxError,
+    OverflowError,
+    AttributeError,
+    tokenize.TokenError,
+    RecursionError,
+)
 
 
 def malformed_is_manifest_error(fn):
@@ -37,6 +47,7 @@ def malformed_is_manifest_error(fn):
         return ManifestError(f"malformed or truncated ({type(exc).__name__}: {exc})", where(args))
 
     if inspect.isgeneratorfunction(fn):
+
         @functools.wraps(fn)
         def gen(*args, **kwargs):
             try:
@@ -45,6 +56,7 @@ def malformed_is_manifest_error(fn):
                 raise
             except MALFORMED as exc:
                 raise convert(exc, args) from None
+
         return gen
 
     @functools.wraps(fn)
@@ -55,6 +67,7 @@ def malformed_is_manifest_error(fn):
             raise
         except MALFORMED as exc:
             raise convert(exc, args) from None
+
     return wrapper
 
 
@@ -147,7 +160,8 @@ def pread_into(fd: int, out: np.ndarray, offset: int, path: str) -> None:
         n = os.preadv(fd, [mv[done:]], offset + done)
         if n == 0:
             raise CorruptShardError(
-                f"truncated: wanted {len(mv)} bytes at offset {offset}, file ends after {done}", path
+                f"truncated: wanted {len(mv)} bytes at offset {offset}, file ends after {done}",
+                path,
             )
         done += n
 
@@ -181,7 +195,9 @@ def fsync_tree_meta(store_path: str) -> None:
     """Zarr: fsync every file of the store but the chunks (already durable), then its directories."""
     dirs = []
     for dirpath, dirnames, filenames in os.walk(store_path):
-        if os.path.basename(dirpath) == "activations" and os.path.dirname(dirpath).endswith("arrays"):
+        if os.path.basename(dirpath) == "activations" and os.path.dirname(dirpath).endswith(
+            "arrays"
+        ):
             dirnames[:] = []  # chunk directories: synced at commit
         dirs.append(dirpath)
         for name in filenames:

@@ -27,8 +27,7 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def draw_layers(seed: int, epoch: int, index: np.ndarray | list[int], n: int, k: int
-                ) -> np.ndarray:
+def draw_layers(seed: int, epoch: int, index: np.ndarray | list[int], n: int, k: int) -> np.ndarray:
     """``(len(index), k)`` int64 positions in ``[0, n)``, distinct within each row, uniformly
     drawn without replacement for each sample index (see the module doc)."""
     if not 0 <= k <= n:

@@ -22,8 +22,9 @@ class StaleRanges:
         self.starts = np.array([0], np.int64)
         self.ends = np.array([int(size)], np.int64)
 
-    def zero_padding(self, flat: np.ndarray, seq_len: np.ndarray, k: int, t_max: int,
-                     hidden: int) -> None:
+    def zero_padding(
+        self, flat: np.ndarray, seq_len: np.ndarray, k: int, t_max: int, hidden: int
+    ) -> None:
         """Make ``flat`` (the buffer's first ``B*k*t_max*hidden`` elements, read as
         ``(B, k, t_max, hidden)``) zero past each sample's ``seq_len`` rows, and record that
         the data rows are stale from now on (the caller fills them next)."""

@@ -64,16 +64,20 @@ class WorkerBuffers:
             # it pickles a batch and lets go of the batch after, so a count back to idle means
             # the flag already says whether the main process holds the buffer. Read the other
             # way round, the feeder could send the batch between the two reads.
-            if flat.dtype == dtype and flat.numel() >= _HEAD + need \
-                    and use_count(flat) <= idle and flat[0] == 0:
-                return flat[_HEAD:_HEAD + need], stale
+            if (
+                flat.dtype == dtype
+                and flat.numel() >= _HEAD + need
+                and use_count(flat) <= idle
+                and flat[0] == 0
+            ):
+                return flat[_HEAD : _HEAD + need], stale
         nbytes = (_HEAD + max(need, cap)) * torch.empty(0, dtype=dtype).element_size()
         flat = torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(nbytes))
         flat[0] = 0
         stale = StaleRanges(max(need, cap))
         if len(self.buffers) < self.CAPACITY:
             self.buffers.append((flat, use_count(flat), stale))
-        return flat[_HEAD:_HEAD + need], stale
+        return flat[_HEAD : _HEAD + need], stale
 
 
 class SharedBatch(dict):

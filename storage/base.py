@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import abc
 import os
-import threading
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ._io import pread_into
-from .errors import CorruptShardError, StorageError
+from ._ranged import LocalFiles, RangeSource, ReadPolicy, is_remote, policy_for, read_extents
+from .errors import StorageError
 
 __all__ = ["SampleMeta", "ActivationWriter", "ActivationReader", "ExtentReader"]
 
@@ -57,13 +56,19 @@ class ActivationWriter(abc.ABC):
     def _check(self, key: str, acts: np.ndarray, meta: SampleMeta) -> np.ndarray:
         if not isinstance(key, str) or not key or "/" in key or "\n" in key:
             raise StorageError(f"invalid activation key {key!r}")
-        if acts.ndim != 3 or acts.shape[0] != len(self.layer_ids) or acts.shape[2] != self.hidden_size:
+        if (
+            acts.ndim != 3
+            or acts.shape[0] != len(self.layer_ids)
+            or acts.shape[2] != self.hidden_size
+        ):
             raise StorageError(
                 f"acts for {key} has shape {acts.shape}, expected "
                 f"({len(self.layer_ids)}, T, {self.hidden_size})"
             )
         if acts.dtype != self.dtype:
-            raise StorageError(f"acts for {key} has dtype {acts.dtype}, writer dtype is {self.dtype}")
+            raise StorageError(
+                f"acts for {key} has dtype {acts.dtype}, writer dtype is {self.dtype}"
+            )
         if acts.shape[1] != meta.prompt_len + meta.response_len:
             raise StorageError(
                 f"acts for {key} has {acts.shape[1]} rows but prompt_len + response_len = "
@@ -155,7 +160,9 @@ class ActivationReader(abc.ABC):
         """``[read(s, l) for s, l in zip(samples, layers)]``; formats override to batch."""
         return [self.read(int(s), int(l)) for s, l in zip(samples, layers)]
 
-    def read_pairs_into(self, samples: Sequence[int], layers: Iterable[int], outs: Sequence[np.ndarray]) -> None:
+    def read_pairs_into(
+        self, samples: Sequence[int], layers: Iterable[int], outs: Sequence[np.ndarray]
+    ) -> None:
         """Like ``read_pairs`` but into caller-owned ``(seq_len, H)`` buffers (no extra copy)."""
         for out, a in zip(outs, self.read_pairs(samples, layers)):
             out[...] = a
@@ -192,19 +199,19 @@ class ActivationReader(abc.ABC):
         self.close()
 
 
-_POOL_MIN_BYTES = 4 << 20  # below this a batch is read on the calling thread
-
-
 class ExtentReader(ActivationReader):
     """A reader whose every (sample, layer) slice is one contiguous byte extent of one file.
 
-    Subclasses implement ``_extent(i, layer) -> (file_no, offset)`` and ``_files`` (paths);
-    this class does the preads: lazily opened fds (reopened after fork, dropped on pickling),
-    batches sorted by (file, offset) and split over a small thread pool of ``os.preadv`` calls.
+    Subclasses implement ``_extent(i, layer) -> (file_no, offset)`` and ``_file_path``; this
+    class reads: a batch's extents go to :func:`storage._ranged.read_extents`, which merges
+    neighbours into ranges and reads them on a thread pool from a range source
+    (:class:`storage._ranged.LocalFiles` by default: lazily opened fds, reopened after fork,
+    dropped on pickling). On network storage (:func:`storage._ranged.is_remote`) many ranges
+    are in flight at once, so their latencies overlap; ``set_range_source`` plugs in another
+    source (an object store).
     """
 
-    _unpicklable = ("_key_index", "_fds", "_pool", "_lock")
-    threads: int = min(8, os.cpu_count() or 1)
+    _unpicklable = ("_key_index", "_source", "_pool", "_policy")
 
     def _extent(self, i: int, layer: int) -> tuple[int, int]:
         raise NotImplementedError
@@ -212,33 +219,45 @@ class ExtentReader(ActivationReader):
     def _file_path(self, file_no: int) -> str:
         raise NotImplementedError
 
-    def _fd(self, file_no: int) -> int:
-        fds = self.__dict__.get("_fds")
-        if fds is None or self.__dict__.get("_fd_pid") != os.getpid():
-            fds = self._fds = {}
-            self._fd_pid = os.getpid()
-            self._lock = threading.Lock()
-        fd = fds.get(file_no)
-        if fd is None:
-            with self._lock:
-                fd = fds.get(file_no)
-                if fd is None:
-                    path = self._file_path(file_no)
-                    try:
-                        fd = os.open(path, os.O_RDONLY)
-                    except FileNotFoundError:
-                        raise CorruptShardError("data file is missing", path) from None
-                    fds[file_no] = fd
-        return fd
-
     #: open/close the file around every read instead of caching fds (formats with a file per sample)
     _fd_per_read = False
+
+    def _range_source(self) -> RangeSource:
+        source = self.__dict__.get("_source")
+        if source is None:
+            source = self._source = LocalFiles(
+                self._file_path, per_read=self._fd_per_read, remote=is_remote(self.path)
+            )
+        return source
+
+    def set_range_source(self, source: RangeSource) -> None:
+        """Read through ``source`` from now on (``read_into(file_no, offset, buffers)``,
+        ``close()``, ``remote``), e.g. an object store's ranged GETs."""
+        self.close()
+        self._source = source
+        self._policy = None
+
+    @property
+    def read_policy(self) -> ReadPolicy:
+        policy = self.__dict__.get("_policy")
+        if policy is None:
+            policy = self._policy = policy_for(self._range_source().remote)
+        return policy
+
+    def _fd(self, file_no: int) -> int:
+        """A descriptor of a local data file (kept open)."""
+        return self._range_source().fd(file_no)
+
+    def _read_into(self, file_no: int, offset: int, out: np.ndarray) -> None:
+        """Fill ``out`` (C-contiguous) from file ``file_no`` at ``offset``."""
+        read_extents(
+            self._range_source(), [(file_no, offset, 0)], [out], self.read_policy, self._get_pool
+        )
 
     def read(self, i: int, layer: int) -> np.ndarray:
         i, layer = self._check_index(i, layer)
         out = np.empty((self.seq_len(i), self.hidden_size), self.dtype)
-        file_no, off = self._extent(i, layer)
-        self._run_jobs([(file_no, off, 0)], [out])
+        self._read_into(*self._extent(i, layer), out)
         return out
 
     def read_pairs(self, samples, layers) -> list[np.ndarray]:
@@ -254,56 +273,35 @@ class ExtentReader(ActivationReader):
         if not len(samples) == len(layers) == len(outs):
             raise ValueError("samples, layers and outs differ in length")
         jobs = []
-        total = 0
         for k, (s, l) in enumerate(zip(samples, layers)):
             s, l = self._check_index(s, l)
             out = outs[k]
-            if out.shape != (self.seq_len(s), self.hidden_size) or out.dtype != self.dtype or not out.flags.c_contiguous:
-                raise ValueError(f"out[{k}] must be a C-contiguous {self.dtype} array of shape "
-                                 f"{(self.seq_len(s), self.hidden_size)}")
+            if (
+                out.shape != (self.seq_len(s), self.hidden_size)
+                or out.dtype != self.dtype
+                or not out.flags.c_contiguous
+            ):
+                raise ValueError(
+                    f"out[{k}] must be a C-contiguous {self.dtype} array of shape "
+                    f"{(self.seq_len(s), self.hidden_size)}"
+                )
             file_no, off = self._extent(s, l)
             jobs.append((file_no, off, k))
-            total += out.nbytes
-        jobs.sort()
-        nthreads = min(self.threads, len(jobs))
-        if total < _POOL_MIN_BYTES or nthreads <= 1:
-            self._run_jobs(jobs, outs)
-            return
-        pool = self._get_pool()
-        # contiguous runs of the sorted list, one per thread: each thread reads forward
-        step = -(-len(jobs) // nthreads)
-        futs = [pool.submit(self._run_jobs, jobs[k : k + step], outs) for k in range(0, len(jobs), step)]
-        for f in futs:
-            f.result()
-
-    def _run_jobs(self, jobs, outs) -> None:
-        if not self._fd_per_read:
-            for file_no, off, k in jobs:
-                pread_into(self._fd(file_no), outs[k], off, self._file_path(file_no))
-            return
-        for file_no, off, k in jobs:
-            path = self._file_path(file_no)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                raise CorruptShardError("data file is missing", path) from None
-            try:
-                pread_into(fd, outs[k], off, path)
-            finally:
-                os.close(fd)
+        read_extents(self._range_source(), jobs, outs, self.read_policy, self._get_pool)
 
     def _get_pool(self) -> ThreadPoolExecutor:
         pool = self.__dict__.get("_pool")
         if pool is None or self.__dict__.get("_pool_pid") != os.getpid():
-            pool = self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="storage-pread")
+            pool = self._pool = ThreadPoolExecutor(
+                self.read_policy.concurrency, thread_name_prefix="storage-pread"
+            )
             self._pool_pid = os.getpid()
         return pool
 
     def close(self) -> None:
-        fds = self.__dict__.pop("_fds", None) or {}
-        if self.__dict__.get("_fd_pid") == os.getpid():
-            for fd in fds.values():
-                os.close(fd)
+        source = self.__dict__.get("_source")
+        if source is not None:
+            source.close()
         pool = self.__dict__.pop("_pool", None)
         if pool is not None and self.__dict__.get("_pool_pid") == os.getpid():
             pool.shutdown(wait=False)

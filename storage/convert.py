@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from ._io import fsync_dir
 from .base import ActivationReader, SampleMeta
@@ -27,8 +27,14 @@ def convert_store(src, dst_root, fmt: str, **writer_options) -> str:
     reader = src if isinstance(src, ActivationReader) else open_store(src)
     dst_root = os.fspath(dst_root)
     os.makedirs(dst_root, exist_ok=True)
-    writer = open_writer(fmt, dst_root, layer_ids=reader.layer_ids, hidden_size=reader.hidden_size,
-                         dtype=reader.dtype, **writer_options)
+    writer = open_writer(
+        fmt,
+        dst_root,
+        layer_ids=reader.layer_ids,
+        hidden_size=reader.hidden_size,
+        dtype=reader.dtype,
+        **writer_options,
+    )
     if writer.committed_keys():
         writer.rollback(set())
     index = open(os.path.join(dst_root, INDEX_FILE + ".tmp"), "w") if fmt == "npy" else None
@@ -36,10 +42,18 @@ def convert_store(src, dst_root, fmt: str, **writer_options) -> str:
         for i in range(len(reader)):
             m = reader.meta(i)
             acts = reader.read_sample(i)
-            writer.write(m["sample_key"], acts, SampleMeta(m["prompt_len"], m["response_len"], m["label"]))
+            writer.write(
+                m["sample_key"], acts, SampleMeta(m["prompt_len"], m["response_len"], m["label"])
+            )
             if index is not None:
-                index.write(json.dumps(index_line(m["sample_key"], m, reader.layer_ids, reader.hidden_size,
-                                                  reader.dtype)) + "\n")
+                index.write(
+                    json.dumps(
+                        index_line(
+                            m["sample_key"], m, reader.layer_ids, reader.hidden_size, reader.dtype
+                        )
+                    )
+                    + "\n"
+                )
     finally:
         writer.close()
         if index is not None:
@@ -58,7 +72,9 @@ def merge_stores(store_dirs: Sequence, dst_root, fmt: str = "zarr", **writer_opt
     """Seed 000 Option B: physically merge several stores into one ``fmt`` store."""
     import tempfile
 
-    with tempfile.TemporaryDirectory(dir=os.fspath(dst_root) if os.path.isdir(dst_root) else None) as tmp:
+    with tempfile.TemporaryDirectory(
+        dir=os.fspath(dst_root) if os.path.isdir(dst_root) else None
+    ) as tmp:
         write_multi_manifest(tmp, store_dirs)
         reader = open_store(tmp)
         try:

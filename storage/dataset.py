@@ -47,8 +47,14 @@ class ActivationPairsDataset(Dataset):
     ``collate_pairs`` a batch is read at once (``__getitems__``).
     """
 
-    def __init__(self, store, layers_per_sample: int = 2, seed: int = 0, layer_positions=None,
-                 pin_memory: bool = False):
+    def __init__(
+        self,
+        store,
+        layers_per_sample: int = 2,
+        seed: int = 0,
+        layer_positions=None,
+        pin_memory: bool = False,
+    ):
         self.store_path = store.path if isinstance(store, ActivationReader) else os.fspath(store)
         self._reader = store if isinstance(store, ActivationReader) else None
         self.layers_per_sample = int(layers_per_sample)
@@ -56,9 +62,13 @@ class ActivationPairsDataset(Dataset):
         self.epoch = 0
         self.pin_memory = bool(pin_memory)
         r = self.reader
-        self.layer_positions = np.arange(r.num_layers) if layer_positions is None else np.asarray(layer_positions)
+        self.layer_positions = (
+            np.arange(r.num_layers) if layer_positions is None else np.asarray(layer_positions)
+        )
         if self.layers_per_sample > len(self.layer_positions):
-            raise ValueError(f"{self.layers_per_sample} layers per sample but the store has {len(self.layer_positions)}")
+            raise ValueError(
+                f"{self.layers_per_sample} layers per sample but the store has {len(self.layer_positions)}"
+            )
         self.layer_ids = np.asarray(r.layer_ids)
         self._len = len(r)
         self._meta_cols = None
@@ -83,8 +93,9 @@ class ActivationPairsDataset(Dataset):
 
     def _layers_of(self, index: np.ndarray) -> np.ndarray:
         """``(len(index), k)`` layer positions: :func:`storage._layer_draw.draw_layers`."""
-        pick = draw_layers(self.seed, self.epoch, index, len(self.layer_positions),
-                           self.layers_per_sample)
+        pick = draw_layers(
+            self.seed, self.epoch, index, len(self.layer_positions), self.layers_per_sample
+        )
         return self.layer_positions[pick]
 
     def _meta_columns(self) -> dict[str, np.ndarray]:
@@ -93,12 +104,18 @@ class ActivationPairsDataset(Dataset):
             r = self.reader
             ix = getattr(r, "ix", None)
             if isinstance(ix, dict) and "seq_len" in ix:  # packed: the index arrays as they are
-                cols = {"seq_len": ix["seq_len"], "prompt_len": ix["prompt_len"],
-                        "response_len": ix["response_len"], "label": ix["label"]}
+                cols = {
+                    "seq_len": ix["seq_len"],
+                    "prompt_len": ix["prompt_len"],
+                    "response_len": ix["response_len"],
+                    "label": ix["label"],
+                }
             else:
                 metas = [r.meta(i) for i in range(len(r))]
-                cols = {k: np.array([m[k] for m in metas]) for k in ("seq_len", "prompt_len",
-                                                                     "response_len", "label")}
+                cols = {
+                    k: np.array([m[k] for m in metas])
+                    for k in ("seq_len", "prompt_len", "response_len", "label")
+                }
             self._meta_cols = {k: np.asarray(v, np.int64) for k, v in cols.items()}
         return self._meta_cols
 
@@ -126,7 +143,7 @@ class ActivationPairsDataset(Dataset):
             "index": torch.tensor(int(index), dtype=torch.int64),
         }
 
-    def __getitems__(self, indices: Sequence[int]) -> "PairsBatch":
+    def __getitems__(self, indices: Sequence[int]) -> PairsBatch:
         """A whole batch, read with one batched call into the padded output (see module doc)."""
         r = self.reader
         n = len(self)
@@ -150,15 +167,17 @@ class ActivationPairsDataset(Dataset):
         r.read_pairs_into(np.repeat(index, k), pos.reshape(-1), outs)
         mask = torch.from_numpy(np.arange(t_max)[None, :] < seq[:, None])
         pos = pos.astype(np.int64)
-        collated = {"acts": acts, "mask": mask,
-                    "layers": torch.from_numpy(self.layer_ids[pos].astype(np.int64)),
-                    "layer_pos": torch.from_numpy(pos)}
+        collated = {
+            "acts": acts,
+            "mask": mask,
+            "layers": torch.from_numpy(self.layer_ids[pos].astype(np.int64)),
+            "layer_pos": torch.from_numpy(pos),
+        }
         for key in _SCALARS:
             collated[key] = torch.from_numpy(index.copy() if key == "index" else cols[key][index])
         if torch.utils.data.get_worker_info() is not None:
             collated = SharedBatch(collated)
         return PairsBatch(collated)
-
 
     _POOL_SIZE = 3  # a batch being built, the one the caller holds, one in flight
 
@@ -205,7 +224,11 @@ class PairsBatch(Sequence):
             return [self[i] for i in range(*j.indices(len(self)))]
         c = self.collated
         t = int(c["seq_len"][j])
-        item = {"acts": c["acts"][j, :, :t], "layers": c["layers"][j], "layer_pos": c["layer_pos"][j]}
+        item = {
+            "acts": c["acts"][j, :, :t],
+            "layers": c["layers"][j],
+            "layer_pos": c["layer_pos"][j],
+        }
         item.update({key: c[key][j] for key in _SCALARS})
         return item
 

@@ -14,8 +14,20 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-__all__ = ["BFLOAT16", "STORE_DTYPES", "store_dtype", "dtype_str", "is_bfloat16", "container_dtype",
-           "as_container", "from_container", "to_float32", "torch_dtype", "to_tensor", "to_numpy"]
+__all__ = [
+    "BFLOAT16",
+    "STORE_DTYPES",
+    "store_dtype",
+    "dtype_str",
+    "is_bfloat16",
+    "container_dtype",
+    "as_container",
+    "from_container",
+    "to_float32",
+    "torch_dtype",
+    "to_tensor",
+    "to_numpy",
+]
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 #: the dtypes a run stores (``--dtype``); any numpy float type is read back

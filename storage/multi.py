@@ -7,7 +7,7 @@ format). Consolidation writes one over the per-worker stores instead of copying 
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -21,11 +21,23 @@ __all__ = ["MultiReader", "build_manifest", "write_manifest", "check_manifest", 
 FORMAT = "hallulog.multi"
 SCHEMA_VERSION = 1
 #: manifest.json keys of a multi-store manifest (table "multi-store manifest.json")
-MANIFEST_FIELDS = ("schema_version", "format", "stores", "num_samples", "layer_ids", "hidden_size", "dtype")
+MANIFEST_FIELDS = (
+    "schema_version",
+    "format",
+    "stores",
+    "num_samples",
+    "layer_ids",
+    "hidden_size",
+    "dtype",
+)
 
 
-def build_manifest(out_dir: str, store_dirs: Sequence, readers: Sequence[ActivationReader],
-                   check_unique_keys: bool = True) -> dict:
+def build_manifest(
+    out_dir: str,
+    store_dirs: Sequence,
+    readers: Sequence[ActivationReader],
+    check_unique_keys: bool = True,
+) -> dict:
     """The manifest listing ``store_dirs`` (already opened as ``readers``), relative to ``out_dir``.
 
     Every store must have the same layer ids, hidden size and dtype; with ``check_unique_keys``
@@ -37,19 +49,29 @@ def build_manifest(out_dir: str, store_dirs: Sequence, readers: Sequence[Activat
     first = readers[0]
     seen: dict[str, str] = {}
     for r in readers:
-        if (r.layer_ids, r.hidden_size, r.dtype) != (first.layer_ids, first.hidden_size, first.dtype):
-            raise StorageError(f"store has layers/hidden/dtype {r.layer_ids, r.hidden_size, r.dtype}, "
-                               f"first store {first.path} has {first.layer_ids, first.hidden_size, first.dtype}", r.path)
+        if (r.layer_ids, r.hidden_size, r.dtype) != (
+            first.layer_ids,
+            first.hidden_size,
+            first.dtype,
+        ):
+            raise StorageError(
+                f"store has layers/hidden/dtype {r.layer_ids, r.hidden_size, r.dtype}, "
+                f"first store {first.path} has {first.layer_ids, first.hidden_size, first.dtype}",
+                r.path,
+            )
         if check_unique_keys:
             for k in r.keys():
                 if k in seen:
                     raise StorageError(f"sample {k} is in both {seen[k]} and this store", r.path)
                 seen[k] = r.path
     return {
-        "schema_version": SCHEMA_VERSION, "format": FORMAT,
+        "schema_version": SCHEMA_VERSION,
+        "format": FORMAT,
         "stores": [os.path.relpath(os.path.abspath(os.fspath(d)), out_dir) for d in store_dirs],
         "num_samples": [len(r) for r in readers],
-        "layer_ids": first.layer_ids, "hidden_size": first.hidden_size, "dtype": dtype_str(first.dtype),
+        "layer_ids": first.layer_ids,
+        "hidden_size": first.hidden_size,
+        "dtype": dtype_str(first.dtype),
     }
 
 
@@ -61,7 +83,9 @@ def check_manifest(path: str, manifest: dict) -> None:
     """``ManifestError`` naming ``path/manifest.json`` when a key is missing."""
     missing = [k for k in MANIFEST_FIELDS if k not in manifest]
     if missing:
-        raise ManifestError(f"multi-store manifest lacks {missing}", os.path.join(path, "manifest.json"))
+        raise ManifestError(
+            f"multi-store manifest lacks {missing}", os.path.join(path, "manifest.json")
+        )
 
 
 class MultiReader(ActivationReader):
@@ -74,12 +98,22 @@ class MultiReader(ActivationReader):
         check_manifest(self.path, manifest)
         self.readers = list(readers)
         if len(self.readers) != len(manifest["stores"]):
-            raise ManifestError(f"{len(self.readers)} readers for {len(manifest['stores'])} stores", mpath)
+            raise ManifestError(
+                f"{len(self.readers)} readers for {len(manifest['stores'])} stores", mpath
+            )
         for r, n in zip(self.readers, manifest["num_samples"]):
             if len(r) != n:
-                raise ManifestError(f"store {r.path} holds {len(r)} samples, manifest says {n}", mpath)
-            if (r.layer_ids, r.hidden_size, dtype_str(r.dtype)) != (manifest["layer_ids"], manifest["hidden_size"], manifest["dtype"]):
-                raise ManifestError(f"store {r.path} differs in layers/hidden/dtype from the manifest", mpath)
+                raise ManifestError(
+                    f"store {r.path} holds {len(r)} samples, manifest says {n}", mpath
+                )
+            if (r.layer_ids, r.hidden_size, dtype_str(r.dtype)) != (
+                manifest["layer_ids"],
+                manifest["hidden_size"],
+                manifest["dtype"],
+            ):
+                raise ManifestError(
+                    f"store {r.path} differs in layers/hidden/dtype from the manifest", mpath
+                )
         self.layer_ids = list(manifest["layer_ids"])
         self.hidden_size = int(manifest["hidden_size"])
         try:
@@ -132,7 +166,9 @@ class MultiReader(ActivationReader):
             s, j = self._locate(int(i))
             groups.setdefault(s, []).append((k, j, int(l)))
         for s, g in groups.items():
-            self.readers[s].read_pairs_into([j for _, j, _ in g], [l for _, _, l in g], [outs[k] for k, _, _ in g])
+            self.readers[s].read_pairs_into(
+                [j for _, j, _ in g], [l for _, _, l in g], [outs[k] for k, _, _ in g]
+            )
 
     def verify(self) -> None:
         for r in self.readers:

@@ -9,11 +9,14 @@ contiguous extent after the header and is read with one ``pread``.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 
 import numpy as np
+
+from contracts import layout
+from contracts.errors import MalformedLineError
+from contracts.jsonl import iter_lines
 
 from ._io import fsync_dir, malformed_is_manifest_error, write_all
 from .base import ActivationWriter, ExtentReader, SampleMeta
@@ -24,13 +27,22 @@ log = logging.getLogger(__name__)
 
 __all__ = ["NpyWriter", "NpyReader", "INDEX_FILE", "index_line"]
 
-INDEX_FILE = "activation_index.jsonl"
+INDEX_FILE = layout.ACTIVATION_INDEX
 #: index fields the reader needs (docs/formats/npy.md, table "required index fields")
 REQUIRED_FIELDS = ("activation_key", "file_path", "shape", "dtype")
 #: index fields the reader uses when present (table "optional index fields")
 OPTIONAL_FIELDS = (
-    "prompt_id", "sample_id", "layers", "sequence_mode", "prompt_token_count",
-    "response_token_count", "row0_position", "num_rows", "size_bytes", "worker_id", "label",
+    "prompt_id",
+    "sample_id",
+    "layers",
+    "sequence_mode",
+    "prompt_token_count",
+    "response_token_count",
+    "row0_position",
+    "num_rows",
+    "size_bytes",
+    "worker_id",
+    "label",
 )
 #: keys of the dict NpyWriter.write returns (table "writer location fields")
 LOCATION_FIELDS = ("file_path", "shape", "dtype", "size_bytes")
@@ -61,8 +73,9 @@ class NpyWriter(ActivationWriter):
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             header = io.BytesIO()  # bfloat16: a '<u2' header (docs/formats/npy.md "dtype")
-            np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(
-                as_container(acts)))
+            np.lib.format.write_array_header_1_0(
+                header, np.lib.format.header_data_from_array_1_0(as_container(acts))
+            )
             write_all(fd, header.getvalue())
             write_all(fd, acts)
         finally:
@@ -117,11 +130,17 @@ def index_line(key: str, meta: dict, layer_ids, hidden_size: int, dtype: np.dtyp
     if pid and sid.isdigit():
         line.update(prompt_id=pid, sample_id=int(sid))
     line.update(
-        activation_key=key, layers=list(layer_ids), prompt_token_count=int(meta["prompt_len"]),
-        response_token_count=int(meta["response_len"]), row0_position=0, num_rows=t,
-        shape=[len(layer_ids), t, int(hidden_size)], dtype=dtype.name,
+        activation_key=key,
+        layers=list(layer_ids),
+        prompt_token_count=int(meta["prompt_len"]),
+        response_token_count=int(meta["response_len"]),
+        row0_position=0,
+        num_rows=t,
+        shape=[len(layer_ids), t, int(hidden_size)],
+        dtype=dtype.name,
         size_bytes=len(layer_ids) * t * int(hidden_size) * dtype.itemsize,
-        file_path=f"activations/{key}.npy", label=int(meta["label"]),
+        file_path=f"activations/{key}.npy",
+        label=int(meta["label"]),
     )
     return line
 
@@ -140,8 +159,12 @@ def _holds(header_dtype: np.dtype, dtype: np.dtype) -> bool:
     container (or the ``V2`` that ``np.save`` writes for an ``ml_dtypes.bfloat16`` array)."""
     if header_dtype == dtype or header_dtype == container_dtype(dtype):
         return True
-    return container_dtype(dtype) != dtype and header_dtype.kind == "V" and header_dtype.itemsize == 2 \
+    return (
+        container_dtype(dtype) != dtype
+        and header_dtype.kind == "V"
+        and header_dtype.itemsize == 2
         and header_dtype.names is None
+    )
 
 
 class NpyReader(ExtentReader):
@@ -155,17 +178,12 @@ class NpyReader(ExtentReader):
         self.path = os.fspath(path)
         ipath = os.path.join(self.path, INDEX_FILE)
         if not os.path.exists(ipath):
-            raise ManifestError("no activation_index.jsonl", ipath)
+            raise ManifestError(f"no {INDEX_FILE}", ipath)
         entries: dict[str, dict] = {}
         shape0 = None
-        with open(ipath, "rb") as f:
-            for n, raw in enumerate(f, 1):
-                if not raw.strip():
-                    continue
-                try:
-                    e = json.loads(raw)
-                except ValueError as err:
-                    raise ManifestError(f"unparsable JSON ({err})", ipath, line=n) from None
+        try:
+            for line in iter_lines(ipath):
+                n, e = line.lineno, line.row
                 missing = [k for k in REQUIRED_FIELDS if k not in e]
                 if missing:
                     raise ManifestError(f"index line lacks {missing}", ipath, line=n)
@@ -179,11 +197,18 @@ class NpyReader(ExtentReader):
                     shape0 = sig
                 elif sig != shape0:
                     raise ManifestError(
-                        f"(L, H, dtype, layers) = {sig[:3]} differs from the first line's {shape0[:3]}", ipath, line=n)
+                        f"(L, H, dtype, layers) = {sig[:3]} differs from the first line's {shape0[:3]}",
+                        ipath,
+                        line=n,
+                    )
                 if e["activation_key"] in entries:
-                    log.warning("%s:%d: %s appears again; the last line wins", ipath, n, e["activation_key"])
+                    log.warning(
+                        "%s:%d: %s appears again; the last line wins", ipath, n, e["activation_key"]
+                    )
                     entries.pop(e["activation_key"])
                 entries[e["activation_key"]] = e
+        except MalformedLineError as err:
+            raise ManifestError(f"unparsable JSON ({err.what})", ipath, line=err.line) from None
         self._entries = list(entries.values())
         if shape0 is None:
             self.layer_ids, self.hidden_size, self.dtype = [], 0, np.dtype("float16")
@@ -207,8 +232,13 @@ class NpyReader(ExtentReader):
         t = int(self._seq[i])
         p, r = _lengths(e, t)
         label = e.get("label", e.get("hallu_label", -1))
-        return {"sample_key": e["activation_key"], "seq_len": t, "prompt_len": p, "response_len": r,
-                "label": -1 if label is None else int(label)}
+        return {
+            "sample_key": e["activation_key"],
+            "seq_len": t,
+            "prompt_len": p,
+            "response_len": r,
+            "label": -1 if label is None else int(label),
+        }
 
     def keys(self) -> list[str]:
         return [e["activation_key"] for e in self._entries]
@@ -237,7 +267,9 @@ class NpyReader(ExtentReader):
         want = tuple(self._entries[i]["shape"])
         if tuple(shape) != want or not _holds(dtype, self.dtype) or fortran:
             raise CorruptShardError(
-                f"holds {shape} {dtype}{' fortran-order' if fortran else ''}, index says {list(want)} {self.dtype}", path)
+                f"holds {shape} {dtype}{' fortran-order' if fortran else ''}, index says {list(want)} {self.dtype}",
+                path,
+            )
         hdr[i] = off
         return off
 
@@ -248,7 +280,11 @@ class NpyReader(ExtentReader):
     def verify(self) -> None:
         for i in range(len(self)):
             off = self._header_offset(i)
-            want = off + self.num_layers * int(self._seq[i]) * self.hidden_size * self.dtype.itemsize
+            want = (
+                off + self.num_layers * int(self._seq[i]) * self.hidden_size * self.dtype.itemsize
+            )
             size = os.path.getsize(self._files[i])
             if size != want:
-                raise CorruptShardError(f"is {size} bytes, expected {want} (truncated?)", self._files[i])
+                raise CorruptShardError(
+                    f"is {size} bytes, expected {want} (truncated?)", self._files[i]
+                )

@@ -20,13 +20,14 @@ from array import array
 
 import numpy as np
 
-from ._commitlog import RecordColumns, append_records, record_line, tail_to_drop
+from ._commitlog import (CommitLogWriter, RecordColumns, cut_uncommitted, read_commit_log, record_line,
+                         tail_to_drop)
 from ._io import (atomic_save_npy, atomic_write_json, fsync_dir, malformed_is_manifest_error,
-                  pread_into, start_writeback, write_all)
+                  start_writeback, write_all)
 from .base import ActivationWriter, ExtentReader, SampleMeta
 from .dtypes import dtype_str, store_dtype
 from .errors import CorruptShardError, ManifestError, StorageError
-from .packed_layout import (FORMAT, SCHEMA_VERSION, MANIFEST, COMMIT_LOG, DEFAULT_SHARD_BYTES, MANIFEST_FIELDS, SHARD_FIELDS, INDEX_ARRAYS, LOCATION_FIELDS, HEADER_FIELDS, RECORD_FIELDS, shard_name, _hash_content, _hashed_head,
+from .packed_layout import (FORMAT, SCHEMA_VERSION, MANIFEST, COMMIT_LOG, DEFAULT_SHARD_BYTES, MANIFEST_FIELDS, SHARD_FIELDS, INDEX_ARRAYS, LOCATION_FIELDS, HEADER_FIELDS, RECORD_FIELDS, shard_name, hash_content, hashed_head,
                             ADDED_IN_SCHEMA_2, CHECKSUMS, DEFAULT_CHECKSUM, checksum_name)
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ _PAGE = 4096
 
 __all__ = ["PackedWriter", "PackedReader", "FORMAT", "SCHEMA_VERSION", "SHARD_FIELDS", "LOCATION_FIELDS"]
 
-class PackedWriter(ActivationWriter):
+class PackedWriter(CommitLogWriter, ActivationWriter):
     def __init__(self, path, layer_ids, hidden_size, dtype="float16", shard_bytes=DEFAULT_SHARD_BYTES):
         self.path = os.fspath(path)
         self.layer_ids = [int(x) for x in layer_ids]
@@ -69,7 +70,7 @@ class PackedWriter(ActivationWriter):
         if os.path.exists(log_path) and os.path.getsize(log_path) > 0:
             self._recover(log_path, header)
         else:
-            line = (json.dumps(header, sort_keys=True) + "\n").encode()
+            line = record_line(header)
             fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             write_all(fd, line)
             os.fsync(fd)
@@ -84,17 +85,10 @@ class PackedWriter(ActivationWriter):
 
     # ---- recovery -------------------------------------------------------------------------
     def _recover(self, log_path: str, header: dict) -> None:
-        with open(log_path, "rb") as f:
-            data = f.read()
-        lines = data.split(b"\n")
-        good_end = 0
-        pos = 0
-        for n, raw in enumerate(lines[:-1]):  # the last piece has no newline: never committed
-            try:
-                obj = json.loads(raw)
-            except ValueError:
-                raise ManifestError("unparsable commit log line", log_path, line=n + 1) from None
-            if n == 0:
+        seen_header = False
+        for n, pos, obj in read_commit_log(log_path):
+            if not seen_header:
+                seen_header = True
                 # the store keeps its own schema version, checksum and shard budget
                 fixed = [k for k in HEADER_FIELDS if k not in ("schema_version", "shard_bytes", "checksum")]
                 got, want = {k: obj.get(k) for k in fixed}, {k: header[k] for k in fixed}
@@ -106,21 +100,17 @@ class PackedWriter(ActivationWriter):
                 try:
                     self.checksum = checksum_name(obj)
                 except ValueError as exc:
-                    raise ManifestError(str(exc), log_path, line=1) from None
+                    raise ManifestError(str(exc), log_path, line=n) from None
                 self.shard_bytes = int(obj.get("shard_bytes", self.shard_bytes))
             else:
                 missing = [k for k in RECORD_FIELDS if k not in obj]
                 if missing:
-                    raise ManifestError(f"commit record lacks {missing}", log_path, line=n + 1)
+                    raise ManifestError(f"commit record lacks {missing}", log_path, line=n)
                 self._line_starts.append(pos)
                 self._records.append(obj)
-            pos += len(raw) + 1
-            good_end = pos
-        if good_end == 0:
+        if not seen_header:
             raise ManifestError("commit log has no complete header line", log_path)
-        if good_end != len(data):
-            log.warning("%s: dropping %d bytes of an uncommitted record", log_path, len(data) - good_end)
-            os.truncate(log_path, good_end)
+        cut_uncommitted(log_path)
         self._keys = set(self._records.keys)
         if len(self._keys) != len(self._records):
             raise ManifestError("a key is committed twice", log_path)
@@ -154,7 +144,7 @@ class PackedWriter(ActivationWriter):
             if size > want:
                 log.warning("%s: truncating %d uncommitted bytes", p, size - want)
                 os.truncate(p, want)
-        for k, want in ends.items():
+        for k in ends:
             if not os.path.exists(os.path.join(self.path, shard_name(k))):
                 raise CorruptShardError("committed shard is missing", os.path.join(self.path, shard_name(k)))
         fsync_dir(self.path)
@@ -231,21 +221,8 @@ class PackedWriter(ActivationWriter):
             self._writeback_from = self._shard_size
         if on_durable is not None:
             on_durable()
-        # pending stays pending until its log lines are durable: a failed append leaves the
-        # group for rollback() to drop (append_records cuts its own torn lines)
-        self._staged = []
-        for key, rec in self._pending:
-            self._commit(key, rec)
-        self._line_starts.extend(append_records(self._log_fd, self._staged))
-        self._staged = []
-        pending, self._pending = self._pending, []
-        for key, rec in pending:
-            self._records.append(rec)
-            self._keys.add(key)
+        self._append_pending()
         self._pending_keys = set()
-
-    def _commit(self, key: str, record: dict) -> None:
-        self._staged.append(record_line(record))
 
     def committed_keys(self) -> set[str]:
         return set(self._keys)
@@ -313,7 +290,7 @@ class PackedWriter(ActivationWriter):
             "index_arrays": {k: f"{k}.npy" for k in INDEX_ARRAYS},
             "created_unix": int(time.time()),
         }
-        manifest["content_hash"] = _hash_content(_hashed_head(manifest), arrays)
+        manifest["content_hash"] = hash_content(hashed_head(manifest), arrays)
         fsync_dir(self.path)
         atomic_write_json(os.path.join(self.path, MANIFEST), manifest)
 
@@ -361,7 +338,7 @@ class PackedReader(ExtentReader):
         ix = self._load_index()
         self._check_sizes(ix)
         if verify_hash:
-            got = _hash_content(_hashed_head(m), ix)
+            got = hash_content(hashed_head(m), ix)
             if got != m["content_hash"]:
                 raise ManifestError(f"content hash mismatch: manifest says {m['content_hash']}, index gives {got}", mpath)
 
@@ -438,7 +415,7 @@ class PackedReader(ExtentReader):
         for i in range(self._n):
             k = int(ix["shard_index"][i])
             buf = np.empty(self.num_layers * int(ix["seq_len"][i]) * self.hidden_size, self.dtype)
-            pread_into(self._fd(k), buf, int(ix["byte_offsets"][i]), self._shard_files[k])
+            self._read_into(k, int(ix["byte_offsets"][i]), buf)
             if CHECKSUMS[self.checksum](buf.view(np.uint8)) != int(ix["crc32"][i]):
                 raise CorruptShardError(
                     f"checksum mismatch in sample {ix['sample_key'][i].decode()} at byte {int(ix['byte_offsets'][i])}",

@@ -1,42 +1,45 @@
-"""Format names, ``open_writer`` and ``open_store`` (format detection)."""
+"""The activation store formats, in one registry: their names (``FORMATS``, the ``StorageFormat``
+type a config's field is annotated with), their writers (``open_writer``), their readers
+(``open_store``) and how each is recognised on disk (``detect_format``).
+
+A format is one :class:`Format` entry of ``_REGISTRY``; ``multi`` (a manifest over several
+stores, written by ``write_multi_manifest``) is read and detected like the others but has no
+writer, so it is not one of ``FORMATS``.
+"""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from contracts import layout
 
 from .base import ActivationReader, ActivationWriter
-from .errors import ManifestError, UnknownFormatError
+from .errors import ManifestError, StoreNotFoundError, UnknownFormatError
 
-__all__ = ["FORMATS", "open_writer", "open_store", "detect_format", "store_dir", "write_multi_manifest"]
+__all__ = [
+    "FORMATS",
+    "StorageFormat",
+    "Format",
+    "open_writer",
+    "open_store",
+    "detect_format",
+    "store_dir",
+    "write_multi_manifest",
+]
 
-FORMATS = ("npy", "packed", "zarr")
-ACTIVATIONS_DIR = "activations"
+StorageFormat = Literal["npy", "packed", "zarr"]
+"""The formats a run can write (``RunConfig.storage_format``)."""
+ACTIVATIONS_DIR = layout.ACTIVATIONS
 
 
 def store_dir(root) -> str:
     """Where a writer opened on ``root`` (a worker directory) keeps its data."""
     return os.path.join(os.fspath(root), ACTIVATIONS_DIR)
-
-
-def open_writer(fmt: str, root, layer_ids, hidden_size: int, dtype="float16", **options) -> ActivationWriter:
-    """Open (or reopen, recovering after a crash) the ``fmt`` writer of ``root/activations/``.
-
-    ``dtype``: ``float16``, ``float32`` or ``bfloat16`` (``storage.dtypes``), by name or dtype.
-
-    ``options``: packed ``shard_bytes``; zarr ``t_chunk``, ``zarr_format`` (2 or 3),
-    ``sharded`` (zarr v3 sharding codec), ``model_id``.
-    """
-    path = store_dir(root)
-    if fmt == "packed":
-        from .packed import PackedWriter as cls
-    elif fmt == "zarr":
-        from .zarr_store import ZarrWriter as cls
-    elif fmt == "npy":
-        from .npy import NpyWriter as cls
-    else:
-        raise ValueError(f"unknown storage format {fmt!r}; choose one of {FORMATS}")
-    return cls(path, layer_ids=layer_ids, hidden_size=hidden_size, dtype=dtype, **options)
 
 
 def _manifest_format(path: str) -> str | None:
@@ -51,46 +54,148 @@ def _manifest_format(path: str) -> str | None:
     return fmt
 
 
+@dataclass(frozen=True)
+class Format:
+    """One store format.
+
+    ``writer``/``reader``: ``"module:Class"`` in this package, imported on first use (zarr and
+    its codecs load only for zarr stores). ``detect(cand, manifest_format)``: the store's path
+    when ``cand`` (the path given, then its ``activations/``) holds this format, else None;
+    ``manifest_format`` is the ``format`` of ``cand/manifest.json`` (None without one).
+    ``fallback``: detected only on the path given, after every other format had its try on
+    both candidates (npy: its ``activation_index.jsonl`` sits beside other formats' stores).
+    ``reader_options``: whether ``open_store``'s options go to the reader.
+    """
+
+    name: str
+    detect: Callable[[str, str | None], str | None]
+    reader: str
+    writer: str | None = None
+    fallback: bool = False
+    reader_options: bool = False
+
+    def writer_class(self) -> type[ActivationWriter]:
+        return _load(self.writer)  # type: ignore[arg-type]
+
+    def reader_class(self) -> type[ActivationReader]:
+        return _load(self.reader)
+
+
+def _load(spec: str) -> Any:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(f".{module}", __package__), name)
+
+
+def _packed(cand: str, manifest_format: str | None) -> str | None:
+    if manifest_format == "hallulog.packed":
+        return cand
+    if (
+        manifest_format != "hallulog.multi"
+        and os.path.exists(os.path.join(cand, "commit.log"))
+        and os.path.exists(os.path.join(cand, "shard_000000.bin"))
+    ):
+        return cand  # unfinalized: the reader says how to recover
+    return None
+
+
+def _multi(cand: str, manifest_format: str | None) -> str | None:
+    return cand if manifest_format == "hallulog.multi" else None
+
+
+def _zarr(cand: str, manifest_format: str | None) -> str | None:  # noqa: ARG001
+    for z in (cand, os.path.join(cand, "activations.zarr")):
+        if os.path.exists(os.path.join(z, ".zgroup")) or os.path.exists(
+            os.path.join(z, "zarr.json")
+        ):
+            return z
+    return None
+
+
+def _npy(cand: str, manifest_format: str | None) -> str | None:  # noqa: ARG001
+    return cand if os.path.exists(os.path.join(cand, layout.ACTIVATION_INDEX)) else None
+
+
+_REGISTRY: dict[str, Format] = {
+    f.name: f
+    for f in (  # detection order
+        Format(
+            "packed",
+            _packed,
+            reader="packed:PackedReader",
+            writer="packed:PackedWriter",
+            reader_options=True,
+        ),
+        Format("multi", _multi, reader="multi:MultiReader"),
+        Format("zarr", _zarr, reader="zarr_store:ZarrReader", writer="zarr_store:ZarrWriter"),
+        Format("npy", _npy, reader="npy:NpyReader", writer="npy:NpyWriter", fallback=True),
+    )
+}
+
+FORMATS: tuple[str, ...] = tuple(sorted(f.name for f in _REGISTRY.values() if f.writer))
+"""The writable formats (``StorageFormat``'s values)."""
+if set(FORMATS) != set(get_args(StorageFormat)):  # one list: the registry is the type's source
+    raise RuntimeError(
+        f"storage.registry: StorageFormat {get_args(StorageFormat)} != the "
+        f"registry's writable formats {FORMATS}"
+    )
+
+
+def open_writer(
+    fmt: str, root, layer_ids, hidden_size: int, dtype="float16", **options
+) -> ActivationWriter:
+    """Open (or reopen, recovering after a crash) the ``fmt`` writer of ``root/activations/``.
+
+    ``dtype``: ``float16``, ``float32`` or ``bfloat16`` (``storage.dtypes``), by name or dtype.
+
+    ``options``: packed ``shard_bytes``; zarr ``t_chunk``, ``zarr_format`` (2 or 3),
+    ``sharded`` (zarr v3 sharding codec), ``model_id``.
+    """
+    entry = _REGISTRY.get(fmt)
+    if entry is None or entry.writer is None:
+        raise UnknownFormatError(f"unknown storage format {fmt!r}; choose one of {FORMATS}")
+    cls = entry.writer_class()
+    return cls(
+        store_dir(root), layer_ids=layer_ids, hidden_size=hidden_size, dtype=dtype, **options
+    )
+
+
 def detect_format(path) -> tuple[str, str]:
     """``(format, store path)`` for a store, a worker directory or a consolidated directory."""
     path = os.fspath(path)
     for cand in (path, store_dir(path)):
-        fmt = _manifest_format(cand)
-        if fmt == "hallulog.packed":
-            return "packed", cand
-        if fmt == "hallulog.multi":
-            return "multi", cand
-        if os.path.exists(os.path.join(cand, "commit.log")) and os.path.exists(os.path.join(cand, "shard_000000.bin")):
-            return "packed", cand  # unfinalized: the reader says how to recover
-        for z in (cand, os.path.join(cand, "activations.zarr")):
-            if os.path.exists(os.path.join(z, ".zgroup")) or os.path.exists(os.path.join(z, "zarr.json")):
-                return "zarr", z
-    if os.path.exists(os.path.join(path, "activation_index.jsonl")):
-        return "npy", path
+        manifest_format = _manifest_format(cand)
+        for entry in _REGISTRY.values():
+            if not entry.fallback and (where := entry.detect(cand, manifest_format)) is not None:
+                return entry.name, where
+    for entry in _REGISTRY.values():
+        if entry.fallback and (where := entry.detect(path, None)) is not None:
+            return entry.name, where
+    if not os.path.exists(path):
+        raise StoreNotFoundError("no such file or directory", path)
     raise UnknownFormatError("no packed, zarr or npy activation store here", path)
 
 
 def open_store(path, **options) -> ActivationReader:
-    """Open any store read-only; see ``detect_format`` for what ``path`` may point at."""
+    """Open any store read-only; see ``detect_format`` for what ``path`` may point at.
+    A URL (``s3://bucket/prefix``) reads from the bucket (``storage.object_read``)."""
+    from .object_store import object_url
+
+    if object_url(path) is not None:
+        from .object_read import open_bucket_store
+
+        return open_bucket_store(path, **options)
     fmt, where = detect_format(path)
-    if fmt == "packed":
-        from .packed import PackedReader
-
-        return PackedReader(where, **options)
-    if fmt == "zarr":
-        from .zarr_store import ZarrReader
-
-        return ZarrReader(where)
-    if fmt == "multi":
+    if fmt == "multi":  # a manifest over stores, each opened as any store
         from .multi import MultiReader, check_manifest
 
         with open(os.path.join(where, "manifest.json")) as f:
             manifest = json.load(f)
         check_manifest(where, manifest)
-        return MultiReader(where, manifest, [open_store(os.path.join(where, s)) for s in manifest["stores"]])
-    from .npy import NpyReader
-
-    return NpyReader(where)
+        return MultiReader(
+            where, manifest, [open_store(os.path.join(where, s)) for s in manifest["stores"]]
+        )
+    entry = _REGISTRY[fmt]
+    return entry.reader_class()(where, **(options if entry.reader_options else {}))
 
 
 def write_multi_manifest(out_dir, store_dirs, check_unique_keys: bool = True) -> dict:

@@ -21,6 +21,10 @@ import os
 
 import numpy as np
 
+from contracts import layout
+from contracts.errors import MalformedLineError
+from contracts.jsonl import iter_lines, read_row_at
+
 from ._export_dir import staged_dir
 from ._io import atomic_write_bytes
 from .base import ActivationReader
@@ -38,10 +42,31 @@ SIDECAR = "hallulog_saelens.json"
 SAMPLES = "hallulog_samples.jsonl"
 DTYPES = ("float32", "float16")
 #: hallulog_saelens.json keys (docs table "hallulog_saelens.json")
-SIDECAR_FIELDS = ("format", "source", "layer", "hook_name", "context_size", "d_in", "dtype", "num_rows",
-                  "num_tokens", "dropped_tokens", "num_samples", "token_ids", "checked_with")
+SIDECAR_FIELDS = (
+    "format",
+    "source",
+    "layer",
+    "hook_name",
+    "context_size",
+    "d_in",
+    "dtype",
+    "num_rows",
+    "num_tokens",
+    "dropped_tokens",
+    "num_samples",
+    "token_ids",
+    "checked_with",
+)
 #: hallulog_samples.jsonl lines (table "hallulog_samples.jsonl")
-SAMPLE_FIELDS = ("sample", "sample_key", "token_start", "seq_len", "prompt_len", "response_len", "label")
+SAMPLE_FIELDS = (
+    "sample",
+    "sample_key",
+    "token_start",
+    "seq_len",
+    "prompt_len",
+    "response_len",
+    "label",
+)
 #: dataset columns besides the hook column (table "columns")
 TOKEN_COLUMN = "token_ids"
 
@@ -56,64 +81,78 @@ class ConsolidatedTokenIds:
 
     def __init__(self, root):
         self.root = os.fspath(root)
-        self.prompts = self._offsets("prompt_index.jsonl", lambda r: r["prompt_id"])
-        self.gens = self._offsets("generations.jsonl", lambda r: f"{r['prompt_id']}_{r['sample_id']}")
-        self.acts = self._offsets("activation_index.jsonl", lambda r: r["activation_key"])
+        self.prompts = self._offsets(layout.PROMPT_INDEX, lambda r: r["prompt_id"])
+        self.gens = self._offsets(
+            layout.GENERATIONS, lambda r: f"{r['prompt_id']}_{r['sample_id']}"
+        )
+        self.acts = self._offsets(layout.ACTIVATION_INDEX, lambda r: r["activation_key"])
 
     def _offsets(self, name: str, key) -> dict[str, int]:
         path = os.path.join(self.root, name)
-        out, off = {}, 0
+        if not os.path.exists(path):
+            raise StorageError(
+                f"tokens: no {name} (token ids come from a consolidated/ directory)", path
+            )
+        out, n = {}, 0
         try:
-            f = open(path, "rb")
-        except FileNotFoundError:
-            raise StorageError(f"tokens: no {name} (token ids come from a consolidated/ directory)", path) from None
-        with f:
-            for n, raw in enumerate(f, 1):
-                start, off = off, off + len(raw)
-                if raw.strip() and raw.endswith(b"\n"):
-                    try:
-                        out[key(json.loads(raw))] = start
-                    except (ValueError, KeyError, TypeError):
-                        raise ManifestError("unparsable line or missing id fields", path, line=n) from None
+            for line in iter_lines(path):
+                n = line.lineno
+                out[key(line.row)] = line.start
+        except (MalformedLineError, KeyError, TypeError) as exc:
+            n = getattr(exc, "line", n)
+            raise ManifestError("unparsable line or missing id fields", path, line=n) from None
         return out
 
     def _line(self, name: str, offsets: dict, key: str, arg: str) -> dict:
         if key not in offsets:
-            raise StorageError(f"tokens: {arg} {key} is not in {name}", os.path.join(self.root, name))
+            raise StorageError(
+                f"tokens: {arg} {key} is not in {name}", os.path.join(self.root, name)
+            )
         with open(os.path.join(self.root, name), "rb") as f:
-            f.seek(offsets[key])
-            return json.loads(f.readline())
+            return read_row_at(f, offsets[key])
 
     def rows(self, key: str, seq_len: int) -> np.ndarray:
         """``(seq_len,)`` int32: the input token at each stored row of activation ``key``."""
-        act = self._line("activation_index.jsonl", self.acts, key, "activation")
-        gen = self._line("generations.jsonl", self.gens, key, "generation")
-        prompt = self._line("prompt_index.jsonl", self.prompts, key.rsplit("_", 1)[0], "prompt")
+        act = self._line(layout.ACTIVATION_INDEX, self.acts, key, "activation")
+        gen = self._line(layout.GENERATIONS, self.gens, key, "generation")
+        prompt = self._line(layout.PROMPT_INDEX, self.prompts, key.rsplit("_", 1)[0], "prompt")
         seq = list(prompt.get("prompt_token_ids") or []) + list(gen.get("token_ids") or [])
         start, n = int(act.get("row0_position", 0)), int(act.get("num_rows", seq_len))
         if n != seq_len or start + n > len(seq):
-            raise ManifestError(f"activation {key}: rows {start}..{start + n} do not fit {len(seq)} token ids "
-                                f"or the store's {seq_len} rows", os.path.join(self.root, "activation_index.jsonl"))
+            raise ManifestError(
+                f"activation {key}: rows {start}..{start + n} do not fit {len(seq)} token ids "
+                f"or the store's {seq_len} rows",
+                os.path.join(self.root, layout.ACTIVATION_INDEX),
+            )
         at = act.get("token_positions")  # --positions runs: row j is at token_positions[j]
         if at is not None:
             if len(at) != n or (at and max(at) >= len(seq)):
-                raise ManifestError(f"activation {key}: token_positions do not fit {len(seq)} token "
-                                    "ids", os.path.join(self.root, "activation_index.jsonl"))
+                raise ManifestError(
+                    f"activation {key}: token_positions do not fit {len(seq)} token ids",
+                    os.path.join(self.root, layout.ACTIVATION_INDEX),
+                )
             return np.asarray([seq[p] for p in at], np.int32)
-        return np.asarray(seq[start:start + n], np.int32)
+        return np.asarray(seq[start : start + n], np.int32)
 
 
 def _token_source(src, tokens) -> ConsolidatedTokenIds | None:
     if tokens is not None:
         return ConsolidatedTokenIds(tokens)
     if isinstance(src, (str, os.PathLike)) and all(
-            os.path.isfile(os.path.join(src, f)) for f in ("prompt_index.jsonl", "generations.jsonl", "activation_index.jsonl")):
+        os.path.isfile(os.path.join(src, f)) for f in layout.CONSOLIDATED_JSONL_FILES
+    ):
         return ConsolidatedTokenIds(src)
     return None
 
 
-def _windows(reader: ActivationReader, pos: int, context_size: int, dtype, ids: ConsolidatedTokenIds | None,
-             batch_rows: int):
+def _windows(
+    reader: ActivationReader,
+    pos: int,
+    context_size: int,
+    dtype,
+    ids: ConsolidatedTokenIds | None,
+    batch_rows: int,
+):
     """Yield ``(acts (k, C, D), token ids (k, C) or None)`` batches of full windows, in store order."""
     D = reader.hidden_size
     acts_buf = np.empty((batch_rows * context_size, D), dtype)
@@ -129,23 +168,35 @@ def _windows(reader: ActivationReader, pos: int, context_size: int, dtype, ids: 
         k = 0
         while k < t:
             take = min(t - k, len(acts_buf) - fill)
-            acts_buf[fill:fill + take] = a[k:k + take]
+            acts_buf[fill : fill + take] = a[k : k + take]
             if tk is not None:
-                tok_buf[fill:fill + take] = tk[k:k + take]
+                tok_buf[fill : fill + take] = tk[k : k + take]
             fill, k = fill + take, k + take
             if fill == len(acts_buf):
-                yield acts_buf.reshape(batch_rows, context_size, D), (tok_buf.reshape(batch_rows, context_size)
-                                                                       if ids is not None else None)
+                yield (
+                    acts_buf.reshape(batch_rows, context_size, D),
+                    (tok_buf.reshape(batch_rows, context_size) if ids is not None else None),
+                )
                 fill = 0
     full = fill // context_size
     if full:
         n = full * context_size
-        yield acts_buf[:n].reshape(full, context_size, D), (tok_buf[:n].reshape(full, context_size)
-                                                            if ids is not None else None)
+        yield (
+            acts_buf[:n].reshape(full, context_size, D),
+            (tok_buf[:n].reshape(full, context_size) if ids is not None else None),
+        )
 
 
-def export_saelens(src, dst, layer: int, context_size: int = 128, hook_name: str | None = None,
-                   dtype: str = "float32", tokens=None, batch_rows: int = 256) -> dict:
+def export_saelens(
+    src,
+    dst,
+    layer: int,
+    context_size: int = 128,
+    hook_name: str | None = None,
+    dtype: str = "float32",
+    tokens=None,
+    batch_rows: int = 256,
+) -> dict:
     """Write model layer ``layer`` of the store at ``src`` as SAELens cached activations in ``dst``.
 
     ``dst`` must be new or empty; the dataset is built in a temporary sibling and renamed at the
@@ -158,7 +209,9 @@ def export_saelens(src, dst, layer: int, context_size: int = 128, hook_name: str
         raise ValueError(f"context_size: must be >= 1, got {context_size}")
     reader = src if isinstance(src, ActivationReader) else open_store(src)
     if int(layer) not in reader.layer_ids:
-        raise StorageError(f"layer: {layer} is not stored (stored: {list(reader.layer_ids)})", reader.path)
+        raise StorageError(
+            f"layer: {layer} is not stored (stored: {list(reader.layer_ids)})", reader.path
+        )
     pos = reader.layer_ids.index(int(layer))
     lengths = [int(reader.meta(i)["seq_len"]) for i in range(len(reader))]
     total = sum(lengths)
@@ -171,7 +224,9 @@ def export_saelens(src, dst, layer: int, context_size: int = 128, hook_name: str
         from datasets import Array2D, Dataset, Features, Sequence, Value
         from datasets.arrow_writer import ArrowWriter
     except ImportError:
-        raise StorageError("the saelens export needs the `datasets` package (pip install datasets)") from None
+        raise StorageError(
+            "the saelens export needs the `datasets` package (pip install datasets)"
+        ) from None
     ids = _token_source(src, tokens)
     hook = hook_name or hook_name_for(int(layer))
     C, D = int(context_size), int(reader.hidden_size)
@@ -179,14 +234,27 @@ def export_saelens(src, dst, layer: int, context_size: int = 128, hook_name: str
     if ids is not None:
         cols[TOKEN_COLUMN] = Sequence(Value(dtype="int32"), length=C)
     features = Features(cols)
-    side = {"format": "hallulog.saelens", "source": os.path.abspath(reader.path), "layer": int(layer),
-            "hook_name": hook, "context_size": C, "d_in": D, "dtype": dtype, "num_rows": num_rows,
-            "num_tokens": num_rows * C, "dropped_tokens": total - num_rows * C, "num_samples": len(lengths),
-            "token_ids": ids is not None, "checked_with": f"sae-lens=={SAELENS_VERSION}"}
+    side = {
+        "format": "hallulog.saelens",
+        "source": os.path.abspath(reader.path),
+        "layer": int(layer),
+        "hook_name": hook,
+        "context_size": C,
+        "d_in": D,
+        "dtype": dtype,
+        "num_rows": num_rows,
+        "num_tokens": num_rows * C,
+        "dropped_tokens": total - num_rows * C,
+        "num_samples": len(lengths),
+        "token_ids": ids is not None,
+        "checked_with": f"sae-lens=={SAELENS_VERSION}",
+    }
     with staged_dir(dst) as tmp:
         arrow = os.path.join(tmp, ".build.arrow")
         with ArrowWriter(features=features, path=arrow) as w:
-            for acts, tok in _windows(reader, pos, C, np.dtype(dtype), ids, max(1, int(batch_rows))):
+            for acts, tok in _windows(
+                reader, pos, C, np.dtype(dtype), ids, max(1, int(batch_rows))
+            ):
                 batch = {hook: list(acts)}
                 if tok is not None:
                     batch[TOKEN_COLUMN] = tok.tolist()
@@ -195,18 +263,37 @@ def export_saelens(src, dst, layer: int, context_size: int = 128, hook_name: str
         out = os.path.join(tmp, "dataset")
         Dataset.from_file(arrow).save_to_disk(out)
         os.unlink(arrow)
-        for name in os.listdir(out):  # the dataset's files sit at the top of dst, as SAELens writes them
+        for name in os.listdir(
+            out
+        ):  # the dataset's files sit at the top of dst, as SAELens writes them
             os.replace(os.path.join(out, name), os.path.join(tmp, name))
         os.rmdir(out)
         rows, start = [], 0
         for i, t in enumerate(lengths):
             m = reader.meta(i)
-            rows.append(json.dumps({"sample": i, "sample_key": m["sample_key"], "token_start": start, "seq_len": t,
-                                    "prompt_len": m["prompt_len"], "response_len": m["response_len"],
-                                    "label": m["label"]}) + "\n")
+            rows.append(
+                json.dumps(
+                    {
+                        "sample": i,
+                        "sample_key": m["sample_key"],
+                        "token_start": start,
+                        "seq_len": t,
+                        "prompt_len": m["prompt_len"],
+                        "response_len": m["response_len"],
+                        "label": m["label"],
+                    }
+                )
+                + "\n"
+            )
             start += t
         atomic_write_bytes(os.path.join(tmp, SAMPLES), "".join(rows).encode())
         atomic_write_bytes(os.path.join(tmp, SIDECAR), (json.dumps(side, indent=2) + "\n").encode())
-    log.info("wrote %d rows of %d tokens (%d dropped) of layer %d to %s", num_rows, C, side["dropped_tokens"],
-             layer, dst)
+    log.info(
+        "wrote %d rows of %d tokens (%d dropped) of layer %d to %s",
+        num_rows,
+        C,
+        side["dropped_tokens"],
+        layer,
+        dst,
+    )
     return side

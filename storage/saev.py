@@ -16,6 +16,7 @@ pickle; this reader never unpickles anything.
 from __future__ import annotations
 
 import bisect
+import errno
 import hashlib
 import json
 import logging
@@ -23,6 +24,9 @@ import math
 import os
 
 import numpy as np
+
+from contracts.errors import MalformedLineError
+from contracts.jsonl import iter_lines
 
 from ._export_dir import staged_dir
 from ._io import atomic_write_bytes, malformed_is_manifest_error, write_all
@@ -270,17 +274,18 @@ class SaevReader(ActivationReader):
         self._starts = [r["example_start"] for r in self._side]
 
     def _sidecar(self, path: str) -> list[dict]:
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
         rows, start = [], 0
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                try:
-                    r = json.loads(line)
-                except ValueError:
-                    raise ManifestError("unparsable sidecar line", path, line=n) from None
+        try:
+            for line in iter_lines(path):
+                n, r = line.lineno, line.row
                 if r.get("example_start") != start or r.get("sample") != n - 1:
                     raise ManifestError(f"sample {n - 1} should start at example {start}", path, line=n)
                 start += int(r["seq_len"])
                 rows.append(r)
+        except MalformedLineError as exc:
+            raise ManifestError("unparsable sidecar line", path, line=exc.line) from None
         if start != self.n_examples:
             raise ManifestError(f"sidecar rows sum to {start} examples, metadata says {self.n_examples}", path)
         return rows

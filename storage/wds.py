@@ -13,15 +13,19 @@ Nothing here unpickles: ``.npy`` payloads are parsed with ``allow_pickle=False``
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import logging
 import os
 import tarfile
 import time
-from typing import Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
+
+from contracts.errors import MalformedLineError
+from contracts.jsonl import iter_lines
 
 from ._io import atomic_write_json, fsync_dir, malformed_is_manifest_error
 from .base import ActivationReader
@@ -40,8 +44,20 @@ DEFAULT_SHARD_BYTES = 512 << 20
 
 #: manifest.json keys (docs/formats/wds.md, table "manifest.json")
 MANIFEST_FIELDS = (
-    "schema_version", "format", "shards", "num_records", "layer_ids", "hidden_size", "dtype",
-    "fixed_shapes", "P_max", "R_max", "shard_bytes", "source", "samples_jsonl", "created_unix",
+    "schema_version",
+    "format",
+    "shards",
+    "num_records",
+    "layer_ids",
+    "hidden_size",
+    "dtype",
+    "fixed_shapes",
+    "P_max",
+    "R_max",
+    "shard_bytes",
+    "source",
+    "samples_jsonl",
+    "created_unix",
 )
 #: one entry of manifest["shards"] (table "shards[]")
 SHARD_FIELDS = ("file", "num_records", "size_bytes", "first_sample_index")
@@ -88,7 +104,9 @@ def decode_npy(data: bytes, name: str = "<npy>", dtype=None) -> np.ndarray:
     if len(data) - f.tell() < n * dtype.itemsize:
         raise CorruptShardError(f"truncated .npy member: {shape} {dtype}", name)
     if want is not None and dtype != container_dtype(want):
-        raise CorruptShardError(f".npy member holds {dtype}, the export's dtype is {dtype_str(want)}", name)
+        raise CorruptShardError(
+            f".npy member holds {dtype}, the export's dtype is {dtype_str(want)}", name
+        )
     a = np.frombuffer(data, dtype=dtype, count=n, offset=f.tell())
     a = a.reshape(shape, order="F" if fortran else "C")
     return a if want is None else from_container(a, want)
@@ -102,19 +120,19 @@ def load_texts(texts) -> dict[str, dict]:
     if isinstance(texts, Mapping):
         return {str(k): dict(v) for k, v in texts.items()}
     path = os.fspath(texts)
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
     out = {}
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                key = row.get("sample_key", row.get("activation_key"))
-            except (ValueError, AttributeError):
-                raise ManifestError("unparsable JSON line", path, line=n) from None
+    try:
+        for line in iter_lines(path):
+            key = line.row.get("sample_key", line.row.get("activation_key"))
             if key is None:
-                raise ManifestError("line has neither sample_key nor activation_key", path, line=n)
-            out[str(key)] = row
+                raise ManifestError(
+                    "line has neither sample_key nor activation_key", path, line=line.lineno
+                )
+            out[str(key)] = line.row
+    except MalformedLineError as exc:
+        raise ManifestError("unparsable JSON line", path, line=exc.line) from None
     return out
 
 
@@ -149,8 +167,14 @@ class _TarShardWriter:
         return size
 
 
-def export_wds(src, dst, shard_bytes: int = DEFAULT_SHARD_BYTES, texts=None, split: str | None = None,
-               fixed_shapes: bool = False) -> dict:
+def export_wds(
+    src,
+    dst,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    texts=None,
+    split: str | None = None,
+    fixed_shapes: bool = False,
+) -> dict:
     """Convert the store at ``src`` (any format, or an open reader) into WDS shards in ``dst``.
 
     ``shard_bytes``: a shard is closed before a record would take it past this size (a record
@@ -171,7 +195,10 @@ def export_wds(src, dst, shard_bytes: int = DEFAULT_SHARD_BYTES, texts=None, spl
     metas = [reader.meta(i) for i in range(n)]
     for m in metas:
         if "." in m["sample_key"] or "/" in m["sample_key"]:
-            raise StorageError(f"sample key {m['sample_key']!r} has '.' or '/': not a valid WebDataset key", reader.path)
+            raise StorageError(
+                f"sample key {m['sample_key']!r} has '.' or '/': not a valid WebDataset key",
+                reader.path,
+            )
     p_max = max((m["prompt_len"] for m in metas), default=0)
     r_max = max((m["response_len"] for m in metas), default=0)
     shards: list[dict] = []
@@ -182,8 +209,14 @@ def export_wds(src, dst, shard_bytes: int = DEFAULT_SHARD_BYTES, texts=None, spl
 
     def close_shard():
         size = w.close()
-        shards.append({"file": os.path.basename(w.path), "num_records": w.num_records,
-                       "size_bytes": size, "first_sample_index": first})
+        shards.append(
+            {
+                "file": os.path.basename(w.path),
+                "num_records": w.num_records,
+                "size_bytes": size,
+                "first_sample_index": first,
+            }
+        )
 
     try:
         for i, m in enumerate(metas):
@@ -192,13 +225,22 @@ def export_wds(src, dst, shard_bytes: int = DEFAULT_SHARD_BYTES, texts=None, spl
             if fixed_shapes:
                 pa = np.zeros((L, p_max, H), reader.dtype)
                 ra = np.zeros((L, r_max, H), reader.dtype)
-                pa[:, :p], ra[:, :r] = acts[:, :p], acts[:, p:p + r]
+                pa[:, :p], ra[:, :r] = acts[:, :p], acts[:, p : p + r]
             else:
-                pa, ra = acts[:, :p], acts[:, p:p + r]
-            meta = {"sample_index": i, "prompt_len": p, "response_len": r, "hallu_label": m["label"],
-                    "split": split, "sample_key": m["sample_key"]}
-            members = {"prompt_acts.npy": _npy_bytes(pa), "response_acts.npy": _npy_bytes(ra),
-                       "meta.json": json.dumps(meta, sort_keys=True).encode()}
+                pa, ra = acts[:, :p], acts[:, p : p + r]
+            meta = {
+                "sample_index": i,
+                "prompt_len": p,
+                "response_len": r,
+                "hallu_label": m["label"],
+                "split": split,
+                "sample_key": m["sample_key"],
+            }
+            members = {
+                "prompt_acts.npy": _npy_bytes(pa),
+                "response_acts.npy": _npy_bytes(ra),
+                "meta.json": json.dumps(meta, sort_keys=True).encode(),
+            }
             rec_bytes = sum(len(b) + 1024 for b in members.values())
             if w is not None and w.num_records and w.size + rec_bytes > shard_bytes:
                 close_shard()
@@ -209,8 +251,17 @@ def export_wds(src, dst, shard_bytes: int = DEFAULT_SHARD_BYTES, texts=None, spl
             w.add(m["sample_key"], members)
             if tf is not None:
                 t = texts_by_key.get(m["sample_key"], {})
-                tf.write(json.dumps({"sample_index": i, "sample_key": m["sample_key"],
-                                     "prompt": t.get("prompt"), "response": t.get("response")}) + "\n")
+                tf.write(
+                    json.dumps(
+                        {
+                            "sample_index": i,
+                            "sample_key": m["sample_key"],
+                            "prompt": t.get("prompt"),
+                            "response": t.get("response"),
+                        }
+                    )
+                    + "\n"
+                )
         if w is not None:
             close_shard()
     finally:
@@ -222,10 +273,19 @@ def export_wds(src, dst, shard_bytes: int = DEFAULT_SHARD_BYTES, texts=None, spl
         os.replace(text_tmp, os.path.join(dst, SAMPLES_JSONL))
     fsync_dir(dst)
     manifest = {
-        "schema_version": SCHEMA_VERSION, "format": FORMAT, "shards": shards, "num_records": n,
-        "layer_ids": list(reader.layer_ids), "hidden_size": H, "dtype": dtype_str(reader.dtype),
-        "fixed_shapes": bool(fixed_shapes), "P_max": p_max, "R_max": r_max, "shard_bytes": int(shard_bytes),
-        "source": os.path.abspath(reader.path), "samples_jsonl": SAMPLES_JSONL if tf is not None else None,
+        "schema_version": SCHEMA_VERSION,
+        "format": FORMAT,
+        "shards": shards,
+        "num_records": n,
+        "layer_ids": list(reader.layer_ids),
+        "hidden_size": H,
+        "dtype": dtype_str(reader.dtype),
+        "fixed_shapes": bool(fixed_shapes),
+        "P_max": p_max,
+        "R_max": r_max,
+        "shard_bytes": int(shard_bytes),
+        "source": os.path.abspath(reader.path),
+        "samples_jsonl": SAMPLES_JSONL if tf is not None else None,
         "created_unix": int(time.time()),
     }
     atomic_write_json(os.path.join(dst, MANIFEST), manifest)
@@ -240,7 +300,9 @@ def read_wds_manifest(path) -> dict:
         with open(mpath) as f:
             m = json.load(f)
     except FileNotFoundError:
-        raise ManifestError("no WDS manifest: export not finished (rerun export_wds)", mpath) from None
+        raise ManifestError(
+            "no WDS manifest: export not finished (rerun export_wds)", mpath
+        ) from None
     except ValueError as e:
         raise ManifestError(f"unparsable manifest ({e})", mpath) from None
     missing = [k for k in MANIFEST_FIELDS if k not in m]
@@ -258,8 +320,13 @@ def iter_wds_records(tar_path: str, backend: str = "tarfile") -> Iterator[dict]:
     if backend == "webdataset":
         import webdataset as wds
 
-        ds = wds.WebDataset([tar_path], shardshuffle=False, nodesplitter=None, workersplitter=None,
-                            empty_check=False)
+        ds = wds.WebDataset(
+            [tar_path],
+            shardshuffle=False,
+            nodesplitter=None,
+            workersplitter=None,
+            empty_check=False,
+        )
         for rec in ds:
             yield {k: v for k, v in rec.items() if k == "__key__" or k in RECORD_MEMBERS}
         return

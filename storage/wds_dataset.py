@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from ._layer_draw import draw_layers
 from .dtypes import as_container, to_tensor
 from .errors import CorruptShardError
 from .wds import decode_npy, iter_wds_records, read_wds_manifest
+
 
 def _torch_iterable():
     from torch.utils.data import IterableDataset
@@ -33,8 +34,15 @@ class WdsPairsDataset(_torch_iterable()):
     mixes them (``0`` = stream order). Each record is read once per epoch.
     """
 
-    def __init__(self, path, layers_per_sample: int = 2, seed: int = 0, shuffle_buffer: int = 64,
-                 layer_positions=None, backend: str = "tarfile"):
+    def __init__(
+        self,
+        path,
+        layers_per_sample: int = 2,
+        seed: int = 0,
+        shuffle_buffer: int = 64,
+        layer_positions=None,
+        backend: str = "tarfile",
+    ):
         self.path = os.fspath(path)
         self.manifest = read_wds_manifest(self.path)
         self.layers_per_sample = int(layers_per_sample)
@@ -42,9 +50,13 @@ class WdsPairsDataset(_torch_iterable()):
         self.shuffle_buffer = int(shuffle_buffer)
         self.backend = backend
         L = len(self.manifest["layer_ids"])
-        self.layer_positions = np.arange(L) if layer_positions is None else np.asarray(layer_positions)
+        self.layer_positions = (
+            np.arange(L) if layer_positions is None else np.asarray(layer_positions)
+        )
         if self.layers_per_sample > len(self.layer_positions):
-            raise ValueError(f"{self.layers_per_sample} layers per sample but the export has {len(self.layer_positions)}")
+            raise ValueError(
+                f"{self.layers_per_sample} layers per sample but the export has {len(self.layer_positions)}"
+            )
         self.layer_ids = np.asarray(self.manifest["layer_ids"])
 
     def __len__(self) -> int:
@@ -55,8 +67,9 @@ class WdsPairsDataset(_torch_iterable()):
 
     def layers_for(self, index: int) -> np.ndarray:
         """The same positions as ``ActivationPairsDataset.layers_for`` gives this index."""
-        pick = draw_layers(self.seed, self.epoch, [int(index)], len(self.layer_positions),
-                           self.layers_per_sample)[0]
+        pick = draw_layers(
+            self.seed, self.epoch, [int(index)], len(self.layer_positions), self.layers_per_sample
+        )[0]
         return np.asarray(self.layer_positions)[pick]
 
     def _records(self) -> Iterator[dict]:
@@ -123,7 +136,8 @@ class WdsPairsDataset(_torch_iterable()):
         }
 
     def __iter__(self):
-        for rec in (self._shuffled() if self.shuffle_buffer > 0 else self._records()):
+        for rec in self._shuffled() if self.shuffle_buffer > 0 else self._records():
             yield self.decode(rec)
+
 
 __all__ = ["WdsPairsDataset"]

@@ -27,7 +27,7 @@ import warnings
 
 import numpy as np
 
-from ._commitlog import append_records, record_line, tail_to_drop
+from ._commitlog import CommitLogWriter, cut_uncommitted, read_commit_log, tail_to_drop
 from ._io import (atomic_write_bytes, fsync_dir, fsync_file as _fsync_file,
                   fsync_tree as _fsync_tree, fsync_tree_meta as _fsync_tree_meta,
                   malformed_is_manifest_error)
@@ -82,7 +82,7 @@ def _quiet():
     return w
 
 
-class ZarrWriter(ActivationWriter):
+class ZarrWriter(CommitLogWriter, ActivationWriter):
     def __init__(self, path, layer_ids, hidden_size, dtype="float16", t_chunk: int | None = None,
                  zarr_format: int = 2, sharded: bool = False, model_id: str = ""):
         import zarr
@@ -146,23 +146,13 @@ class ZarrWriter(ActivationWriter):
         self._log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
 
     def _recover(self, log_path: str) -> None:
-        with open(log_path, "rb") as f:
-            data = f.read()
-        pos = 0
-        for n, raw in enumerate(data.split(b"\n")[:-1]):
-            try:
-                rec = json.loads(raw)
-            except ValueError:
-                raise ManifestError("unparsable commit log line", log_path, line=n + 1) from None
+        for n, pos, rec in read_commit_log(log_path):
             if rec.get("i") != len(self._records):
-                raise ManifestError(f"record index {rec.get('i')} out of order", log_path, line=n + 1)
+                raise ManifestError(f"record index {rec.get('i')} out of order", log_path, line=n)
             self._line_starts.append(pos)
             self._records.append(rec)
-            pos += len(raw) + 1
         self._keys = {r["key"] for r in self._records}
-        if pos != len(data):
-            log.warning("%s: dropping %d bytes of an uncommitted record", log_path, len(data) - pos)
-            os.truncate(log_path, pos)
+        cut_uncommitted(log_path)
 
     def _chunk_root(self) -> str:
         base = os.path.join(self.store_path, "arrays", "activations")
@@ -223,20 +213,7 @@ class ZarrWriter(ActivationWriter):
                 fsync_dir(d)
         if on_durable is not None:
             on_durable()
-        # pending stays pending until its log lines are durable: a failed append leaves the
-        # group for rollback() to drop (append_records cuts its own torn lines)
-        self._staged = []
-        for key, rec in self._pending:
-            self._commit(key, rec)
-        self._line_starts.extend(append_records(self._log_fd, self._staged))
-        self._staged = []
-        pending, self._pending = self._pending, []
-        for key, rec in pending:
-            self._records.append(rec)
-            self._keys.add(key)
-
-    def _commit(self, key: str, record: dict) -> None:
-        self._staged.append(record_line(record))
+        self._append_pending()
 
     def committed_keys(self) -> set[str]:
         return set(self._keys)

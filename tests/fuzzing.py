@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -22,14 +22,19 @@ from orchestrator.tasks import DatasetFormatError
 from storage.errors import StorageError
 
 DOCUMENTED = (HallulogError, StorageError, DatasetFormatError)
-FUZZ = settings(max_examples=25, deadline=5000, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                       HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=25,
+    deadline=5000,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 mutations = st.one_of(
     st.tuples(st.just("truncate"), st.floats(0, 1)),
-    st.tuples(st.just("flip"), st.lists(st.tuples(st.floats(0, 1), st.integers(1, 255)),
-                                        min_size=1, max_size=8)),
+    st.tuples(
+        st.just("flip"),
+        st.lists(st.tuples(st.floats(0, 1), st.integers(1, 255)), min_size=1, max_size=8),
+    ),
     st.tuples(st.just("random"), st.binary(max_size=600)),
     st.tuples(st.just("splice"), st.floats(0, 1), st.binary(min_size=1, max_size=24)),
 )
@@ -38,7 +43,7 @@ mutations = st.one_of(
 def mutate(data: bytes, m: tuple) -> bytes:
     kind = m[0]
     if kind == "truncate":
-        return data[:int(len(data) * m[1])]
+        return data[: int(len(data) * m[1])]
     if kind == "flip":
         out = bytearray(data)
         for where, xor in m[1]:
@@ -55,6 +60,7 @@ def mutate(data: bytes, m: tuple) -> bytes:
 @contextmanager
 def no_hang(seconds: int = 20):
     """A reader that hangs fails the test instead of stalling the suite."""
+
     def fire(signum, frame):  # noqa: ARG001
         raise TimeoutError(f"reader still running after {seconds} s (a hang)")
 
@@ -68,12 +74,16 @@ def no_hang(seconds: int = 20):
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes()
-            for p in sorted(Path(root).rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(Path(root).rglob("*"))
+        if p.is_file()
+    }
 
 
-def check_reader(read: Callable[[], object], *, names: list[str], root: Path | None = None
-                 ) -> BaseException | None:
+def check_reader(
+    read: Callable[[], object], *, names: list[str], root: Path | None = None
+) -> BaseException | None:
     """Run ``read``; it may succeed or raise a documented error naming one of ``names``."""
     before = snapshot(root) if root is not None else None
     try:

@@ -18,8 +18,17 @@ SPEC = REPO / "docs" / "spec.md"
 # "seed" + three digits, then optionally " §" + a dotted section number.
 CITATION = re.compile(r"\bseed (\d{3})(?: §(\d+(?:\.\d+)*))?", re.IGNORECASE)
 HEADING = re.compile(r"^(#{2,6}) (.*)$")
-_SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", "node_modules", ".pytest_cache",
-              ".hypothesis", "build", "dist"}
+_SKIP_DIRS = {
+    ".git",
+    ".venv",
+    "venv",
+    "__pycache__",
+    "node_modules",
+    ".pytest_cache",
+    ".hypothesis",
+    "build",
+    "dist",
+}
 
 
 def _key(seed: str, section: str | None) -> str:
@@ -28,8 +37,9 @@ def _key(seed: str, section: str | None) -> str:
 
 def tracked_files() -> list[Path]:
     try:
-        out = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
-                             check=True).stdout.decode()
+        out = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
+        ).stdout.decode()
         return [REPO / p for p in out.split("\0") if p]
     except (OSError, subprocess.CalledProcessError):
         found = []
@@ -53,7 +63,8 @@ def citations() -> dict[str, list[str]]:
         for lineno, line in enumerate(text.splitlines(), start=1):
             for m in CITATION.finditer(line):
                 out.setdefault(_key(m.group(1), m.group(2)), []).append(
-                    f"{path.relative_to(REPO)}:{lineno}")
+                    f"{path.relative_to(REPO)}:{lineno}"
+                )
     return out
 
 
@@ -71,10 +82,11 @@ def spec_headings() -> dict[str, int]:
         m = CITATION.match(h.group(2))
         if not m:
             continue
-        rest = h.group(2)[m.end():]
+        rest = h.group(2)[m.end() :]
         assert rest == "" or rest.startswith(" — "), (
             f"docs/spec.md:{lineno}: a seed heading is 'seed NNN[ §x]' then ' — title', "
-            f"got {line!r}")
+            f"got {line!r}"
+        )
         key = _key(m.group(1), m.group(2))
         assert key not in out, f"docs/spec.md:{lineno}: {key} also at line {out[key]}"
         out[key] = lineno
@@ -88,18 +100,28 @@ def test_the_scan_finds_citations():
 
 def test_every_citation_has_a_spec_heading():
     headings = spec_headings()
-    dangling = [f"{where}: '{key}'" for key, wheres in sorted(citations().items())
-                for where in wheres if key.lower() not in headings]
-    assert not dangling, ("citations without a heading in docs/spec.md (add one, or fix the "
-                          "citation):\n" + "\n".join(dangling))
+    dangling = [
+        f"{where}: '{key}'"
+        for key, wheres in sorted(citations().items())
+        for where in wheres
+        if key.lower() not in headings
+    ]
+    assert not dangling, (
+        "citations without a heading in docs/spec.md (add one, or fix the "
+        "citation):\n" + "\n".join(dangling)
+    )
 
 
 def test_every_section_heading_is_cited():
     cited = {k.lower() for k in citations()}
-    uncited = [f"docs/spec.md:{line}: {key}" for key, line in spec_headings().items()
-               if "§" in key and key not in cited]
-    assert not uncited, "section headings nobody cites (remove them or cite them):\n" + \
-        "\n".join(uncited)
+    uncited = [
+        f"docs/spec.md:{line}: {key}"
+        for key, line in spec_headings().items()
+        if "§" in key and key not in cited
+    ]
+    assert not uncited, "section headings nobody cites (remove them or cite them):\n" + "\n".join(
+        uncited
+    )
 
 
 def test_every_seed_has_a_top_level_heading():
@@ -113,9 +135,14 @@ def test_every_seed_has_a_top_level_heading():
 
 # ---- what these pages name exists ---------------------------------------------------------------
 
-OWN_DOCS = [SPEC, REPO / "docs" / "formats" / "worker-jsonl.md",
-            REPO / "docs" / "formats" / "consolidated-jsonl.md"]
-_PACKAGES = "api|bench|contracts|docs|orchestrator|serving|storage|tests|workers|scripts|hallulog_vllm"
+OWN_DOCS = [
+    SPEC,
+    REPO / "docs" / "formats" / "worker-jsonl.md",
+    REPO / "docs" / "formats" / "consolidated-jsonl.md",
+]
+_PACKAGES = (
+    "api|bench|contracts|docs|orchestrator|serving|storage|tests|workers|scripts|hallulog_vllm"
+)
 REPO_PATH = re.compile(rf"(?<![\w./{{}}-])((?:{_PACKAGES})/[\w./-]*\w)")
 PY_NAME = re.compile(r"`((?:contracts|orchestrator|storage|workers|serving|api)(?:\.\w+)+)")
 
@@ -145,7 +172,6 @@ def test_named_paths_and_python_names_exist():
         text = doc.read_text(encoding="utf-8")
         for lineno, line in enumerate(text.splitlines(), start=1):
             where = f"{doc.relative_to(REPO)}:{lineno}"
-            missing += [f"{where}: {p}" for p in REPO_PATH.findall(line)
-                        if not (REPO / p).exists()]
+            missing += [f"{where}: {p}" for p in REPO_PATH.findall(line) if not (REPO / p).exists()]
             missing += [f"{where}: {n}" for n in PY_NAME.findall(line) if not _resolves(n)]
     assert not missing, "named but not in the repository:\n" + "\n".join(missing)

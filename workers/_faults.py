@@ -22,15 +22,18 @@ import contextlib
 import errno as errno_mod
 import os
 import signal
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 __all__ = ["FaultPlan", "SimulatedCrash", "inject", "install_from_env", "ENV"]
 
 ENV = "HALLULOG_FAULTS"
-_OPS = {"write": ("write",), "fsync": ("fsync", "fdatasync"),
-        "truncate": ("ftruncate", "truncate"),
-        "any": ("write", "fsync", "fdatasync", "ftruncate", "truncate")}
+_OPS = {
+    "write": ("write",),
+    "fsync": ("fsync", "fdatasync"),
+    "truncate": ("ftruncate", "truncate"),
+    "any": ("write", "fsync", "fdatasync", "ftruncate", "truncate"),
+}
 
 
 class SimulatedCrash(BaseException):
@@ -58,11 +61,15 @@ class FaultPlan:
     _real: dict[str, Callable] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, text: str) -> "FaultPlan":
+    def parse(cls, text: str) -> FaultPlan:
         kv = dict(part.split("=", 1) for part in text.split(",") if part.strip())
-        plan = cls(op=kv.get("op", "write"), err=kv.get("err", "EIO"), path=kv.get("path"),
-                   nth=int(kv["nth"]) if "nth" in kv else None,
-                   every=int(kv["every"]) if "every" in kv else None)
+        plan = cls(
+            op=kv.get("op", "write"),
+            err=kv.get("err", "EIO"),
+            path=kv.get("path"),
+            nth=int(kv["nth"]) if "nth" in kv else None,
+            every=int(kv["every"]) if "every" in kv else None,
+        )
         if plan.op not in _OPS:
             raise ValueError(f"{ENV}: unknown op {plan.op!r}")
         if plan.err != "crash" and not hasattr(errno_mod, plan.err):
@@ -73,8 +80,11 @@ class FaultPlan:
         if self.path is None:
             return True
         try:
-            name = os.readlink(f"/proc/self/fd/{target}") if isinstance(target, int) \
+            name = (
+                os.readlink(f"/proc/self/fd/{target}")
+                if isinstance(target, int)
                 else os.fspath(target)
+            )
         except OSError:
             return False
         return self.path in name
@@ -87,8 +97,9 @@ class FaultPlan:
                 raise SimulatedCrash(f"os.{name} after the simulated crash")
             if self._matches(target):
                 self.calls += 1
-                if (self.nth is not None and self.calls == self.nth) or \
-                        (self.every is not None and self.calls % self.every == 0):
+                if (self.nth is not None and self.calls == self.nth) or (
+                    self.every is not None and self.calls % self.every == 0
+                ):
                     self.fired += 1
                     self._fail(name)
             return real(target, *args, **kwargs)
@@ -116,8 +127,14 @@ class FaultPlan:
 
 
 @contextlib.contextmanager
-def inject(op: str = "write", *, nth: int | None = None, every: int | None = None,
-           err: str = "EIO", path: str | None = None) -> Iterator[FaultPlan]:
+def inject(
+    op: str = "write",
+    *,
+    nth: int | None = None,
+    every: int | None = None,
+    err: str = "EIO",
+    path: str | None = None,
+) -> Iterator[FaultPlan]:
     """Install a fault plan in this process for the duration of the block."""
     plan = FaultPlan(op=op, nth=nth, every=every, err=err, path=path)
     plan.install()

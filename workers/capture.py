@@ -21,8 +21,15 @@ import ml_dtypes
 import numpy as np
 import orjson
 
-__all__ = ["CaptureError", "CapturedRows", "load_capture", "select_rows", "transpose_cast",
-           "discard_capture", "wait_for_capture"]
+__all__ = [
+    "CaptureError",
+    "CapturedRows",
+    "load_capture",
+    "select_rows",
+    "transpose_cast",
+    "discard_capture",
+    "wait_for_capture",
+]
 
 
 class CaptureError(RuntimeError):
@@ -80,8 +87,9 @@ def discard_capture(path: str | None) -> None:
             pass
 
 
-def load_capture(path: str, expected_token_ids: list[int], *, delete: bool = True,
-                 timeout: float = 60.0) -> np.ndarray:
+def load_capture(
+    path: str, expected_token_ids: list[int], *, delete: bool = True, timeout: float = 60.0
+) -> np.ndarray:
     """Read a capture file, check its token ids, return ``(num_tokens, num_layer_ids, hidden)``.
 
     The spool file is deleted after reading (the server never deletes it).
@@ -96,19 +104,33 @@ def load_capture(path: str, expected_token_ids: list[int], *, delete: bool = Tru
     if hidden is None or token_ids is None:
         raise CaptureError(f"{path}: capture file lacks hidden_states or token_ids")
     if hidden.ndim != 3 or hidden.shape[0] != token_ids.shape[0]:
-        raise CaptureError(f"{path}: hidden_states shape {hidden.shape} does not match "
-                           f"{token_ids.shape[0]} token ids")
+        raise CaptureError(
+            f"{path}: hidden_states shape {hidden.shape} does not match "
+            f"{token_ids.shape[0]} token ids"
+        )
     if token_ids.tolist() != list(expected_token_ids):
-        raise CaptureError(f"{path}: captured token ids differ from the generation's "
-                           f"({token_ids.shape[0]} vs {len(expected_token_ids)} tokens)")
+        raise CaptureError(
+            f"{path}: captured token ids differ from the generation's "
+            f"({token_ids.shape[0]} vs {len(expected_token_ids)} tokens)"
+        )
     return hidden
 
 
 #: safetensors dtype names this module maps without a copy. BF16 (what vLLM writes for a bf16
 #: model) is ml_dtypes' numpy bfloat16: copied as is into a bfloat16 store, else cast once, by
 #: torch, into the stored dtype.
-_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": ml_dtypes.bfloat16, "I64": "<i8",
-           "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+_DTYPES = {
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "BF16": ml_dtypes.bfloat16,
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U8": "u1",
+    "BOOL": "?",
+}
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 
@@ -127,8 +149,9 @@ def _load(path: str) -> dict[str, np.ndarray]:
         size = os.fstat(fd).st_size
         if size < 8:
             raise CaptureError(f"{path}: unreadable capture file: {size} bytes")
-        mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                           prot=mmap.PROT_READ)
+        mapped = mmap.mmap(
+            fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ
+        )
     finally:
         os.close(fd)
     try:
@@ -141,7 +164,7 @@ def _parse(mapped: mmap.mmap, size: int) -> dict[str, np.ndarray]:
     head_len = int.from_bytes(mapped[:8], "little")
     if head_len > size - 8:
         raise ValueError(f"header of {head_len} bytes in a file of {size}")
-    header = orjson.loads(mapped[8:8 + head_len])
+    header = orjson.loads(mapped[8 : 8 + head_len])
     base, tensors = 8 + head_len, {}
     for name, info in header.items():
         if name == "__metadata__":
@@ -152,24 +175,37 @@ def _parse(mapped: mmap.mmap, size: int) -> dict[str, np.ndarray]:
         begin, end = (int(x) for x in info["data_offsets"])
         count = math.prod(shape)
         if end - begin != count * dtype.itemsize or begin < 0 or base + end > size:
-            raise ValueError(f"tensor {name}: bytes [{begin}, {end}) do not hold {shape} "
-                             f"{info['dtype']} in a file of {size} (truncated?)")
+            raise ValueError(
+                f"tensor {name}: bytes [{begin}, {end}) do not hold {shape} "
+                f"{info['dtype']} in a file of {size} (truncated?)"
+            )
         tensors[name] = np.frombuffer(mapped, dtype, count, base + begin).reshape(shape)
     return tensors
 
 
-def select_rows(hidden: np.ndarray, *, prompt_len: int, response_len: int, sequence_mode: str,
-                layer_index: list[int] | None, dtype: str) -> CapturedRows:
+def select_rows(
+    hidden: np.ndarray,
+    *,
+    prompt_len: int,
+    response_len: int,
+    sequence_mode: str,
+    layer_index: list[int] | None,
+    dtype: str,
+) -> CapturedRows:
     """Slice ``(num_tokens, num_layer_ids, hidden)`` by sequence mode → ``(L, rows, H)``.
 
     ``layer_index`` picks columns of the file's layer axis (None: all). ``num_tokens`` is
     ``prompt_len + response_len - 1`` (generation capture) or ``prompt_len + response_len``.
     """
     num_tokens = hidden.shape[0]
-    if num_tokens not in (prompt_len + response_len - 1, prompt_len + response_len) \
-            or prompt_len < 1:
-        raise CaptureError(f"capture holds {num_tokens} positions for prompt {prompt_len} + "
-                           f"response {response_len} tokens")
+    if (
+        num_tokens not in (prompt_len + response_len - 1, prompt_len + response_len)
+        or prompt_len < 1
+    ):
+        raise CaptureError(
+            f"capture holds {num_tokens} positions for prompt {prompt_len} + "
+            f"response {response_len} tokens"
+        )
     if sequence_mode == "all":
         start, stop = 0, num_tokens
     elif sequence_mode == "prompt":
@@ -182,8 +218,12 @@ def select_rows(hidden: np.ndarray, *, prompt_len: int, response_len: int, seque
         raise CaptureError(f"unknown sequence mode {sequence_mode!r}")
     acts = transpose_cast(hidden[start:stop], layer_index, dtype)
     prompt_rows = max(0, min(stop, prompt_len) - start)
-    return CapturedRows(acts=acts, row0_position=start, prompt_rows=prompt_rows,
-                        response_rows=(stop - start) - prompt_rows)
+    return CapturedRows(
+        acts=acts,
+        row0_position=start,
+        prompt_rows=prompt_rows,
+        response_rows=(stop - start) - prompt_rows,
+    )
 
 
 #: Casts of at least this many elements go through torch (below it numpy is fast enough, and a
@@ -214,13 +254,16 @@ def transpose_cast(rows: np.ndarray, layer_index: list[int] | None, dtype: str) 
     src_layers = range(rows.shape[1]) if layer_index is None else layer_index
     out = np.empty((len(src_layers), rows.shape[0], rows.shape[2]), _out_dtype(dtype))
     if rows.dtype == out.dtype:
-        src, dst = (rows.view(np.uint16), out.view(np.uint16)) if out.dtype == _BFLOAT16 \
-            else (rows, out)
+        src, dst = (
+            (rows.view(np.uint16), out.view(np.uint16)) if out.dtype == _BFLOAT16 else (rows, out)
+        )
         for j, layer in enumerate(src_layers):
             np.copyto(dst[j], src[:, layer, :])
     elif out.size >= TORCH_CAST_MIN and (
-            rows.dtype == _BFLOAT16 or out.dtype == _BFLOAT16
-            or (rows.dtype == np.float32 and out.dtype == np.float16)):
+        rows.dtype == _BFLOAT16
+        or out.dtype == _BFLOAT16
+        or (rows.dtype == np.float32 and out.dtype == np.float16)
+    ):
         _torch_copy(rows, src_layers, out)
     else:
         for j, layer in enumerate(src_layers):
@@ -254,19 +297,20 @@ def _torch_copy(rows: np.ndarray, src_layers, out: np.ndarray) -> None:
     widen = {src.dtype, dst.dtype} == {torch.bfloat16, torch.float16}
     step = max(1, _TORCH_BLOCK // max(1, rows.shape[2]))
     in_order = widen and _foreach_copies_in_order()
-    scratch = _scratch(step * rows.shape[2] * (1 if in_order else len(src_layers))) if widen \
-        else None
+    scratch = (
+        _scratch(step * rows.shape[2] * (1 if in_order else len(src_layers))) if widen else None
+    )
     dst_blocks, src_blocks = [], []
     for d, s in zip(dst.split(step, 1), src.split(step, 0)):  # token blocks, then layers
         src_by_layer = s.unbind(1)
         layers = [src_by_layer[layer] for layer in src_layers]
         if in_order:  # one scratch of one layer's block, filled and emptied pair after pair
-            hot = scratch[:d[0].numel()].view(d[0].shape)
+            hot = scratch[: d[0].numel()].view(d[0].shape)
             for d_layer, layer in zip(d.unbind(0), layers):
                 dst_blocks += (hot, d_layer)
                 src_blocks += (layer, hot)
         elif widen:
-            wide = scratch[:d.numel()].view(d.shape).unbind(0)
+            wide = scratch[: d.numel()].view(d.shape).unbind(0)
             torch._foreach_copy_(wide, layers)
             torch._foreach_copy_(d.unbind(0), wide)
         else:
@@ -291,8 +335,9 @@ def _foreach_copies_in_order() -> bool:
         import torch
 
         hot, first, second = torch.zeros(4), torch.zeros(4), torch.zeros(4)
-        torch._foreach_copy_([hot, first, hot, second],
-                             [torch.ones(4), hot, torch.full((4,), 2.0), hot])
+        torch._foreach_copy_(
+            [hot, first, hot, second], [torch.ones(4), hot, torch.full((4,), 2.0), hot]
+        )
         _in_order = bool((first == 1).all() and (second == 2).all())
     return _in_order
 

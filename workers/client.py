@@ -18,14 +18,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tenacity import (AsyncRetrying, retry_if_exception, stop_after_attempt,
-                      wait_exponential)
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from contracts.jsonl import encode_line, parse_line
 from workers.http import HTTPConnectionError, HTTPPool
 
-__all__ = ["BackendClient", "Completion", "is_retryable", "BackendRequestError",
-           "BackendHTTPError"]
+__all__ = ["BackendClient", "Completion", "is_retryable", "BackendRequestError", "BackendHTTPError"]
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +47,11 @@ def is_retryable(exc: BaseException) -> bool:
     Knows the worker's own transport errors and the openai SDK's (the LLM judge's client uses
     that SDK, over httpx).
     """
-    if isinstance(exc, (HTTPConnectionError, asyncio.TimeoutError)) \
-            or _is_lib_error(exc, "httpx", ("TimeoutException", "TransportError")) \
-            or _is_openai(exc, "APIConnectionError"):  # APITimeoutError is one too
+    if (
+        isinstance(exc, (HTTPConnectionError, asyncio.TimeoutError))
+        or _is_lib_error(exc, "httpx", ("TimeoutException", "TransportError"))
+        or _is_openai(exc, "APIConnectionError")
+    ):  # APITimeoutError is one too
         return True
     if isinstance(exc, BackendHTTPError) or _is_openai(exc, "APIStatusError"):
         if any(m in str(exc) for m in _NOT_TRANSIENT):
@@ -101,8 +101,15 @@ class Completion:
 class BackendClient:
     """Async client of one backend (embedded server or vLLM) speaking the OpenAI protocol."""
 
-    def __init__(self, base_url: str, model: str, *, timeout: float = 300.0,
-                 attempts: int = 3, backoff_base: float = 1.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        timeout: float = 300.0,
+        attempts: int = 3,
+        backoff_base: float = 1.0,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self._http = HTTPPool(self.base_url, timeout=timeout, keepalive_s=_KEEPALIVE_S)
@@ -129,12 +136,14 @@ class BackendClient:
         await asyncio.sleep(self._backoff_base)
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._attempts - 1),
-            wait=wait_exponential(multiplier=2 * self._backoff_base,
-                                  min=2 * self._backoff_base, max=4 * self._backoff_base),
+            wait=wait_exponential(
+                multiplier=2 * self._backoff_base,
+                min=2 * self._backoff_base,
+                max=4 * self._backoff_base,
+            ),
             retry=retry_if_exception(is_retryable),
             reraise=True,
-            before_sleep=lambda rs: self._log_retry(rs.outcome.exception(),
-                                                    rs.attempt_number + 1),
+            before_sleep=lambda rs: self._log_retry(rs.outcome.exception(), rs.attempt_number + 1),
         )
         async for attempt in retrying:
             with attempt:
@@ -157,13 +166,29 @@ class BackendClient:
             raise BackendRequestError(f"{url}: reply is not an object")
         return reply
 
-    async def chat(self, messages: list[dict[str, str]], *, temperature: float, top_p: float,
-                   max_tokens: int, seed: int, capture: bool) -> Completion:
+    async def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
+        seed: int,
+        capture: bool,
+    ) -> Completion:
         """One chat completion (n=1) with top-5 logprobs and token ids; optionally captured."""
         body: dict[str, Any] = {
-            "model": self.model, "messages": messages, "temperature": temperature,
-            "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "n": 1, "logprobs": True,
-            "top_logprobs": _TOP_LOGPROBS, "return_token_ids": True}
+            "model": self.model,
+            "messages": messages,
+            "temperature": temperature,
+            "top_p": top_p,
+            "max_tokens": max_tokens,
+            "seed": seed,
+            "n": 1,
+            "logprobs": True,
+            "top_logprobs": _TOP_LOGPROBS,
+            "return_token_ids": True,
+        }
         if capture:
             body["kv_transfer_params"] = {"include_output_tokens": True}
         start = time.perf_counter()
@@ -182,8 +207,16 @@ class BackendClient:
             elapsed_ms=elapsed_ms,
         )
 
-    async def complete(self, prompt: str, *, temperature: float, top_p: float, max_tokens: int,
-                       seed: int, capture: bool) -> Completion:
+    async def complete(
+        self,
+        prompt: str,
+        *,
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
+        seed: int,
+        capture: bool,
+    ) -> Completion:
         """One text completion (``/v1/completions``, n=1) of a raw prompt, no chat template:
         token ids and top-5 logprobs in the shape :meth:`chat` gives; optionally captured.
 
@@ -193,9 +226,16 @@ class BackendClient:
         them). ``prompt_token_ids`` is top-level on the embedded server, per choice on vLLM.
         """
         body: dict[str, Any] = {
-            "model": self.model, "prompt": prompt, "temperature": temperature, "top_p": top_p,
-            "max_tokens": max_tokens, "seed": seed, "n": 1, "logprobs": _TOP_LOGPROBS,
-            "return_token_ids": True}
+            "model": self.model,
+            "prompt": prompt,
+            "temperature": temperature,
+            "top_p": top_p,
+            "max_tokens": max_tokens,
+            "seed": seed,
+            "n": 1,
+            "logprobs": _TOP_LOGPROBS,
+            "return_token_ids": True,
+        }
         if capture:
             body["kv_transfer_params"] = {"include_output_tokens": True}
         start = time.perf_counter()
@@ -205,8 +245,9 @@ class BackendClient:
         return Completion(
             text=choice.get("text") or "",
             finish_reason=choice.get("finish_reason"),
-            prompt_token_ids=list(reply.get("prompt_token_ids")
-                                  or choice.get("prompt_token_ids") or []),
+            prompt_token_ids=list(
+                reply.get("prompt_token_ids") or choice.get("prompt_token_ids") or []
+            ),
             token_ids=list(choice.get("token_ids") or []),
             logprobs=_legacy_logprobs(choice.get("logprobs")),
             usage=_usage(reply.get("usage")),
@@ -226,13 +267,22 @@ class BackendClient:
 
     async def prefill_capture(self, token_ids: list[int]) -> str:
         """Prefill-only request over ``token_ids``; returns the capture file's path."""
-        reply = await self._post("/completions", {
-            "model": self.model, "prompt": token_ids, "max_tokens": 1, "temperature": 0.0,
-            "kv_transfer_params": {"include_output_tokens": False}})
+        reply = await self._post(
+            "/completions",
+            {
+                "model": self.model,
+                "prompt": token_ids,
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "kv_transfer_params": {"include_output_tokens": False},
+            },
+        )
         path = _hidden_states_path(reply)
         if not path:
-            raise BackendRequestError(f"{self.base_url}: prefill capture returned no "
-                                      "kv_transfer_params.hidden_states_path")
+            raise BackendRequestError(
+                f"{self.base_url}: prefill capture returned no "
+                "kv_transfer_params.hidden_states_path"
+            )
         return path
 
 
@@ -247,8 +297,13 @@ def _error_message(body: bytes) -> str:
 def _usage(usage: Any) -> dict[str, Any]:
     """The usage block with the keys the openai SDK's model gave (absent details as None)."""
     usage = usage if isinstance(usage, dict) else {}
-    keys = ("completion_tokens", "prompt_tokens", "total_tokens", "completion_tokens_details",
-            "prompt_tokens_details")
+    keys = (
+        "completion_tokens",
+        "prompt_tokens",
+        "total_tokens",
+        "completion_tokens_details",
+        "prompt_tokens_details",
+    )
     return {**{k: usage.get(k) for k in keys}, **usage}
 
 
@@ -276,8 +331,11 @@ def _legacy_logprobs(logprobs: Any) -> list[dict[str, Any]]:
         top = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
         alts = [(t, lp) for t, lp in top.items() if lp is not None]
         best = sorted(alts, key=lambda alt: -alt[1])[:_TOP_LOGPROBS]
-        entry = {"token": token, "logprob": values[i] if i < len(values) else None,
-                 "top_logprobs": [{"token": t, "logprob": lp} for t, lp in best]}
+        entry = {
+            "token": token,
+            "logprob": values[i] if i < len(values) else None,
+            "top_logprobs": [{"token": t, "logprob": lp} for t, lp in best],
+        }
         if i < len(logits) and logits[i] is not None:
             entry["logit"] = logits[i]
         out.append(entry)

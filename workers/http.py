@@ -68,9 +68,12 @@ class _Connection(asyncio.Protocol):
             self.keep_alive = False
             self._finish()
             return
-        self._fail(HTTPConnectionError(
-            "server closed the connection before the reply was complete"
-            + (f": {exc}" if exc else "")))
+        self._fail(
+            HTTPConnectionError(
+                "server closed the connection before the reply was complete"
+                + (f": {exc}" if exc else "")
+            )
+        )
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -88,8 +91,9 @@ class _Connection(asyncio.Protocol):
         self._finish()
 
     # the pool's side
-    def start(self, request: bytes, loop: asyncio.AbstractEventLoop
-              ) -> asyncio.Future[tuple[int, bytes]]:
+    def start(
+        self, request: bytes, loop: asyncio.AbstractEventLoop
+    ) -> asyncio.Future[tuple[int, bytes]]:
         self.reply = loop.create_future()
         self.chunks, self.received, self.headers_done, self.delimited = [], False, False, False
         self.transport.write(request)  # type: ignore[union-attr]
@@ -114,8 +118,7 @@ class _Connection(asyncio.Protocol):
 class HTTPPool:
     """POSTs to one server (``base_url``: scheme, host, port, optional path prefix)."""
 
-    def __init__(self, base_url: str, *, timeout: float = 300.0,
-                 keepalive_s: float = 4.0) -> None:
+    def __init__(self, base_url: str, *, timeout: float = 300.0, keepalive_s: float = 4.0) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
@@ -125,22 +128,30 @@ class HTTPPool:
         self.url = base_url.rstrip("/")
         self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
         host_header = parts.netloc.rpartition("@")[2]  # user:password@ is not sent
-        self._head = ("POST {path} HTTP/1.1\r\nHost: " + host_header
-                      + "\r\nContent-Type: {ctype}\r\nContent-Length: {length}\r\n"
-                      "Accept: application/json\r\n\r\n")
+        self._head = (
+            "POST {path} HTTP/1.1\r\nHost: "
+            + host_header
+            + "\r\nContent-Type: {ctype}\r\nContent-Length: {length}\r\n"
+            "Accept: application/json\r\n\r\n"
+        )
         self.timeout = timeout
         self.keepalive_s = keepalive_s
         self._idle: list[_Connection] = []
 
-    async def post(self, path: str, body: bytes, *, content_type: str = "application/json"
-                   ) -> tuple[int, bytes]:
+    async def post(
+        self, path: str, body: bytes, *, content_type: str = "application/json"
+    ) -> tuple[int, bytes]:
         """POST ``body`` to ``prefix + path``; the reply's status and body.
 
         Raises :class:`HTTPConnectionError` on a transport failure and ``TimeoutError`` when the
         whole request takes longer than ``timeout`` seconds.
         """
-        request = self._head.format(path=self.prefix + path, ctype=content_type,
-                                    length=len(body)).encode("latin-1") + body
+        request = (
+            self._head.format(path=self.prefix + path, ctype=content_type, length=len(body)).encode(
+                "latin-1"
+            )
+            + body
+        )
         if sys.version_info < (3, 11):  # no asyncio.timeout
             return await asyncio.wait_for(self._send(request), self.timeout)
         async with asyncio.timeout(self.timeout):
@@ -174,8 +185,7 @@ class HTTPPool:
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await loop.create_connection(_Connection, self.host, self.port,
-                                                   ssl=self._ssl)
+            _, conn = await loop.create_connection(_Connection, self.host, self.port, ssl=self._ssl)
         except OSError as exc:  # refused, unreachable, TLS handshake failures
             raise HTTPConnectionError(f"cannot connect to {self.url}: {exc}") from exc
         return conn

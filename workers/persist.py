@@ -16,11 +16,12 @@ import logging
 import os
 import threading
 import uuid
+from collections.abc import Iterable
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import storage
 from contracts import layout
@@ -56,15 +57,27 @@ class GenerationRecord:
 class WorkerDir:
     """Append-only writer of one worker's directory (``worker_{i}/``)."""
 
-    def __init__(self, root: Path, *, worker_id: int, storage_format: str,
-                 layer_ids: list[int], hidden_size: int, dtype: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        worker_id: int,
+        storage_format: str,
+        layer_ids: list[int],
+        hidden_size: int,
+        dtype: str,
+    ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.worker_id = worker_id
-        self.writer = storage.open_writer(storage_format, root=self.root, layer_ids=layer_ids,
-                                          hidden_size=hidden_size, dtype=dtype)
-        self._files = {name: JsonlAppender(self.root / name)
-                       for name in layout.WORKER_JSONL_FILES}
+        self.writer = storage.open_writer(
+            storage_format,
+            root=self.root,
+            layer_ids=layer_ids,
+            hidden_size=hidden_size,
+            dtype=dtype,
+        )
+        self._files = {name: JsonlAppender(self.root / name) for name in layout.WORKER_JSONL_FILES}
         self.broken: str | None = None
         """Why the directory can no longer be appended to (a failed rollback), else None."""
         # the store's commit and one file's fsync run beside the group's own thread: two
@@ -86,13 +99,13 @@ class WorkerDir:
         if errors:
             raise errors[0]
 
-    def persist_group(self, prompt_row: dict[str, Any], generations: list[GenerationRecord]
-                      ) -> None:
+    def persist_group(
+        self, prompt_row: dict[str, Any], generations: list[GenerationRecord]
+    ) -> None:
         """Commit one prompt group durably: :meth:`persist_groups` of that one group."""
         self.persist_groups([(prompt_row, generations)])
 
-    def persist_groups(self, groups: list[tuple[dict[str, Any], list[GenerationRecord]]]
-                       ) -> None:
+    def persist_groups(self, groups: list[tuple[dict[str, Any], list[GenerationRecord]]]) -> None:
         """Commit prompt groups durably together, in the order the module docstring gives.
 
         Group commit: the groups share one fsync per file (a worker hands over every group that
@@ -123,34 +136,45 @@ class WorkerDir:
                         continue
                     key = gen.activation_row["activation_key"]
                     label = -1 if gen.label is None else int(gen.label)
-                    location = self.writer.write(key, gen.acts, storage.SampleMeta(
-                        prompt_len=gen.prompt_rows, response_len=gen.response_rows,
-                        label=label))
+                    location = self.writer.write(
+                        key,
+                        gen.acts,
+                        storage.SampleMeta(
+                            prompt_len=gen.prompt_rows, response_len=gen.response_rows, label=label
+                        ),
+                    )
                     written.add(key)
-                    activation_rows.append({**gen.activation_row, **location,
-                                            "worker_id": self.worker_id,
-                                            "commit_id": commit_id})
+                    activation_rows.append(
+                        {
+                            **gen.activation_row,
+                            **location,
+                            "worker_id": self.worker_id,
+                            "commit_id": commit_id,
+                        }
+                    )
             # one fsync per store file for all the groups. While the disk works, the JSONL
             # lines are encoded; they are appended once the activation bytes are durable and
             # synced while the store writes its own commit point.
             durable = threading.Event()
             store_commit = self._helpers.submit(self.writer.commit, on_durable=durable.set)
             store_commit.add_done_callback(lambda _: durable.set())  # also when it fails
-            lines = {"generations.jsonl": encode(generation_rows),
-                     "activation_index.jsonl": encode(activation_rows)}
+            lines = {
+                layout.GENERATIONS: encode(generation_rows),
+                layout.ACTIVATION_INDEX: encode(activation_rows),
+            }
             durable.wait()
             if store_commit.done():
                 store_commit.result()  # raises what the commit raised
             for name, data in lines.items():
                 self._files[name].append_encoded(data)
-            syncing = self._helpers.submit(self._files["generations.jsonl"].sync)
+            syncing = self._helpers.submit(self._files[layout.GENERATIONS].sync)
             try:
-                self._files["activation_index.jsonl"].sync()
+                self._files[layout.ACTIVATION_INDEX].sync()
             finally:
                 syncing.result()
             store_commit.result()
             # the commit markers: only once the store and both files are durable
-            self._append("prompt_index.jsonl", prompt_rows)
+            self._append(layout.PROMPT_INDEX, prompt_rows)
         except Exception as exc:
             if store_commit is not None:
                 futures.wait([store_commit])
@@ -176,16 +200,17 @@ class WorkerDir:
             self.writer.rollback(self.writer.committed_keys() - written)
         except Exception as exc:
             self.broken = f"{type(exc).__name__}: {exc}"
-            log.error("%s: could not roll back a failed group (%s) after %s", self.root, exc,
-                      cause)
-            raise PersistBroken(f"{self.root}: a group failed ({type(cause).__name__}: "
-                                f"{cause}) and rolling it back failed too ({exc}); the next "
-                                "run recovers the directory") from exc
+            log.error("%s: could not roll back a failed group (%s) after %s", self.root, exc, cause)
+            raise PersistBroken(
+                f"{self.root}: a group failed ({type(cause).__name__}: "
+                f"{cause}) and rolling it back failed too ({exc}); the next "
+                "run recovers the directory"
+            ) from exc
         log.warning("%s: rolled back a group that failed to commit (%s)", self.root, cause)
 
     def record_error(self, error: dict[str, Any]) -> None:
         """Append one ``errors.jsonl`` row (seed 003 §12 fields)."""
-        self._append("errors.jsonl", [error])
+        self._append(layout.ERRORS, [error])
 
     def _append(self, name: str, rows: Iterable[dict[str, Any]]) -> None:
         f = self._files[name]
@@ -193,8 +218,9 @@ class WorkerDir:
             f.sync()
 
 
-def recover_worker_dir(root: Path, *, storage_format: str, layer_ids: list[int],
-                       hidden_size: int, dtype: str) -> set[str]:
+def recover_worker_dir(
+    root: Path, *, storage_format: str, layer_ids: list[int], hidden_size: int, dtype: str
+) -> set[str]:
     """Roll a worker directory back to its last committed group; return committed prompt ids.
 
     Every file is streamed once. Lines after the last line of a committed group (the rows of a
@@ -232,8 +258,9 @@ def recover_worker_dir(root: Path, *, storage_format: str, layer_ids: list[int],
         if name == layout.ACTIVATION_INDEX:
             keep_keys = set(kept_here)
     if os.path.exists(storage.store_dir(root)):
-        writer = storage.open_writer(storage_format, root=root, layer_ids=layer_ids,
-                                     hidden_size=hidden_size, dtype=dtype)
+        writer = storage.open_writer(
+            storage_format, root=root, layer_ids=layer_ids, hidden_size=hidden_size, dtype=dtype
+        )
         try:
             writer.rollback(keep_keys)
         finally:

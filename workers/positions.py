@@ -15,10 +15,15 @@ import numpy as np
 
 from contracts.exact_answer import exact_answer_span
 from contracts.positions import ResolvedPositions, num_captured, resolve_positions
-from workers.capture import CaptureError, CapturedRows, transpose_cast
+from workers.capture import CapturedRows, CaptureError, transpose_cast
 
-__all__ = ["PositionRows", "select_positions", "index_fields", "exact_answer_spans",
-           "missing_positions"]
+__all__ = [
+    "PositionRows",
+    "select_positions",
+    "index_fields",
+    "exact_answer_spans",
+    "missing_positions",
+]
 
 
 @dataclass
@@ -29,34 +34,54 @@ class PositionRows(CapturedRows):
     exact_answer_span: dict | None = None
 
 
-def select_positions(hidden: np.ndarray, *, prompt_len: int, response_len: int,
-                     capture_mode: str, names: tuple[str, ...],
-                     exact_answer_span: dict | None, layer_index: list[int] | None,
-                     dtype: str) -> PositionRows:
+def select_positions(
+    hidden: np.ndarray,
+    *,
+    prompt_len: int,
+    response_len: int,
+    capture_mode: str,
+    names: tuple[str, ...],
+    exact_answer_span: dict | None,
+    layer_index: list[int] | None,
+    dtype: str,
+) -> PositionRows:
     """``(num_tokens, num_layer_ids, hidden)`` → the named positions' rows ``(L, rows, H)``.
 
     ``exact_answer_span`` is :func:`contracts.exact_answer.exact_answer_span`'s dict (its
     ``tokens`` place ``exact_answer``) or None.
     """
-    expected = num_captured(prompt_len=prompt_len, response_len=response_len,
-                            capture_mode=capture_mode)
+    expected = num_captured(
+        prompt_len=prompt_len, response_len=response_len, capture_mode=capture_mode
+    )
     if hidden.shape[0] != expected:
-        raise CaptureError(f"capture holds {hidden.shape[0]} positions for prompt {prompt_len} + "
-                           f"response {response_len} tokens ({capture_mode} capture: "
-                           f"{expected})")
+        raise CaptureError(
+            f"capture holds {hidden.shape[0]} positions for prompt {prompt_len} + "
+            f"response {response_len} tokens ({capture_mode} capture: "
+            f"{expected})"
+        )
     span = tuple(exact_answer_span["tokens"]) if exact_answer_span else None
-    resolved = resolve_positions(names, prompt_len=prompt_len, response_len=response_len,
-                                 capture_mode=capture_mode, exact_answer=span)
+    resolved = resolve_positions(
+        names,
+        prompt_len=prompt_len,
+        response_len=response_len,
+        capture_mode=capture_mode,
+        exact_answer=span,
+    )
     pos = resolved.positions
     if pos and resolved.contiguous:
-        rows = hidden[pos[0]:pos[-1] + 1]
+        rows = hidden[pos[0] : pos[-1] + 1]
     else:  # a gather: a copy of the few rows kept, then cast like any slice
         rows = hidden[np.asarray(pos, np.intp)]
     acts = transpose_cast(rows, layer_index, dtype)
     prompt_rows = sum(1 for p in pos if p < prompt_len)
-    return PositionRows(acts=acts, row0_position=pos[0] if pos else prompt_len - 1,
-                        prompt_rows=prompt_rows, response_rows=len(pos) - prompt_rows,
-                        resolved=resolved, exact_answer_span=exact_answer_span)
+    return PositionRows(
+        acts=acts,
+        row0_position=pos[0] if pos else prompt_len - 1,
+        prompt_rows=prompt_rows,
+        response_rows=len(pos) - prompt_rows,
+        resolved=resolved,
+        exact_answer_span=exact_answer_span,
+    )
 
 
 def index_fields(rows: PositionRows) -> dict[str, Any]:
@@ -64,17 +89,24 @@ def index_fields(rows: PositionRows) -> dict[str, Any]:
     ``exact_answer_span`` (docs/formats/worker-jsonl.md)."""
     resolved = rows.resolved
     assert resolved is not None
-    return {"positions": {name: list(idx) for name, idx in resolved.rows.items()},
-            "token_positions": list(resolved.positions),
-            "exact_answer_span": rows.exact_answer_span}
+    return {
+        "positions": {name: list(idx) for name, idx in resolved.rows.items()},
+        "token_positions": list(resolved.positions),
+        "exact_answer_span": rows.exact_answer_span,
+    }
 
 
 def exact_answer_spans(completions, grades) -> list[dict | None]:
     """Each completion's exact answer (:func:`contracts.exact_answer.exact_answer_span`): its
     grade's match (``Grade.span``) when there is one, else the first-line rule."""
-    return [exact_answer_span(comp.text, [t.get("token") for t in comp.logprobs or []],
-                              grade.span if grade is not None else None)
-            for comp, grade in zip(completions, grades)]
+    return [
+        exact_answer_span(
+            comp.text,
+            [t.get("token") for t in comp.logprobs or []],
+            grade.span if grade is not None else None,
+        )
+        for comp, grade in zip(completions, grades)
+    ]
 
 
 def missing_positions(records) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """The worker side of ``--executor ray``: one actor per GPU (or per CPU slot) that owns its
-inference server process and runs the ordinary worker (``workers.worker._Worker``) with a channel
-over actor method calls instead of a pipe.
+inference server process and runs the ordinary worker (``workers.worker.GroupWorker``) with a
+channel over actor method calls instead of a pipe.
 
 The class is plain Python; ``orchestrator.run.ray_executor`` wraps it with ``ray.remote`` (so this
 module imports nothing from Ray). The driver calls:
@@ -48,7 +48,7 @@ from contracts.process import die_with_parent
 from contracts.prompt_group import PromptGroup
 from workers.persist import recover_worker_dir
 from workers.runtime import run_event_loop, tune_gc
-from workers.worker import WorkerSpec, _Worker
+from workers.worker import GroupWorker, WorkerSpec
 
 __all__ = ["SlotActor", "SharedFsError", "PROBE_NAME"]
 
@@ -85,8 +85,15 @@ class _CallChannel:
 class SlotActor:
     """One executor slot: a server process and a worker, on whichever node Ray placed it."""
 
-    def __init__(self, slot: int, spec: WorkerSpec, launch: dict[str, Any], artifact_root: str,
-                 probe_text: str, recover: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        slot: int,
+        spec: WorkerSpec,
+        launch: dict[str, Any],
+        artifact_root: str,
+        probe_text: str,
+        recover: dict[str, Any],
+    ) -> None:
         self.slot = slot
         self.spec = spec
         self.launch = launch
@@ -117,16 +124,24 @@ class SlotActor:
             raise SharedFsError(
                 f"artifact root {self.root} is not shared with node {node}: the driver's "
                 f"{PROBE_NAME} is {'missing' if seen is None else 'different'} there (put the "
-                "root on NFS/Lustre/a mounted bucket that every node mounts at the same path)")
+                "root on NFS/Lustre/a mounted bucket that every node mounts at the same path)"
+            )
         devices = self._devices()
         committed = recover_worker_dir(Path(self.spec.worker_dir), **self.recover)
         self._start_server()
         self.spec = replace(self.spec, server_url=self.url)
-        self.thread = threading.Thread(target=self._run_worker, name=f"worker_{self.slot}",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self._run_worker, name=f"worker_{self.slot}", daemon=True
+        )
         self.thread.start()
-        return {"slot": self.slot, "node": node, "pid": os.getpid(), "url": self.url,
-                "devices": devices, "committed": sorted(committed)}
+        return {
+            "slot": self.slot,
+            "node": node,
+            "pid": os.getpid(),
+            "url": self.url,
+            "devices": devices,
+            "committed": sorted(committed),
+        }
 
     def _devices(self) -> str:
         """The GPUs this actor's server runs on (``CUDA_VISIBLE_DEVICES`` as Ray set it; "" on
@@ -137,9 +152,11 @@ class SlotActor:
             return ""
         seen = [d for d in devices.split(",") if d.strip()]
         if len(seen) < want:
-            raise RuntimeError(f"slot {self.slot}: the server spans {want} GPUs (tensor x "
-                               f"pipeline parallel size) but the actor sees "
-                               f"CUDA_VISIBLE_DEVICES={devices!r}")
+            raise RuntimeError(
+                f"slot {self.slot}: the server spans {want} GPUs (tensor x "
+                f"pipeline parallel size) but the actor sees "
+                f"CUDA_VISIBLE_DEVICES={devices!r}"
+            )
         return devices
 
     def _start_server(self) -> None:
@@ -151,20 +168,29 @@ class SlotActor:
         log_path = self.root / "servers" / f"ray_slot_{self.slot}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as out:
-            out.write(f"\n=== start {time.strftime('%Y-%m-%dT%H:%M:%S')} on "
-                      f"{socket.gethostname()}: {' '.join(command)}\n".encode())
+            out.write(
+                f"\n=== start {time.strftime('%Y-%m-%dT%H:%M:%S')} on "
+                f"{socket.gethostname()}: {' '.join(command)}\n".encode()
+            )
             out.flush()
-            self.server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, env=env,
-                                           start_new_session=True,
-                                           preexec_fn=lambda: die_with_parent(signal.SIGKILL))
+            self.server = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=lambda: die_with_parent(signal.SIGKILL),
+            )
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + float(self.launch.get("startup_timeout", 600))
         while True:
             if self.server.poll() is not None:
                 tail = log_path.read_text(errors="replace").splitlines()[-20:]
-                raise RuntimeError(f"slot {self.slot}: server exited with code "
-                                   f"{self.server.returncode}; {log_path}:\n" + "\n".join(tail))
+                raise RuntimeError(
+                    f"slot {self.slot}: server exited with code "
+                    f"{self.server.returncode}; {log_path}:\n" + "\n".join(tail)
+                )
             try:
                 if httpx.get(f"{self.url}/health", timeout=5.0).status_code == 200:
                     return
@@ -177,10 +203,15 @@ class SlotActor:
     def _run_worker(self) -> None:
         try:
             tune_gc()
-            run_event_loop(_Worker(self.spec, self.channel).run())
+            run_event_loop(GroupWorker(self.spec, self.channel).run())
         except BaseException as exc:  # the driver stops the run on it, as on one node
-            self.channel.send({"event": "fatal", "worker_id": self.slot,
-                               "error": {"error_message": f"{type(exc).__name__}: {exc}"}})
+            self.channel.send(
+                {
+                    "event": "fatal",
+                    "worker_id": self.slot,
+                    "error": {"error_message": f"{type(exc).__name__}: {exc}"},
+                }
+            )
 
     # -- the driver's calls ------------------------------------------------------------------
     def submit(self, groups: list[PromptGroup]) -> int:

@@ -32,14 +32,14 @@ from contracts.ids import activation_key, sample_seed
 from contracts.prompt_group import PromptGroup
 from workers.capture import (CaptureError, CapturedRows, discard_capture, load_capture,
                              select_rows)
-from workers.client import BackendClient, Completion
+from workers.client import BackendClient, Completion, is_retryable
 from workers.group_commit import GroupCommitter
 from workers.positions import (PositionRows, exact_answer_spans, index_fields,
                                missing_positions, select_positions)
 from workers.persist import GenerationRecord, PersistBroken, WorkerDir
 from workers.runtime import run_event_loop, run_on, tune_gc
 
-__all__ = ["WorkerSpec", "worker_main", "answer_grader"]
+__all__ = ["WorkerSpec", "GroupWorker", "worker_main", "answer_grader"]
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     channel = _Channel(conn)
     tune_gc()
     try:
-        run_event_loop(_Worker(spec, channel).run())
+        run_event_loop(GroupWorker(spec, channel).run())
     except BaseException as exc:  # report, then die: the orchestrator decides what happens next
         channel.send({"event": "fatal", "worker_id": spec.worker_id,
                       "error": _error_record(spec, exc, None, None, "worker_crash")})
@@ -141,7 +141,9 @@ class _Channel:
                 return
 
 
-class _Worker:
+class GroupWorker:
+    """Runs and commits the prompt groups of ``channel`` (in a process or a Ray actor)."""
+
     def __init__(self, spec: WorkerSpec, channel: _Channel) -> None:
         self.spec = spec
         self.channel = channel
@@ -411,7 +413,8 @@ class _Worker:
         except OSError:
             log.exception("could not record error for %s", prompt_id)
         self.channel.send({"event": "failed", "worker_id": self.spec.worker_id,
-                          "prompt_id": prompt_id, "error": err})
+                          "prompt_id": prompt_id, "error": err,
+                          "retryable": not fatal and is_retryable(exc)})
         if fatal:
             self.fatal = True
             self.channel.send({"event": "fatal", "worker_id": self.spec.worker_id, "error": err})

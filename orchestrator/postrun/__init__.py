@@ -1,5 +1,5 @@
 """After the queue drains: label (LLM judge) → consolidate → exports → validate, plus repair.
 
-Each step reads the artifact root as streams and can run alone (``--consolidate-only``,
-``--validate-only``, ``--retry-failed``).
+Each step reads the artifact root as streams and can run alone (``hallulog consolidate``,
+``validate``, ``retry``); consolidate → exports → validate is one pipeline, ``finish.py``.
 """

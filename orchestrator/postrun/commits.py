@@ -10,7 +10,7 @@ prompt row, a few numbers (no rows):
 - a commit is *complete* when its generations carry exactly the sample ids ``0..K``;
 - of the complete commits of one prompt, over all workers, the one with the latest
   ``completed_at`` is kept (ties: the later worker, then the later line), e.g. after
-  ``--retry-failed``.
+  ``hallulog retry``.
 
 :class:`KeptCommits` then answers, for any ``(prompt_id, commit_id)`` run met while streaming a
 worker's files again, whether it is kept and where it sits in the worker's commit order.
@@ -22,17 +22,27 @@ import itertools
 import json
 import logging
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
 from contracts import layout
 from contracts.jsonl import Line, iter_rows
 
-__all__ = ["id_rows", "commit_key", "runs", "MaskLookup", "WorkerCommits", "scan_worker",
-           "pick_commits", "KeptCommits", "RunCursor"]
+__all__ = [
+    "id_rows",
+    "commit_key",
+    "runs",
+    "MaskLookup",
+    "WorkerCommits",
+    "scan_worker",
+    "pick_commits",
+    "KeptCommits",
+    "RunCursor",
+]
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +79,11 @@ def id_rows(path: Path) -> Iterator[dict[str, Any]]:
                 return  # torn tail
             head, tail = _HEAD.match(raw), _TAIL.search(raw)
             if head is not None and tail is not None:
-                yield {"prompt_id": head.group(1).decode(), "sample_id": int(head.group(2)),
-                       "commit_id": tail.group(1).decode()}
+                yield {
+                    "prompt_id": head.group(1).decode(),
+                    "sample_id": int(head.group(2)),
+                    "commit_id": tail.group(1).decode(),
+                }
                 continue
             if raw.isspace():
                 continue
@@ -162,8 +175,12 @@ def scan_worker(wdir: Path, k: int) -> WorkerCommits:
         stamps.append(stamp.encode() if isinstance(stamp, str) else repr(stamp).encode())
         keys.append(key & 0xFFFFFFFFFFFFFFFF)
         complete.append(mask == full)
-    return WorkerCommits(np.array(pids, dtype=bytes), np.array(stamps, dtype=bytes),
-                         np.array(keys, dtype=np.uint64), np.array(complete, dtype=bool))
+    return WorkerCommits(
+        np.array(pids, dtype=bytes),
+        np.array(stamps, dtype=bytes),
+        np.array(keys, dtype=np.uint64),
+        np.array(complete, dtype=bool),
+    )
 
 
 def pick_commits(scans: list[WorkerCommits]) -> list[np.ndarray]:
@@ -218,8 +235,10 @@ class RunCursor:
     """
 
     def __init__(self, lines: Iterable[Line], kept: KeptCommits) -> None:
-        self._runs = ((key, list(group)) for key, group in
-                      itertools.groupby(lines, key=lambda line: commit_key(line.row)))
+        self._runs = (
+            (key, list(group))
+            for key, group in itertools.groupby(lines, key=lambda line: commit_key(line.row))
+        )
         self._kept = kept
         self._peeked: tuple[int, list[Line]] | None = None
 

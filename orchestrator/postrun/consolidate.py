@@ -2,7 +2,7 @@
 
 - JSONL rows are streamed worker by worker; only complete prompt groups (a prompt row and K+1
   generations) are kept, each prompt once (the latest commit wins when a prompt was committed
-  twice, e.g. by ``--retry-failed``) and each (prompt_id, sample_id) once. Memory is a few
+  twice, e.g. by ``hallulog retry``) and each (prompt_id, sample_id) once. Memory is a few
   numbers per committed prompt (orchestrator/postrun/commits.py), never the rows: a first pass
   picks the commits, a second merge-joins each worker's three files (written in commit order).
 - Per-file activations (npy) are hard-linked into ``consolidated/activations/`` (copied only
@@ -29,11 +29,11 @@ from typing import IO, TYPE_CHECKING, Any
 import storage
 from contracts import layout
 from contracts.jsonl import encode_line, iter_lines, iter_rows
+from contracts.run_manifest import RunManifest
 from orchestrator.errors import ArtifactError
 from orchestrator.postrun.commits import KeptCommits, RunCursor, pick_commits, scan_worker
 from orchestrator.postrun.exports import ExportWriter, stamp_exports
 from orchestrator.postrun.labels import LabelIndex, apply_label, load_labels
-from orchestrator.manifest import load_manifest, update_manifest
 
 if TYPE_CHECKING:
     from orchestrator.postrun.parquet import ParquetTables
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["consolidate", "ConsolidationResult"]
 
 log = logging.getLogger(__name__)
+
 
 class ConsolidationResult(dict):
     """The consolidation block written into run_manifest.json."""
@@ -67,13 +68,25 @@ def _with_label(raw: bytes, label: int) -> bytes | None:
     if b'"label":' in raw or not raw.endswith(b"}\n"):
         return None
     head = raw[:-2]
-    return b"%s%s\"label\":%d}\n" % (head, b"," if head.strip() != b"{" else b"", label)
+    return b'%s%s"label":%d}\n' % (head, b"," if head.strip() != b"{" else b"", label)
 
 
-def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
-                 labels: LabelIndex, act_dir: Path, out: dict[str, IO[bytes]],
-                 counts: dict[str, int], modes: dict[str, int], tables: ParquetTables,
-                 exports: ExportWriter, exports_failed: list[BaseException]) -> None:
+def _copy_worker(
+    wdir: Path,
+    kept: KeptCommits,
+    keep: Any,
+    *,
+    k: int,
+    fmt: str,
+    labels: LabelIndex,
+    act_dir: Path,
+    out: dict[str, IO[bytes]],
+    counts: dict[str, int],
+    modes: dict[str, int],
+    tables: ParquetTables,
+    exports: ExportWriter,
+    exports_failed: list[BaseException],
+) -> None:
     """Stream one worker's kept commits into the consolidated files (all three in lockstep)."""
     gens = RunCursor(iter_lines(wdir / layout.GENERATIONS), kept)
     acts = RunCursor(iter_lines(wdir / layout.ACTIVATION_INDEX), kept)
@@ -105,7 +118,8 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
                 f"{wdir / layout.GENERATIONS}: the generations of prompt {row['prompt_id']} "
                 f"(commit {row.get('commit_id')}) are not in commit order; consolidation "
                 "expects each group's rows together and groups in prompt_index.jsonl order "
-                "(workers/persist.py)")
+                "(workers/persist.py)"
+            )
         counts["generations"] += len(seen)
         primary_act = None
         for act_line in acts.take(line):
@@ -113,11 +127,14 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
             if fmt == "npy":
                 src = wdir / act["file_path"]
                 modes[_link_or_copy(src, act_dir / src.name)] += 1
-                act = {**act, "file_path": f"activations/{src.name}",
-                       "source_path": f"{wdir.name}/{act['file_path']}"}
+                act = {
+                    **act,
+                    "file_path": f"activations/{src.name}",
+                    "source_path": f"{wdir.name}/{act['file_path']}",
+                }
             label = sample_labels.get(act["sample_id"])
             label = -1 if label is None else int(label)
-            line_out = (_with_label(act_line.raw, label) if act is act_line.row else None)
+            line_out = _with_label(act_line.raw, label) if act is act_line.row else None
             act = {**act, "label": label}
             counts["total_bytes"] += int(act.get("size_bytes") or 0)
             counts["activations"] += 1
@@ -134,8 +151,12 @@ def _copy_worker(wdir: Path, kept: KeptCommits, keep: Any, *, k: int, fmt: str,
             try:
                 exports.add(row, kept_gens, primary_act)
             except Exception as exc:  # noqa: BLE001 - the exports step reports it on its own
-                log.warning("exports not written with the consolidation (%s: %s); "
-                            "write_exports will redo them", type(exc).__name__, exc)
+                log.warning(
+                    "exports not written with the consolidation (%s: %s); "
+                    "write_exports will redo them",
+                    type(exc).__name__,
+                    exc,
+                )
                 exports_failed.append(exc)
 
 
@@ -143,11 +164,11 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
     """Merge ``worker_*`` into ``root/consolidated``; returns the consolidation metadata."""
     started = time.monotonic()
     root = Path(root)
-    manifest = load_manifest(root)
+    manifest = RunManifest.load(root)
     if manifest is None:
-        raise ArtifactError(f"{root}/run_manifest.json: no run here to consolidate")
+        raise ArtifactError(f"{RunManifest.path(root)}: no run here to consolidate")
     k = int(manifest["k_samples"])
-    fmt = manifest.get("storage_format", "npy")
+    fmt = manifest.storage_format
     out = layout.consolidated_dir(root)
     out.mkdir(exist_ok=True)
     wdirs = layout.worker_dirs(root)
@@ -157,10 +178,12 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
     labels = load_labels(root)
     counts = {"generations": 0, "activations": 0, "total_bytes": 0}
     modes: dict[str, int] = defaultdict(int)
-    act_dir = out / "activations"
+    act_dir = layout.activations_dir(out)
 
-    tmp = {name: open(out / f"{name}.partial", "wb")
-           for name in (layout.PROMPT_INDEX, layout.GENERATIONS, layout.ACTIVATION_INDEX)}
+    tmp = {
+        name: open(out / f"{name}.partial", "wb")
+        for name in (layout.PROMPT_INDEX, layout.GENERATIONS, layout.ACTIVATION_INDEX)
+    }
     from orchestrator.postrun.parquet import ParquetTables  # pyarrow: only when consolidating
 
     tables = ParquetTables(out)
@@ -171,9 +194,21 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
         if fmt == "npy":
             act_dir.mkdir(exist_ok=True)
         for wdir, scan, keep in zip(wdirs, scans, chosen):
-            _copy_worker(wdir, KeptCommits(scan, keep), keep, k=k, fmt=fmt, labels=labels,
-                         act_dir=act_dir, out=tmp, counts=counts, modes=modes, tables=tables,
-                         exports=exports, exports_failed=exports_failed)
+            _copy_worker(
+                wdir,
+                KeptCommits(scan, keep),
+                keep,
+                k=k,
+                fmt=fmt,
+                labels=labels,
+                act_dir=act_dir,
+                out=tmp,
+                counts=counts,
+                modes=modes,
+                tables=tables,
+                exports=exports,
+                exports_failed=exports_failed,
+            )
         for f in tmp.values():
             f.flush()
             os.fsync(f.fileno())
@@ -196,8 +231,11 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
             exports.close(commit=False)
 
     if fmt != "npy":
-        stores = [storage.store_dir(w) for w in layout.worker_dirs(root)
-                  if os.path.exists(storage.store_dir(w))]
+        stores = [
+            storage.store_dir(w)
+            for w in layout.worker_dirs(root)
+            if os.path.exists(storage.store_dir(w))
+        ]
         if stores:
             if merge:
                 if act_dir.exists():
@@ -209,12 +247,22 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
                 modes["manifest"] = len(stores)
 
     result = ConsolidationResult(
-        timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"), prompts=kept_prompts,
-        generations=counts["generations"], activations=counts["activations"],
-        total_bytes=counts["total_bytes"], parquet=parquet_rows,
-        activation_modes=dict(modes), seconds=round(time.monotonic() - started, 3),
-        path=layout.CONSOLIDATED)
-    update_manifest(root, consolidation=dict(result))
-    log.info("consolidated %d prompts, %d generations, %d activations in %.2f s",
-             kept_prompts, counts["generations"], counts["activations"], result["seconds"])
+        timestamp=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        prompts=kept_prompts,
+        generations=counts["generations"],
+        activations=counts["activations"],
+        total_bytes=counts["total_bytes"],
+        parquet=parquet_rows,
+        activation_modes=dict(modes),
+        seconds=round(time.monotonic() - started, 3),
+        path=layout.CONSOLIDATED,
+    )
+    manifest.replace(consolidation=dict(result)).dump(root)
+    log.info(
+        "consolidated %d prompts, %d generations, %d activations in %.2f s",
+        kept_prompts,
+        counts["generations"],
+        counts["activations"],
+        result["seconds"],
+    )
     return result

@@ -12,16 +12,16 @@ from __future__ import annotations
 import itertools
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from contracts import layout
 from contracts.jsonl import encode_line, iter_rows
 
 __all__ = ["write_exports", "ExportWriter", "stamp_exports", "EXPORT_FILES"]
 
-EXPORT_FILES = ("selfcheck_samples.jsonl", "semantic_entropy_inputs.jsonl",
-                "semantic_energy_inputs.jsonl", "geometry_inputs.jsonl", "logprob_inputs.jsonl")
+EXPORT_FILES = layout.EXPORT_FILES
 
 
 def _groups(path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
@@ -58,19 +58,28 @@ def _token_logprobs(gen: dict[str, Any]) -> list[float]:
 def _logprob_summary(gen: dict[str, Any]) -> dict[str, Any]:
     lps = _token_logprobs(gen)
     whole = bool(lps) and None not in lps  # null: a logprob that was not finite
-    return {"sample_id": gen["sample_id"], "text": gen["text"], "label": gen.get("label"),
-            "token_logprobs": lps, "sum_logprob": float(sum(lps)) if whole or not lps else None,
-            "mean_logprob": float(sum(lps) / len(lps)) if whole else None,
-            "num_tokens": len(lps)}
+    return {
+        "sample_id": gen["sample_id"],
+        "text": gen["text"],
+        "label": gen.get("label"),
+        "token_logprobs": lps,
+        "sum_logprob": float(sum(lps)) if whole or not lps else None,
+        "mean_logprob": float(sum(lps) / len(lps)) if whole else None,
+        "num_tokens": len(lps),
+    }
 
 
 def _energy_sample(gen: dict[str, Any]) -> dict[str, Any]:
     logits = [t.get("logit") for t in gen.get("logprobs") or []]
     have_logits = bool(logits) and all(v is not None for v in logits)
-    return {"sample_id": gen["sample_id"], "text": gen["text"], "label": gen.get("label"),
-            "token_logits": logits if have_logits else None,
-            "token_logprobs": _token_logprobs(gen),
-            "logit_source": "raw_logits" if have_logits else "logprobs_only"}
+    return {
+        "sample_id": gen["sample_id"],
+        "text": gen["text"],
+        "label": gen.get("label"),
+        "token_logits": logits if have_logits else None,
+        "token_logprobs": _token_logprobs(gen),
+        "logit_source": "raw_logits" if have_logits else "logprobs_only",
+    }
 
 
 class ExportWriter:
@@ -91,39 +100,66 @@ class ExportWriter:
         self._files[name].write(encode_line(row))
         self.written[name] += 1
 
-    def add(self, prompt: dict[str, Any] | None, gens: list[dict[str, Any]],
-            act: dict[str, Any] | None) -> None:
+    def add(
+        self, prompt: dict[str, Any] | None, gens: list[dict[str, Any]], act: dict[str, Any] | None
+    ) -> None:
         """One prompt group: its consolidated prompt row, its generations sorted by sample id,
         and the activation row of its primary (None when capture failed)."""
         if prompt is None or not gens or gens[0]["sample_id"] != 0:
             return
         pid = prompt["prompt_id"]
         primary, samples = gens[0], gens[1:]
-        base = {"prompt_id": pid, "label": prompt.get("label"),
-                "label_grader": prompt.get("label_grader"),
-                "question": (prompt.get("meta") or {}).get("question") or prompt.get("prompt"),
-                "prompt": prompt.get("prompt"),
-                "sample_ids": [g["sample_id"] for g in gens]}
+        base = {
+            "prompt_id": pid,
+            "label": prompt.get("label"),
+            "label_grader": prompt.get("label_grader"),
+            "question": (prompt.get("meta") or {}).get("question") or prompt.get("prompt"),
+            "prompt": prompt.get("prompt"),
+            "sample_ids": [g["sample_id"] for g in gens],
+        }
         emit = self._emit
-        emit("selfcheck_samples.jsonl", {
-            **base, "primary": {"sample_id": 0, "text": primary["text"]},
-            "samples": [{"sample_id": g["sample_id"], "text": g["text"]} for g in samples]})
-        emit("semantic_entropy_inputs.jsonl", {
-            **base, "primary": _logprob_summary(primary),
-            "samples": [_logprob_summary(g) for g in samples]})
+        emit(
+            layout.SELFCHECK_SAMPLES,
+            {
+                **base,
+                "primary": {"sample_id": 0, "text": primary["text"]},
+                "samples": [{"sample_id": g["sample_id"], "text": g["text"]} for g in samples],
+            },
+        )
+        emit(
+            layout.SEMANTIC_ENTROPY_INPUTS,
+            {
+                **base,
+                "primary": _logprob_summary(primary),
+                "samples": [_logprob_summary(g) for g in samples],
+            },
+        )
         energy = [_energy_sample(g) for g in gens]
-        emit("semantic_energy_inputs.jsonl", {
-            **base, "logit_source": ("raw_logits" if all(e["logit_source"] == "raw_logits"
-                                                         for e in energy)
-                                     else "logprobs_only"),
-            "samples": energy})
-        emit("geometry_inputs.jsonl", {**base, **_geometry(prompt, primary, act)})
-        emit("logprob_inputs.jsonl", {
-            **base, "sample_id": 0, "text": primary["text"],
-            "tokens": [t["token"] for t in primary.get("logprobs") or []],
-            "token_ids": primary.get("token_ids"),
-            "token_logprobs": _token_logprobs(primary),
-            "top_logprobs": [t["top_logprobs"] for t in primary.get("logprobs") or []]})
+        emit(
+            layout.SEMANTIC_ENERGY_INPUTS,
+            {
+                **base,
+                "logit_source": (
+                    "raw_logits"
+                    if all(e["logit_source"] == "raw_logits" for e in energy)
+                    else "logprobs_only"
+                ),
+                "samples": energy,
+            },
+        )
+        emit(layout.GEOMETRY_INPUTS, {**base, **_geometry(prompt, primary, act)})
+        emit(
+            layout.LOGPROB_INPUTS,
+            {
+                **base,
+                "sample_id": 0,
+                "text": primary["text"],
+                "tokens": [t["token"] for t in primary.get("logprobs") or []],
+                "token_ids": primary.get("token_ids"),
+                "token_logprobs": _token_logprobs(primary),
+                "top_logprobs": [t["top_logprobs"] for t in primary.get("logprobs") or []],
+            },
+        )
 
     def close(self, *, commit: bool = True) -> dict[str, int]:
         try:
@@ -204,17 +240,21 @@ def write_exports(root: Path) -> dict[str, int]:
     return written
 
 
-def _geometry(prompt: dict[str, Any], primary: dict[str, Any], act: dict[str, Any] | None
-              ) -> dict[str, Any]:
+def _geometry(
+    prompt: dict[str, Any], primary: dict[str, Any], act: dict[str, Any] | None
+) -> dict[str, Any]:
     """Primary + reference + where the prompt end and answer tokens sit in the stored rows."""
     key = f"{prompt['prompt_id']}_0"
     p = len(prompt.get("prompt_token_ids") or [])
     r = len(primary.get("token_ids") or [])
-    row = {"sample_id": 0, "primary": primary["text"],
-           "reference_answer": prompt.get("reference_answer"),
-           "activation_key": key if act else None,
-           "prompt_end_position": p - 1 if p else None,
-           "answer_token_positions": list(range(p, p + r))}
+    row = {
+        "sample_id": 0,
+        "primary": primary["text"],
+        "reference_answer": prompt.get("reference_answer"),
+        "activation_key": key if act else None,
+        "prompt_end_position": p - 1 if p else None,
+        "answer_token_positions": list(range(p, p + r)),
+    }
     if act:
         start, n = act.get("row0_position", 0), act.get("num_rows", act["shape"][1])
         # row j sits at token_positions[j] (--positions runs), else at row0_position + j
@@ -223,9 +263,15 @@ def _geometry(prompt: dict[str, Any], primary: dict[str, Any], act: dict[str, An
         row_of = {pos: j for j, pos in enumerate(at)}
         named = act.get("positions")
         tbg = named.get("tbg") if named else None
-        row.update(layers=act["layers"], sequence_mode=act["sequence_mode"], row0_position=start,
-                   num_rows=n, token_positions=at, positions=named,
-                   exact_answer_span=act.get("exact_answer_span"),
-                   prompt_end_row=tbg[0] if tbg else row_of.get(p - 1),
-                   answer_token_rows=[row_of[pos] for pos in range(p, p + r) if pos in row_of])
+        row.update(
+            layers=act["layers"],
+            sequence_mode=act["sequence_mode"],
+            row0_position=start,
+            num_rows=n,
+            token_positions=at,
+            positions=named,
+            exact_answer_span=act.get("exact_answer_span"),
+            prompt_end_row=tbg[0] if tbg else row_of.get(p - 1),
+            answer_token_rows=[row_of[pos] for pos in range(p, p + r) if pos in row_of],
+        )
     return row

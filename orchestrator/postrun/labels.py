@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator, Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterable, Iterator
+from typing import Any
 
 from contracts import layout
 from contracts.answer_kinds import answer_kind
@@ -28,9 +29,19 @@ from orchestrator.tasks.grading import grader_for, needs_judge
 from orchestrator.tasks.judge_client import JudgeError
 from orchestrator.tasks.verdict import JUDGE_GRADER, JUDGE_TASKS, Grader, Verdict
 
-__all__ = ["LABELS_FILE", "LabelIndex", "load_labels", "label_row", "apply_label", "label_run",
-           "label_with_judge", "needs_judge", "unlabeled_prompts", "label_counts",
-           "iter_prompts_with_primary"]
+__all__ = [
+    "LABELS_FILE",
+    "LabelIndex",
+    "load_labels",
+    "label_row",
+    "apply_label",
+    "label_run",
+    "label_with_judge",
+    "needs_judge",
+    "unlabeled_prompts",
+    "label_counts",
+    "iter_prompts_with_primary",
+]
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +110,17 @@ def _now() -> str:
 
 def label_row(prompt_id: str, verdict: Verdict, judge_model: str | None) -> dict[str, Any]:
     """The ``labels.jsonl`` line of one graded prompt."""
-    return {"prompt_id": prompt_id, "label": verdict.label, "label_grader": verdict.grader,
-            "verdict": verdict.verdict, "abstained": verdict.abstained,
-            "judge_model": judge_model if verdict.grader == JUDGE_GRADER else None,
-            "judge_raw": verdict.raw, "judge_details": verdict.details, "graded_at": _now()}
+    return {
+        "prompt_id": prompt_id,
+        "label": verdict.label,
+        "label_grader": verdict.grader,
+        "verdict": verdict.verdict,
+        "abstained": verdict.abstained,
+        "judge_model": judge_model if verdict.grader == JUDGE_GRADER else None,
+        "judge_raw": verdict.raw,
+        "judge_details": verdict.details,
+        "graded_at": _now(),
+    }
 
 
 def apply_label(prompt_row: dict[str, Any], label: dict[str, Any] | None) -> dict[str, Any]:
@@ -113,9 +131,16 @@ def apply_label(prompt_row: dict[str, Any], label: dict[str, Any] | None) -> dic
     if label is None:
         out.setdefault("judge_verdict", None)
         return out
-    out.update({"label": label.get("label"), "label_grader": label.get("label_grader"),
-                "judge_verdict": label.get("judge_raw"), "verdict": label.get("verdict"),
-                "abstained": label.get("abstained"), "judge_model": label.get("judge_model")})
+    out.update(
+        {
+            "label": label.get("label"),
+            "label_grader": label.get("label_grader"),
+            "judge_verdict": label.get("judge_raw"),
+            "verdict": label.get("verdict"),
+            "abstained": label.get("abstained"),
+            "judge_model": label.get("judge_model"),
+        }
+    )
     return out
 
 
@@ -150,10 +175,16 @@ def _unlabeled(root: Path, labeled: LabelIndex) -> Iterator[tuple[dict[str, Any]
             yield row, primary
 
 
-async def label_run(artifact_root: str | Path, *, task: str | None, judge_url: str | None = None,
-                    judge_model: str | None = None, concurrency: int = 4,
-                    grader: Grader | None = None,
-                    max_consecutive_errors: int = 8) -> dict[str, Any]:
+async def label_run(
+    artifact_root: str | Path,
+    *,
+    task: str | None,
+    judge_url: str | None = None,
+    judge_model: str | None = None,
+    concurrency: int = 4,
+    grader: Grader | None = None,
+    max_consecutive_errors: int = 8,
+) -> dict[str, Any]:
     """Grade the primary answer (sample_id 0) of every prompt of a run into ``labels.jsonl``.
 
     Prompts already in ``labels.jsonl`` are skipped (resumable; a torn last line is cut off
@@ -178,8 +209,13 @@ async def label_run(artifact_root: str | Path, *, task: str | None, judge_url: s
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     labels_path = root / LABELS_FILE
-    counts: dict[str, Any] = {"graded_now": 0, "errors": 0, "missing_primary": 0,
-                              "skipped_other_task": 0, "aborted": False}
+    counts: dict[str, Any] = {
+        "graded_now": 0,
+        "errors": 0,
+        "missing_primary": 0,
+        "skipped_other_task": 0,
+        "aborted": False,
+    }
     graders: dict[tuple[str, str | None], Grader] = {}
 
     def grader_of(row: dict[str, Any]) -> Grader:
@@ -187,13 +223,15 @@ async def label_run(artifact_root: str | Path, *, task: str | None, judge_url: s
             return grader
         name = task or row.get("dataset")
         if not isinstance(name, str):
-            raise ArtifactError(f"prompt {row.get('prompt_id')}: no dataset to pick a grader by; "
-                                "pass task=")
+            raise ArtifactError(
+                f"prompt {row.get('prompt_id')}: no dataset to pick a grader by; pass task="
+            )
         # the built-in tasks have one grader each; any other task's by its references' kind
         kind = None if name in _BUILTIN_TASKS else answer_kind(row.get("reference"))
         if (name, kind) not in graders:
-            graders[name, kind] = grader_for(name, judge_url=judge_url, judge_model=judge_model,
-                                             answer_kind=kind)
+            graders[name, kind] = grader_for(
+                name, judge_url=judge_url, judge_model=judge_model, answer_kind=kind
+            )
         return graders[name, kind]
 
     def todo() -> Iterator[tuple[str, dict[str, Any], str]]:
@@ -218,6 +256,7 @@ async def label_run(artifact_root: str | Path, *, task: str | None, judge_url: s
             grader_of(row)
         counts.update(missing_primary=0, skipped_other_task=0)
         with JsonlAppender(labels_path) as out:
+
             async def one(pid: str, row: dict[str, Any], answer: str) -> None:
                 g = grader_of(row)
                 if streak[0] >= max_consecutive_errors:
@@ -244,12 +283,23 @@ async def label_run(artifact_root: str | Path, *, task: str | None, judge_url: s
     finally:
         await _close_all(graders.values())
 
-    summary: dict[str, Any] = {"correct": 0, "hallucinated": 0, "ungraded": 0, "abstained": 0,
-                               "unparsed": 0, "total": 0}
+    summary: dict[str, Any] = {
+        "correct": 0,
+        "hallucinated": 0,
+        "ungraded": 0,
+        "abstained": 0,
+        "unparsed": 0,
+        "total": 0,
+    }
     for row in _last_label_rows(labels_path):
         label = row.get("label")
-        summary["correct" if label == CORRECT else "hallucinated" if label == HALLUCINATED
-                else "ungraded"] += 1
+        summary[
+            "correct"
+            if label == CORRECT
+            else "hallucinated"
+            if label == HALLUCINATED
+            else "ungraded"
+        ] += 1
         summary["abstained"] += bool(row.get("abstained"))
         summary["unparsed"] += row.get("verdict") == UNPARSED
         summary["total"] += 1
@@ -300,20 +350,25 @@ def unlabeled_prompts(root: Path) -> set[str]:
     """Committed prompts without a label in the worker rows nor in ``labels.jsonl``."""
     labeled = load_labels(root)
     try:
-        return {row["prompt_id"] for wdir in layout.worker_dirs(root)
-                for row in iter_rows(wdir / layout.PROMPT_INDEX)
-                if row.get("label") is None and row["prompt_id"] not in labeled}
+        return {
+            row["prompt_id"]
+            for wdir in layout.worker_dirs(root)
+            for row in iter_rows(wdir / layout.PROMPT_INDEX)
+            if row.get("label") is None and row["prompt_id"] not in labeled
+        }
     finally:
         labeled.close()
 
 
-def label_with_judge(artifact_root: Path, *, task: str, judge_url: str | None,
-                     judge_model: str) -> dict[str, Any]:
+def label_with_judge(
+    artifact_root: Path, *, task: str, judge_url: str | None, judge_model: str
+) -> dict[str, Any]:
     """Label a finished run's prompts with the judge (the run's own server by default)."""
     if judge_url is None:
         raise HallulogError(f"task {task} is graded by an LLM judge: set --judge-url")
-    return asyncio.run(label_run(artifact_root, task=task, judge_url=judge_url,
-                                 judge_model=judge_model))
+    return asyncio.run(
+        label_run(artifact_root, task=task, judge_url=judge_url, judge_model=judge_model)
+    )
 
 
 def label_counts(root: Path) -> dict[str, int]:
@@ -335,8 +390,9 @@ def label_counts(root: Path) -> dict[str, int]:
                 if pid in judged:
                     judge_row = judged.get(pid) or {}
                     label, status = judge_row.get("label"), judge_row.get("verdict")
-                counts["correct" if label == 0 else "hallucinated" if label == 1
-                     else "unlabeled"] += 1
+                counts[
+                    "correct" if label == 0 else "hallucinated" if label == 1 else "unlabeled"
+                ] += 1
                 counts["unparsed"] += status == UNPARSED
     finally:
         judged.close()

@@ -21,7 +21,7 @@ Fields no column holds are ignored by the reader; the caller passes each row's `
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -34,20 +34,46 @@ _S, _I8, _I32, _I64 = pa.string(), pa.int8(), pa.int32(), pa.int64()
 _F32, _F64, _B = pa.float32(), pa.float64(), pa.bool_()
 
 _TOP = pa.struct([("token", _S), ("logprob", _F64)])
-_GENERATION_JSON = pa.schema([
-    ("prompt_id", _S), ("sample_id", _I32), ("role", _S), ("text", _S), ("finish_reason", _S),
-    ("usage", pa.struct([("prompt_tokens", _I32), ("completion_tokens", _I32)])),
-    ("logprobs", pa.list_(pa.struct([("token", _S), ("logprob", _F64), ("logit", _F64),
-                                     ("top_logprobs", pa.list_(_TOP))]))),
-    ("token_ids", pa.list_(_I32)),
-    ("request_params", pa.struct([("temperature", _F64), ("top_p", _F64), ("seed", _I64),
-                                  ("max_tokens", _I32)])),
-    ("generation_time_ms", _I64), ("label", _I8), ("label_grader", _S),
-    ("label_status", _S), ("answer_span", pa.list_(_I32)),
-    ("activation_key", _S), ("worker_id", _I32), ("commit_id", _S),
-])
+_GENERATION_JSON = pa.schema(
+    [
+        ("prompt_id", _S),
+        ("sample_id", _I32),
+        ("role", _S),
+        ("text", _S),
+        ("finish_reason", _S),
+        ("usage", pa.struct([("prompt_tokens", _I32), ("completion_tokens", _I32)])),
+        (
+            "logprobs",
+            pa.list_(
+                pa.struct(
+                    [
+                        ("token", _S),
+                        ("logprob", _F64),
+                        ("logit", _F64),
+                        ("top_logprobs", pa.list_(_TOP)),
+                    ]
+                )
+            ),
+        ),
+        ("token_ids", pa.list_(_I32)),
+        (
+            "request_params",
+            pa.struct(
+                [("temperature", _F64), ("top_p", _F64), ("seed", _I64), ("max_tokens", _I32)]
+            ),
+        ),
+        ("generation_time_ms", _I64),
+        ("label", _I8),
+        ("label_grader", _S),
+        ("label_status", _S),
+        ("answer_span", pa.list_(_I32)),
+        ("activation_key", _S),
+        ("worker_id", _I32),
+        ("commit_id", _S),
+    ]
+)
 
-_FLOAT_EXACT = float(2 ** 24)  # pa.array refuses an int beyond this for float32
+_FLOAT_EXACT = float(2**24)  # pa.array refuses an int beyond this for float32
 _INT_MINUS_ZERO = re.compile(rb"-0[,\]}]")  # JSON numbers have no leading zeros: the int -0
 
 
@@ -58,8 +84,10 @@ def _read(data: bytes | bytearray, schema: pa.Schema) -> pa.Table | None:
         table = pj.read_json(
             pa.BufferReader(pa.py_buffer(data)),  # no copy of the lines
             read_options=pj.ReadOptions(use_threads=False, block_size=len(data) + 1),
-            parse_options=pj.ParseOptions(explicit_schema=schema,
-                                          unexpected_field_behavior="ignore"))
+            parse_options=pj.ParseOptions(
+                explicit_schema=schema, unexpected_field_behavior="ignore"
+            ),
+        )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     return table.combine_chunks()
@@ -90,8 +118,7 @@ def _field(structs: pa.Array, name: str) -> pa.Array:
     return pc.struct_field(structs, name)
 
 
-def _logprob_columns(logprobs: pa.Array, data: bytes | bytearray
-                     ) -> dict[str, pa.Array] | None:
+def _logprob_columns(logprobs: pa.Array, data: bytes | bytearray) -> dict[str, pa.Array] | None:
     """tokens, token_logprobs, token_logits, top_logprob_tokens, top_logprobs."""
     tok_off = _offsets(logprobs)
     entries = logprobs.flatten()
@@ -117,14 +144,17 @@ def _logprob_columns(logprobs: pa.Array, data: bytes | bytearray
         "token_logprobs": pa.ListArray.from_arrays(tok_off, lps),
         "token_logits": pa.ListArray.from_arrays(tok_off, logits, mask=no_logit),
         "top_logprob_tokens": pa.ListArray.from_arrays(
-            tok_off, pa.ListArray.from_arrays(top_off, _field(top_entries, "token"))),
+            tok_off, pa.ListArray.from_arrays(top_off, _field(top_entries, "token"))
+        ),
         "top_logprobs": pa.ListArray.from_arrays(
-            tok_off, pa.ListArray.from_arrays(top_off, top_lps)),
+            tok_off, pa.ListArray.from_arrays(top_off, top_lps)
+        ),
     }
 
 
-def generation_table(data: bytes | bytearray, extras: Sequence[str | None], schema: pa.Schema
-                     ) -> pa.Table | None:
+def generation_table(
+    data: bytes | bytearray, extras: Sequence[str | None], schema: pa.Schema
+) -> pa.Table | None:
     """The ``generations.parquet`` rows of the JSONL lines in ``data`` (``extras``: each row's
     ``extra_json``), or None when the Python builder is needed."""
     table = _read(data, _GENERATION_JSON)
@@ -143,20 +173,35 @@ def generation_table(data: bytes | bytearray, extras: Sequence[str | None], sche
     out.update(
         prompt_tokens=_field(usage, "prompt_tokens"),
         completion_tokens=_field(usage, "completion_tokens"),
-        temperature=temperature, top_p=top_p, seed=_field(params, "seed"),
+        temperature=temperature,
+        top_p=top_p,
+        seed=_field(params, "seed"),
         max_tokens=_field(params, "max_tokens"),
-        token_ids=pa.ListArray.from_arrays(_offsets(ids), ids.flatten(),
-                                           mask=pc.is_null(ids)),
-        extra_json=pa.array(extras, type=_S))
-    for name in ("prompt_id", "sample_id", "role", "text", "finish_reason",
-                 "generation_time_ms", "label", "label_grader", "label_status", "answer_span",
-                 "activation_key", "worker_id", "commit_id"):
+        token_ids=pa.ListArray.from_arrays(_offsets(ids), ids.flatten(), mask=pc.is_null(ids)),
+        extra_json=pa.array(extras, type=_S),
+    )
+    for name in (
+        "prompt_id",
+        "sample_id",
+        "role",
+        "text",
+        "finish_reason",
+        "generation_time_ms",
+        "label",
+        "label_grader",
+        "label_status",
+        "answer_span",
+        "activation_key",
+        "worker_id",
+        "commit_id",
+    ):
         out[name] = col[name]
     return pa.Table.from_arrays([out[f.name] for f in schema], schema=schema)
 
 
-def activation_table(data: bytes | bytearray, extras: Sequence[str | None], schema: pa.Schema
-                     ) -> pa.Table | None:
+def activation_table(
+    data: bytes | bytearray, extras: Sequence[str | None], schema: pa.Schema
+) -> pa.Table | None:
     """The ``activation_index.parquet`` rows of the JSONL lines in ``data``, or None."""
     fields = [f for f in schema if f.name != "extra_json"]
     table = _read(data, pa.schema(fields))

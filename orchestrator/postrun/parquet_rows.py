@@ -10,20 +10,31 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 
+from contracts import layout
 from contracts.jsonl import dumps
 
 log = logging.getLogger(__name__)
 
-__all__ = ["array_or_nulls", "extra_json", "prompt_columns", "generation_extra",
-           "activation_columns", "label_columns", "ROW_COLUMNS", "ACTIVATION_KNOWN",
-           "GenerationColumns", "tuples_table"]
+__all__ = [
+    "array_or_nulls",
+    "extra_json",
+    "prompt_columns",
+    "generation_extra",
+    "activation_columns",
+    "label_columns",
+    "ROW_COLUMNS",
+    "ACTIVATION_KNOWN",
+    "GenerationColumns",
+    "tuples_table",
+]
 
 _S, _I32, _F32, _B = pa.string(), pa.int32(), pa.float32(), pa.bool_()
 
@@ -66,30 +77,79 @@ def prompt_columns(row: dict[str, Any]) -> tuple:
     meta = row.get("meta")
     ref = row.get("reference")
     aliases = ref.get("aliases") if isinstance(ref, dict) else None
-    messages = [{"role": _str(m.get("role")), "content": _str(m.get("content"))}
-                for m in row.get("messages") or [] if isinstance(m, dict)]
-    return (row.get("prompt_id"), _str(row.get("dataset")), _str(row.get("split")),
-            _str(row.get("dataset_id")), _str(row.get("prompt")), messages,
-            _str(meta.get("question")) if isinstance(meta, dict) else None,
-            _str(row.get("reference_answer")), aliases, row.get("label"),
-            _str(row.get("label_grader")), _str(row.get("label_status")),
-            _str(row.get("judge_verdict")),
-            row.get("prompt_token_ids"), row.get("num_generations"), row.get("worker_id"),
-            _str(row.get("completed_at")), _str(row.get("commit_id")), _json_or_none(meta),
-            extra_json(row, _PROMPT_KNOWN))
+    messages = [
+        {"role": _str(m.get("role")), "content": _str(m.get("content"))}
+        for m in row.get("messages") or []
+        if isinstance(m, dict)
+    ]
+    return (
+        row.get("prompt_id"),
+        _str(row.get("dataset")),
+        _str(row.get("split")),
+        _str(row.get("dataset_id")),
+        _str(row.get("prompt")),
+        messages,
+        _str(meta.get("question")) if isinstance(meta, dict) else None,
+        _str(row.get("reference_answer")),
+        aliases,
+        row.get("label"),
+        _str(row.get("label_grader")),
+        _str(row.get("label_status")),
+        _str(row.get("judge_verdict")),
+        row.get("prompt_token_ids"),
+        row.get("num_generations"),
+        row.get("worker_id"),
+        _str(row.get("completed_at")),
+        _str(row.get("commit_id")),
+        _json_or_none(meta),
+        extra_json(row, _PROMPT_KNOWN),
+    )
 
 
-_PROMPT_KNOWN = frozenset({
-    "prompt_id", "dataset", "split", "dataset_id", "prompt", "messages", "meta",
-    "reference_answer", "label", "label_grader", "label_status", "judge_verdict",
-    "prompt_token_ids",
-    "num_generations", "worker_id", "completed_at", "commit_id"})
+_PROMPT_KNOWN = frozenset(
+    {
+        "prompt_id",
+        "dataset",
+        "split",
+        "dataset_id",
+        "prompt",
+        "messages",
+        "meta",
+        "reference_answer",
+        "label",
+        "label_grader",
+        "label_status",
+        "judge_verdict",
+        "prompt_token_ids",
+        "num_generations",
+        "worker_id",
+        "completed_at",
+        "commit_id",
+    }
+)
 
 
-_GENERATION_KNOWN = frozenset({
-    "prompt_id", "sample_id", "role", "text", "finish_reason", "usage", "logprobs",
-    "token_ids", "request_params", "generation_time_ms", "label", "label_grader",
-    "label_status", "answer_span", "activation_key", "worker_id", "commit_id"})
+_GENERATION_KNOWN = frozenset(
+    {
+        "prompt_id",
+        "sample_id",
+        "role",
+        "text",
+        "finish_reason",
+        "usage",
+        "logprobs",
+        "token_ids",
+        "request_params",
+        "generation_time_ms",
+        "label",
+        "label_grader",
+        "label_status",
+        "answer_span",
+        "activation_key",
+        "worker_id",
+        "commit_id",
+    }
+)
 _PARAMS_KNOWN = frozenset({"temperature", "top_p", "seed", "max_tokens"})
 
 
@@ -103,31 +163,57 @@ def generation_extra(row: dict[str, Any]) -> str | None:
     return dumps(rest).rstrip("\n") if rest else None  # orjson: one of these per generation
 
 
-_ACTIVATION_FIELDS = ("prompt_id", "sample_id", "activation_key", "layers", "sequence_mode",
-                      "capture_mode", "prompt_token_count", "response_token_count",
-                      "row0_position", "num_rows", "prompt_rows", "response_rows", "file_path",
-                      "byte_offset", "shape", "dtype", "size_bytes", "label", "source_path",
-                      "worker_id", "commit_id")
+_ACTIVATION_FIELDS = (
+    "prompt_id",
+    "sample_id",
+    "activation_key",
+    "layers",
+    "sequence_mode",
+    "capture_mode",
+    "prompt_token_count",
+    "response_token_count",
+    "row0_position",
+    "num_rows",
+    "prompt_rows",
+    "response_rows",
+    "file_path",
+    "byte_offset",
+    "shape",
+    "dtype",
+    "size_bytes",
+    "label",
+    "source_path",
+    "worker_id",
+    "commit_id",
+)
 ACTIVATION_KNOWN = frozenset(_ACTIVATION_FIELDS)
 
 
 def activation_columns(row: dict[str, Any]) -> tuple:
     layers = row.get("layers")
-    return tuple((layers if isinstance(layers, list) else None) if name == "layers"
-                 else row.get(name) for name in _ACTIVATION_FIELDS) \
-        + (extra_json(row, ACTIVATION_KNOWN),)
+    return tuple(
+        (layers if isinstance(layers, list) else None) if name == "layers" else row.get(name)
+        for name in _ACTIVATION_FIELDS
+    ) + (extra_json(row, ACTIVATION_KNOWN),)
 
 
 def label_columns(row: dict[str, Any]) -> tuple:
     source = "judge" if "verdict" in row else "worker"
-    return (row.get("prompt_id"), row.get("label"), _str(row.get("label_grader")), source,
-            _str(row.get("verdict")), row.get("abstained"), _str(row.get("judge_model")),
-            _str(row.get("judge_verdict")))
+    return (
+        row.get("prompt_id"),
+        row.get("label"),
+        _str(row.get("label_grader")),
+        source,
+        _str(row.get("verdict")),
+        row.get("abstained"),
+        _str(row.get("judge_model")),
+        _str(row.get("judge_verdict")),
+    )
 
 
 ROW_COLUMNS: dict[str, Callable[[dict[str, Any]], tuple]] = {
-    "prompts.parquet": prompt_columns,
-    "labels.parquet": label_columns,
+    layout.PROMPTS_PARQUET: prompt_columns,
+    layout.LABELS_PARQUET: label_columns,
 }
 
 
@@ -139,10 +225,28 @@ class GenerationColumns:
     offsets (no per-token Python lists, no per-row tuples). The reference builder: the
     Arrow one (parquet_arrow.py) hands a row group over to it when unsure."""
 
-    SCALARS = ("prompt_id", "sample_id", "role", "text", "finish_reason", "prompt_tokens",
-               "completion_tokens", "temperature", "top_p", "seed", "max_tokens",
-               "generation_time_ms", "label", "label_grader", "label_status", "answer_span",
-               "activation_key", "worker_id", "commit_id", "extra_json")
+    SCALARS = (
+        "prompt_id",
+        "sample_id",
+        "role",
+        "text",
+        "finish_reason",
+        "prompt_tokens",
+        "completion_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "max_tokens",
+        "generation_time_ms",
+        "label",
+        "label_grader",
+        "label_status",
+        "answer_span",
+        "activation_key",
+        "worker_id",
+        "commit_id",
+        "extra_json",
+    )
 
     def __init__(self, path: Path, schema: pa.Schema) -> None:
         self.path, self.schema = path, schema
@@ -171,19 +275,27 @@ class GenerationColumns:
         params = get("request_params")
         params = params if isinstance(params, dict) else {}
         for name, value in (
-                ("prompt_id", get("prompt_id")), ("sample_id", get("sample_id")),
-                ("role", _str(get("role"))), ("text", _str(get("text"))),
-                ("finish_reason", _str(get("finish_reason"))),
-                ("prompt_tokens", usage.get("prompt_tokens")),
-                ("completion_tokens", usage.get("completion_tokens")),
-                ("temperature", params.get("temperature")), ("top_p", params.get("top_p")),
-                ("seed", params.get("seed")), ("max_tokens", params.get("max_tokens")),
-                ("generation_time_ms", get("generation_time_ms")), ("label", get("label")),
-                ("label_grader", _str(get("label_grader"))),
-                ("label_status", _str(get("label_status"))), ("answer_span", get("answer_span")),
-                ("activation_key", _str(get("activation_key"))),
-                ("worker_id", get("worker_id")), ("commit_id", _str(get("commit_id"))),
-                ("extra_json", generation_extra(row))):
+            ("prompt_id", get("prompt_id")),
+            ("sample_id", get("sample_id")),
+            ("role", _str(get("role"))),
+            ("text", _str(get("text"))),
+            ("finish_reason", _str(get("finish_reason"))),
+            ("prompt_tokens", usage.get("prompt_tokens")),
+            ("completion_tokens", usage.get("completion_tokens")),
+            ("temperature", params.get("temperature")),
+            ("top_p", params.get("top_p")),
+            ("seed", params.get("seed")),
+            ("max_tokens", params.get("max_tokens")),
+            ("generation_time_ms", get("generation_time_ms")),
+            ("label", get("label")),
+            ("label_grader", _str(get("label_grader"))),
+            ("label_status", _str(get("label_status"))),
+            ("answer_span", get("answer_span")),
+            ("activation_key", _str(get("activation_key"))),
+            ("worker_id", get("worker_id")),
+            ("commit_id", _str(get("commit_id"))),
+            ("extra_json", generation_extra(row)),
+        ):
             sc[name].append(value)
         ids = get("token_ids")
         if isinstance(ids, list):
@@ -247,19 +359,26 @@ class GenerationColumns:
 
         cols = {name: arr(values, types[name], name) for name, values in self.scalars.items()}
         cols["token_ids"] = pa.ListArray.from_arrays(
-            pa.array(self.token_ids_off, type=i32), arr(self.token_ids, _I32, "token_ids"),
-            mask=pa.array([not v for v in self.token_ids_valid], type=_B))
+            pa.array(self.token_ids_off, type=i32),
+            arr(self.token_ids, _I32, "token_ids"),
+            mask=pa.array([not v for v in self.token_ids_valid], type=_B),
+        )
         cols["tokens"] = pa.ListArray.from_arrays(tok_off, arr(self.tokens, _S, "tokens"))
         cols["token_logprobs"] = pa.ListArray.from_arrays(
-            tok_off, arr(self.lps, _F32, "token_logprobs"))
+            tok_off, arr(self.lps, _F32, "token_logprobs")
+        )
         cols["token_logits"] = pa.ListArray.from_arrays(
-            tok_off, arr(self.logits, _F32, "token_logits"),
-            mask=pa.array([not v for v in self.logits_valid], type=_B))
+            tok_off,
+            arr(self.logits, _F32, "token_logits"),
+            mask=pa.array([not v for v in self.logits_valid], type=_B),
+        )
         top_off = pa.array(self.top_off, type=i32)
         cols["top_logprob_tokens"] = pa.ListArray.from_arrays(
-            tok_off, pa.ListArray.from_arrays(top_off, arr(self.top_tok, _S, "top_logprobs")))
+            tok_off, pa.ListArray.from_arrays(top_off, arr(self.top_tok, _S, "top_logprobs"))
+        )
         cols["top_logprobs"] = pa.ListArray.from_arrays(
-            tok_off, pa.ListArray.from_arrays(top_off, arr(self.top_lp, _F32, "top_logprobs")))
+            tok_off, pa.ListArray.from_arrays(top_off, arr(self.top_lp, _F32, "top_logprobs"))
+        )
         self._reset()
         return pa.Table.from_arrays([cols[f.name] for f in self.schema], schema=self.schema)
 
@@ -267,6 +386,8 @@ class GenerationColumns:
 def tuples_table(buffer: list[tuple], schema: pa.Schema, where: str) -> pa.Table:
     """Rows given as tuples of column values (schema order) as one table."""
     cols = list(zip(*buffer))
-    arrays = [array_or_nulls(list(col), field.type, f"{where} {field.name}")
-              for col, field in zip(cols, schema)]
+    arrays = [
+        array_or_nulls(list(col), field.type, f"{where} {field.name}")
+        for col, field in zip(cols, schema)
+    ]
     return pa.Table.from_arrays(arrays, schema=schema)

@@ -1,4 +1,4 @@
-"""What ``--retry-failed`` reprocesses, and the quarantine of malformed worker lines.
+"""What ``hallulog retry`` reprocesses, and the quarantine of malformed worker lines.
 
 A prompt is retried when it has no complete commit in any worker directory: a prompt row, K+1
 generations and K+1 activations whose files exist (per-file formats). That covers the prompts
@@ -8,33 +8,20 @@ lines lost to corruption and activation files deleted after the fact.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
 
 from contracts import layout
-from contracts.jsonl import iter_rows, parse_line
-from orchestrator.manifest import load_manifest
+from contracts.jsonl import encode_line, is_malformed, iter_rows
+from contracts.run_manifest import RunManifest
 from orchestrator.postrun.commits import MaskLookup, commit_key, id_rows
 
 __all__ = ["prompts_to_retry", "quarantine_malformed_lines"]
 
 log = logging.getLogger(__name__)
 
-_WORKER_FILES = (layout.PROMPT_INDEX, layout.GENERATIONS, layout.ACTIVATION_INDEX,
-                 layout.ERRORS)
-
-
-def _malformed(raw: bytes) -> bool:
-    """A complete line that is not a JSON object, i.e. one ``iter_lines`` refuses (a torn tail
-    is the recovery's business)."""
-    if not raw.endswith(b"\n") or raw.isspace():
-        return False
-    try:
-        return not isinstance(parse_line(raw), dict)  # orjson, the stdlib where it refuses
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError
-        return True
+_WORKER_FILES = (layout.PROMPT_INDEX, layout.GENERATIONS, layout.ACTIVATION_INDEX, layout.ERRORS)
 
 
 def quarantine_malformed_lines(worker_dir: Path) -> int:
@@ -49,16 +36,22 @@ def quarantine_malformed_lines(worker_dir: Path) -> int:
         if not path.exists():
             continue
         with open(path, "rb") as f:
-            if not any(_malformed(raw) for raw in f):
+            if not any(is_malformed(raw) for raw in f):
                 continue
         tmp = path.with_name(path.name + ".partial")
         bad = 0
-        with open(path, "rb") as f, open(tmp, "wb") as good, \
-                open(worker_dir / "quarantine.jsonl", "a", encoding="utf-8") as q:
+        with (
+            open(path, "rb") as f,
+            open(tmp, "wb") as good,
+            open(worker_dir / layout.QUARANTINE, "ab") as q,
+        ):
             for lineno, raw in enumerate(f, start=1):
-                if _malformed(raw):
-                    q.write(json.dumps({"file": name, "line": lineno,
-                                        "raw": raw.decode("utf-8", "replace")}) + "\n")
+                if is_malformed(raw):
+                    q.write(
+                        encode_line(
+                            {"file": name, "line": lineno, "raw": raw.decode("utf-8", "replace")}
+                        )
+                    )
                     bad += 1
                 else:
                     good.write(raw)
@@ -67,7 +60,7 @@ def quarantine_malformed_lines(worker_dir: Path) -> int:
             good.flush()
             os.fsync(good.fileno())
         os.replace(tmp, path)
-        log.warning("%s: moved %d malformed line(s) to quarantine.jsonl", path, bad)
+        log.warning("%s: moved %d malformed line(s) to %s", path, bad, layout.QUARANTINE)
         moved += bad
     return moved
 
@@ -79,9 +72,9 @@ def prompts_to_retry(root: Path, expected: set[str]) -> set[str]:
     ints per commit read ahead, never the rows.
     """
     root = Path(root)
-    manifest = load_manifest(root) or {}
+    manifest = RunManifest.load(root) or RunManifest()
     k = int(manifest.get("k_samples", 0))
-    per_file = manifest.get("storage_format", "npy") == "npy"
+    per_file = manifest.storage_format == "npy"
     full = (1 << (k + 1)) - 1
     complete: set[str] = set()
     committed: set[str] = set()
@@ -91,8 +84,7 @@ def prompts_to_retry(root: Path, expected: set[str]) -> set[str]:
         gens = MaskLookup(id_rows(wdir / layout.GENERATIONS), k)
         act_rows = iter_rows(wdir / layout.ACTIVATION_INDEX)
         if per_file:
-            act_rows = (row for row in act_rows
-                        if (wdir / row.get("file_path", "")).is_file())
+            act_rows = (row for row in act_rows if (wdir / row.get("file_path", "")).is_file())
         acts = MaskLookup(act_rows, k)
         for row in iter_rows(wdir / layout.ERRORS):
             if row.get("prompt_id"):
@@ -107,9 +99,13 @@ def prompts_to_retry(root: Path, expected: set[str]) -> set[str]:
         # Shard stores are append-only: a committed sample's key cannot be written again.
         stuck = retry & committed
         if stuck:
-            log.warning("%d committed prompt(s) lack some activations but a %s store cannot "
-                        "rewrite their keys; they keep their generations without those "
-                        "activations: %s", len(stuck), manifest.get("storage_format"),
-                        ", ".join(sorted(stuck)[:10]))
+            log.warning(
+                "%d committed prompt(s) lack some activations but a %s store cannot "
+                "rewrite their keys; they keep their generations without those "
+                "activations: %s",
+                len(stuck),
+                manifest.storage_format,
+                ", ".join(sorted(stuck)[:10]),
+            )
         retry -= stuck
     return retry

@@ -1,18 +1,22 @@
-"""The required fields of every worker and consolidated JSONL row and the checks of their
-values (docs/formats/worker-jsonl.md, docs/formats/consolidated-jsonl.md)."""
+"""The checks of the values of worker and consolidated JSONL rows: ``SCHEMAS`` checks fields
+the row types of ``contracts/rows.py`` require (``WORKER_ROWS``), ``OPTIONAL`` fields they may
+lack (tests/orchestrator/test_jsonl_docs.py holds both to the types, and the types to the
+tables of docs/formats/worker-jsonl.md and docs/formats/consolidated-jsonl.md)."""
 
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from contracts import layout
 from contracts.answer_kinds import STATUSES
 
-__all__ = ["SCHEMAS", "OPTIONAL", "schema_errors", "MAX_SAMPLE_ID"]
+__all__ = ["SCHEMAS", "OPTIONAL", "schema_errors", "MAX_SAMPLE_ID", "PROMPT_ID_RE"]
 
 
-_HEX16 = re.compile(r"^[0-9a-f]{16}$")
+PROMPT_ID_RE = re.compile(r"^[0-9a-f]{16}$")
+"""A prompt id: 16 lower-case hex digits (contracts/ids.py)."""
 MAX_SAMPLE_ID = 4096
 """Sample ids are bits of a per-prompt mask here; a larger id is a schema violation."""
 
@@ -30,8 +34,13 @@ def _status_ok(v: Any) -> bool:
 
 
 def _span_ok(v: Any) -> bool:
-    return v is None or (isinstance(v, list) and len(v) == 2 and _is_int(v[0]) and _is_int(v[1])
-                         and 0 <= v[0] <= v[1])
+    return v is None or (
+        isinstance(v, list)
+        and len(v) == 2
+        and _is_int(v[0])
+        and _is_int(v[1])
+        and 0 <= v[0] <= v[1]
+    )
 
 
 def _logprobs_ok(v: Any) -> bool:
@@ -40,8 +49,12 @@ def _logprobs_ok(v: Any) -> bool:
     if not isinstance(v, list):
         return False
     for t in v:
-        if not (isinstance(t, dict) and "token" in t and "logprob" in t
-                and isinstance(t.get("top_logprobs"), list)):
+        if not (
+            isinstance(t, dict)
+            and "token" in t
+            and "logprob" in t
+            and isinstance(t.get("top_logprobs"), list)
+        ):
             return False
         lp = t["logprob"]
         if lp is not None and not isinstance(lp, (int, float)):
@@ -57,14 +70,16 @@ def _int_list_ok(v: Any) -> bool:
 
 
 def _positions_ok(v: Any) -> bool:
-    return isinstance(v, dict) and all(isinstance(k, str) and _int_list_ok(x)
-                                       for k, x in v.items())
+    return isinstance(v, dict) and all(isinstance(k, str) and _int_list_ok(x) for k, x in v.items())
 
 
 def _exact_span_ok(v: Any) -> bool:
-    return v is None or (isinstance(v, dict) and _span_ok(v.get("chars"))
-                         and _span_ok(v.get("tokens"))
-                         and v.get("source") in ("grader", "first_line"))
+    return v is None or (
+        isinstance(v, dict)
+        and _span_ok(v.get("chars"))
+        and _span_ok(v.get("tokens"))
+        and v.get("source") in ("grader", "first_line")
+    )
 
 
 def _positions_errors(row: dict[str, Any]) -> list[str]:
@@ -85,14 +100,14 @@ def _positions_errors(row: dict[str, Any]) -> list[str]:
 
 SCHEMAS: dict[str, dict[str, Callable[[Any], bool]]] = {
     layout.PROMPT_INDEX: {
-        "prompt_id": lambda v: isinstance(v, str) and bool(_HEX16.match(v)),
+        "prompt_id": lambda v: isinstance(v, str) and bool(PROMPT_ID_RE.match(v)),
         "dataset_id": lambda v: isinstance(v, str),
         "prompt": lambda v: isinstance(v, str),
         "label": _label_ok,
         "meta": lambda v: isinstance(v, dict),
     },
     layout.GENERATIONS: {
-        "prompt_id": lambda v: isinstance(v, str) and bool(_HEX16.match(v)),
+        "prompt_id": lambda v: isinstance(v, str) and bool(PROMPT_ID_RE.match(v)),
         "sample_id": lambda v: _is_int(v) and 0 <= v < MAX_SAMPLE_ID,
         "role": lambda v: v in ("primary", "sample"),
         "text": lambda v: isinstance(v, str),
@@ -104,7 +119,7 @@ SCHEMAS: dict[str, dict[str, Callable[[Any], bool]]] = {
         "generation_time_ms": _is_int,
     },
     layout.ACTIVATION_INDEX: {
-        "prompt_id": lambda v: isinstance(v, str) and bool(_HEX16.match(v)),
+        "prompt_id": lambda v: isinstance(v, str) and bool(PROMPT_ID_RE.match(v)),
         "sample_id": lambda v: _is_int(v) and 0 <= v < MAX_SAMPLE_ID,
         "activation_key": lambda v: isinstance(v, str),
         "layers": lambda v: isinstance(v, list) or v == "all",
@@ -130,8 +145,11 @@ SCHEMAS: dict[str, dict[str, Callable[[Any], bool]]] = {
 OPTIONAL: dict[str, dict[str, Callable[[Any], bool]]] = {
     layout.PROMPT_INDEX: {"label_status": _status_ok},
     layout.GENERATIONS: {"label_status": _status_ok, "answer_span": _span_ok},
-    layout.ACTIVATION_INDEX: {"positions": _positions_ok, "token_positions": _int_list_ok,
-                              "exact_answer_span": _exact_span_ok},
+    layout.ACTIVATION_INDEX: {
+        "positions": _positions_ok,
+        "token_positions": _int_list_ok,
+        "exact_answer_span": _exact_span_ok,
+    },
 }
 """Checks of fields that rows written before they existed lack: applied when present."""
 
@@ -139,14 +157,25 @@ OPTIONAL: dict[str, dict[str, Callable[[Any], bool]]] = {
 def _generation_ok(row: dict[str, Any]) -> bool:
     """Every check of ``SCHEMAS[GENERATIONS]`` in one call (True: no problem)."""
     try:
-        pid, sid, text, reason = row["prompt_id"], row["sample_id"], row["text"], \
-            row["finish_reason"]
-        ok = (isinstance(pid, str) and _HEX16.match(pid) is not None and _is_int(sid)
-              and 0 <= sid < MAX_SAMPLE_ID and row["role"] in ("primary", "sample")
-              and isinstance(text, str) and (reason is None or isinstance(reason, str))
-              and isinstance(row["usage"], dict) and isinstance(row["token_ids"], list)
-              and isinstance(row["request_params"], dict)
-              and _is_int(row["generation_time_ms"]))
+        pid, sid, text, reason = (
+            row["prompt_id"],
+            row["sample_id"],
+            row["text"],
+            row["finish_reason"],
+        )
+        ok = (
+            isinstance(pid, str)
+            and PROMPT_ID_RE.match(pid) is not None
+            and _is_int(sid)
+            and 0 <= sid < MAX_SAMPLE_ID
+            and row["role"] in ("primary", "sample")
+            and isinstance(text, str)
+            and (reason is None or isinstance(reason, str))
+            and isinstance(row["usage"], dict)
+            and isinstance(row["token_ids"], list)
+            and isinstance(row["request_params"], dict)
+            and _is_int(row["generation_time_ms"])
+        )
         return ok and _logprobs_ok(row["logprobs"])
     except KeyError:
         return False
@@ -155,16 +184,24 @@ def _generation_ok(row: dict[str, Any]) -> bool:
 def _activation_ok(row: dict[str, Any]) -> bool:
     """Every check of ``SCHEMAS[ACTIVATION_INDEX]`` in one call (True: no problem)."""
     try:
-        pid, sid, layers, shape = row["prompt_id"], row["sample_id"], row["layers"], \
-            row["shape"]
-        return (isinstance(pid, str) and _HEX16.match(pid) is not None and _is_int(sid)
-                and 0 <= sid < MAX_SAMPLE_ID and isinstance(row["activation_key"], str)
-                and (isinstance(layers, list) or layers == "all")
-                and row["sequence_mode"] in SEQUENCE_MODES
-                and _is_int(row["prompt_token_count"]) and _is_int(row["response_token_count"])
-                and isinstance(shape, list) and len(shape) == 3 and all(map(_is_int, shape))
-                and row["dtype"] in ("float16", "float32", "bfloat16") and _is_int(row["size_bytes"])
-                and _is_int(row["worker_id"]))
+        pid, sid, layers, shape = row["prompt_id"], row["sample_id"], row["layers"], row["shape"]
+        return (
+            isinstance(pid, str)
+            and PROMPT_ID_RE.match(pid) is not None
+            and _is_int(sid)
+            and 0 <= sid < MAX_SAMPLE_ID
+            and isinstance(row["activation_key"], str)
+            and (isinstance(layers, list) or layers == "all")
+            and row["sequence_mode"] in SEQUENCE_MODES
+            and _is_int(row["prompt_token_count"])
+            and _is_int(row["response_token_count"])
+            and isinstance(shape, list)
+            and len(shape) == 3
+            and all(map(_is_int, shape))
+            and row["dtype"] in ("float16", "float32", "bfloat16")
+            and _is_int(row["size_bytes"])
+            and _is_int(row["worker_id"])
+        )
     except KeyError:
         return False
 
@@ -181,8 +218,11 @@ def schema_errors(name: str, row: Any) -> list[str]:
     """Field-level problems of one row of JSONL file ``name``."""
     if not isinstance(row, dict):
         return ["row is not a JSON object"]
-    errs = [f"field {key!r} has an invalid value {str(row[key])[:60]!r}"
-            for key, ok in OPTIONAL.get(name, {}).items() if key in row and not ok(row[key])]
+    errs = [
+        f"field {key!r} has an invalid value {str(row[key])[:60]!r}"
+        for key, ok in OPTIONAL.get(name, {}).items()
+        if key in row and not ok(row[key])
+    ]
     if "token_positions" in row:
         errs += _positions_errors(row)
     row_ok = _ROW_OK.get(name)

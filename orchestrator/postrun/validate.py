@@ -12,40 +12,38 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 import storage
-
 from contracts import layout
-from contracts.jsonl import iter_rows, parse_line
-from orchestrator.manifest import load_manifest
-from orchestrator.postrun.row_schemas import _HEX16, SCHEMAS, schema_errors
+from contracts.jsonl import iter_rows, scan_lines
+from contracts.run_manifest import RunManifest
+from orchestrator.postrun.row_schemas import PROMPT_ID_RE, SCHEMAS, schema_errors
 
 __all__ = ["validate", "SCHEMAS", "REPAIRS", "format_report", "schema_errors"]
 
 log = logging.getLogger(__name__)
 
 REPAIRS = {
-    "malformed_line": "python -m orchestrator run --artifact-root {root} --retry-failed",
-    "schema_violation": "python -m orchestrator run --artifact-root {root} --retry-failed",
-    "consolidated_malformed_line": "python -m orchestrator run --artifact-root {root} "
-                                   "--consolidate-only",
-    "missing_samples": "python -m orchestrator run --artifact-root {root} --retry-failed",
-    "incomplete_prompts": "python -m orchestrator run --artifact-root {root} --retry-failed",
-    "missing_activation": "python -m orchestrator run --artifact-root {root} --retry-failed",
-    "activations_missing": "fix the capture errors in worker_*/errors.jsonl, then python -m "
-                           "orchestrator run --artifact-root {root} --retry-failed",
-    "missing_activation_file": "python -m orchestrator run --artifact-root {root} "
-                               "--consolidate-only (or --retry-failed when the worker file is "
-                               "gone too)",
-    "activation_mismatch": "python -m orchestrator run --artifact-root {root} --retry-failed",
-    "orphaned_activation": "python -m orchestrator run --artifact-root {root} --consolidate-only",
-    "duplicate_id": "python -m orchestrator run --artifact-root {root} --consolidate-only",
-    "missing_label": "python -m orchestrator run --artifact-root {root} --consolidate-only "
-                     "(after labelling: see docs/labels.md)",
-    "not_consolidated": "python -m orchestrator run --artifact-root {root} --consolidate-only",
+    "malformed_line": "hallulog retry --artifact-root {root}",
+    "schema_violation": "hallulog retry --artifact-root {root}",
+    "consolidated_malformed_line": "hallulog consolidate --artifact-root {root}",
+    "missing_samples": "hallulog retry --artifact-root {root}",
+    "incomplete_prompts": "hallulog retry --artifact-root {root}",
+    "missing_activation": "hallulog retry --artifact-root {root}",
+    "activations_missing": "fix the capture errors in worker_*/errors.jsonl, then hallulog retry "
+                           "--artifact-root {root}",
+    "missing_activation_file": "hallulog consolidate --artifact-root {root} (or hallulog retry "
+                               "when the worker file is gone too)",
+    "activation_mismatch": "hallulog retry --artifact-root {root}",
+    "orphaned_activation": "hallulog consolidate --artifact-root {root}",
+    "duplicate_id": "hallulog consolidate --artifact-root {root}",
+    "missing_label": "hallulog consolidate --artifact-root {root} (after labelling: see "
+                     "docs/labels.md)",
+    "not_consolidated": "hallulog consolidate --artifact-root {root}",
 }
 
 #: Share of generations allowed to lack activations (capture failures) before validation fails
@@ -74,37 +72,32 @@ class _Report:
 
 def _scan(path: Path, report: _Report, *, consolidated: bool) -> Iterator[tuple[int, dict]]:
     """Rows of a JSONL file, streamed, reporting malformed lines and schema violations."""
-    if not path.exists():
-        return
     name = path.name
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                row = parse_line(raw)
-            except (ValueError, UnicodeDecodeError) as exc:
-                torn = not raw.endswith(b"\n")
-                cls = "consolidated_malformed_line" if consolidated else "malformed_line"
-                report.add(cls, f"{'torn' if torn else 'malformed'} JSON line "
-                                f"({getattr(exc, 'msg', exc)})", file=path, line=lineno)
-                continue
-            errs = schema_errors(name, row)
-            if errs:
-                cls = "consolidated_malformed_line" if consolidated else "schema_violation"
-                report.add(cls, "; ".join(errs), file=path, line=lineno,
-                           prompt_id=row.get("prompt_id") if isinstance(row, dict) else None)
-                continue
-            yield lineno, row
+    for lineno, row, problem in scan_lines(path):
+        if problem is not None:
+            cls = "consolidated_malformed_line" if consolidated else "malformed_line"
+            report.add(cls, problem, file=path, line=lineno)
+            continue
+        errs = schema_errors(name, row)
+        if errs:
+            cls = "consolidated_malformed_line" if consolidated else "schema_violation"
+            report.add(cls, "; ".join(errs), file=path, line=lineno,
+                       prompt_id=row.get("prompt_id") if isinstance(row, dict) else None)
+            continue
+        yield lineno, row
 
 
-def validate(root: Path, *, expected_prompt_ids: set[str] | None = None) -> dict[str, Any]:
-    """Check a run's artifacts; write and return ``consolidated/validation_report.json``."""
+def validate(root: Path, *, expected_prompt_ids: set[str] | None = None,
+             manifest: RunManifest | None = None) -> dict[str, Any]:
+    """Check a run's artifacts; write and return ``consolidated/validation_report.json``.
+
+    ``manifest``: the run's, when the caller loaded it already (else read here)."""
     root = Path(root)
     report = _Report(root)
-    manifest = load_manifest(root) or {}
+    if manifest is None:
+        manifest = RunManifest.load(root) or RunManifest()
     k = int(manifest.get("k_samples", 0))
-    fmt = manifest.get("storage_format", "npy")
+    fmt = manifest.storage_format
 
     for wdir in layout.worker_dirs(root):
         for name in SCHEMAS:
@@ -114,7 +107,7 @@ def validate(root: Path, *, expected_prompt_ids: set[str] | None = None) -> dict
     out = layout.consolidated_dir(root)
     counts: dict[str, Any] = {}
     if not (out / layout.PROMPT_INDEX).exists():
-        report.add("not_consolidated", "no consolidated/prompt_index.jsonl", file=None)
+        report.add("not_consolidated", f"no {layout.CONSOLIDATED}/{layout.PROMPT_INDEX}", file=None)
     else:
         counts = _check_consolidated(out, report, k=k, fmt=fmt,
                                      expected_prompt_ids=expected_prompt_ids)
@@ -131,9 +124,10 @@ def validate(root: Path, *, expected_prompt_ids: set[str] | None = None) -> dict
         "problems": report.problems,
     }
     out.mkdir(exist_ok=True)
-    tmp = out / "validation_report.json.partial"
+    path = out / layout.VALIDATION_REPORT
+    tmp = path.with_name(path.name + ".partial")
     tmp.write_text(json.dumps(body, indent=2))
-    os.replace(tmp, out / "validation_report.json")
+    os.replace(tmp, path)
     return body
 
 
@@ -215,7 +209,7 @@ def _check_consolidated(out: Path, report: _Report, *, k: int, fmt: str,
                       line=line, prompt_id=f"{pid:016x}")
     if expected_prompt_ids is not None:
         missing = sorted(p for p in expected_prompt_ids
-                         if not _HEX16.match(p) or _pid(p) not in prompt_line)
+                         if not PROMPT_ID_RE.match(p) or _pid(p) not in prompt_line)
         for pid in missing:
             found.add("incomplete_prompts", "prompt of the task not completed", prompt_id=pid)
 
@@ -243,7 +237,7 @@ def _check_consolidated(out: Path, report: _Report, *, k: int, fmt: str,
     return {"prompts": len(prompt_line), "generations": gen_count, "activations": act_count}
 
 
-def _stream_activations(path: Path, report: _Report, masks: dict[int, int], keys: "_KeySet",
+def _stream_activations(path: Path, report: _Report, masks: dict[int, int], keys: _KeySet,
                         dups: set[str], checker: Callable[[int, dict], None] | None) -> int:
     """One pass over the consolidated activation index; returns the number of distinct keys."""
     count = 0
@@ -320,7 +314,7 @@ def _npy_checker(out: Path, report: _Report, listed: _KeySet) -> Callable[[int, 
 
 def _orphan_npy_files(out: Path, keys: _KeySet, report: _Report) -> None:
     """Files in ``activations/`` that no index row names."""
-    act_dir = out / "activations"
+    act_dir = layout.activations_dir(out)
     if not act_dir.exists():
         return
     with os.scandir(act_dir) as entries:
@@ -333,10 +327,10 @@ def _orphan_npy_files(out: Path, keys: _KeySet, report: _Report) -> None:
 def _store_checker(out: Path, report: _Report) -> Callable[[int, dict], None] | None:
     a_path = out / layout.ACTIVATION_INDEX
     try:
-        reader = storage.open_store(out / "activations")
+        reader = storage.open_store(layout.activations_dir(out))
     except (storage.StorageError, OSError, ValueError) as exc:
         report.add("missing_activation_file", f"activation store unreadable: {exc}",
-                   file=out / "activations")
+                   file=layout.activations_dir(out))
         return None
     try:
         # key → position, as sorted 64-bit hashes (16 bytes per key, not a dict of strings)
@@ -390,5 +384,6 @@ def format_report(report: dict[str, Any], limit: int = 10) -> str:
         for p in [p for p in report["problems"] if p["class"] == cls][:3]:
             where = f"{p['file']}:{p['line']}" if p.get("line") else (p.get("file") or "")
             lines.append(f"      {where} {p.get('prompt_id') or ''} {p['message']}".rstrip())
-    lines.append(f"report: {report['artifact_root']}/consolidated/validation_report.json")
+    path = layout.consolidated_dir(report["artifact_root"]) / layout.VALIDATION_REPORT
+    lines.append(f"report: {path}")
     return "\n".join(lines)

@@ -37,9 +37,11 @@ class StorageCapReached(KeyboardInterrupt):
 
     def __init__(self, stored: int, cap_gb: float) -> None:
         self.stored, self.cap_gb = stored, cap_gb
-        super().__init__(f"storage cap reached: {stored / 1e9:.3g} GB >= --max-storage-gb "
-                         f"{cap_gb:g}; committed work is kept; raise the cap and rerun to "
-                         "resume")
+        super().__init__(
+            f"storage cap reached: {stored / 1e9:.3g} GB >= --max-storage-gb "
+            f"{cap_gb:g}; committed work is kept; raise the cap and rerun to "
+            "resume"
+        )
 
 
 def _spools(root: Path, config: RunConfig) -> list[Path]:
@@ -52,9 +54,15 @@ def _spools(root: Path, config: RunConfig) -> list[Path]:
 class StorageMeter:
     """The artifact root's stored bytes against ``cap_gb`` (GB = 10^9 bytes)."""
 
-    def __init__(self, root: Path, cap_gb: float, *, skip: Iterable[Path] = (),
-                 min_interval: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        root: Path,
+        cap_gb: float,
+        *,
+        skip: Iterable[Path] = (),
+        min_interval: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.root, self.cap_gb = Path(root), float(cap_gb)
         self.cap_bytes = int(self.cap_gb * 1e9)
         self.skip = tuple(skip)
@@ -80,9 +88,16 @@ class StorageMeter:
             raise StorageCapReached(self.stored, self.cap_gb)
 
 
-def preflight(config: RunConfig, root: Path, *, num_hidden_layers: int, hidden_size: int,
-              layer_ids: Sequence[int], model_dir: Path | None, pending: int
-              ) -> StorageMeter | None:
+def preflight(
+    config: RunConfig,
+    root: Path,
+    *,
+    num_hidden_layers: int,
+    hidden_size: int,
+    layer_ids: Sequence[int],
+    model_dir: Path | None,
+    pending: int,
+) -> StorageMeter | None:
     """Check the budget of the ``pending`` prompts before servers start; the meter of
     ``--max-storage-gb`` (None without a cap)."""
     meter = None
@@ -94,33 +109,55 @@ def preflight(config: RunConfig, root: Path, *, num_hidden_layers: int, hidden_s
             raise StorageCapReached(stored, config.max_storage_gb)
         room = meter.cap_bytes - stored
     if config.check_free_space:
-        _check_free_space(config, root, num_hidden_layers=num_hidden_layers,
-                          hidden_size=hidden_size, layer_ids=layer_ids, model_dir=model_dir,
-                          pending=pending, room=room)
+        _check_free_space(
+            config,
+            root,
+            num_hidden_layers=num_hidden_layers,
+            hidden_size=hidden_size,
+            layer_ids=layer_ids,
+            model_dir=model_dir,
+            pending=pending,
+            room=room,
+        )
     return meter
 
 
-def _check_free_space(config: RunConfig, root: Path, *, num_hidden_layers: int,
-                      hidden_size: int, layer_ids: Sequence[int], model_dir: Path | None,
-                      pending: int, room: float | None) -> None:
+def _check_free_space(
+    config: RunConfig,
+    root: Path,
+    *,
+    num_hidden_layers: int,
+    hidden_size: int,
+    layer_ids: Sequence[int],
+    model_dir: Path | None,
+    pending: int,
+    room: float | None,
+) -> None:
+    from orchestrator.measure import Lengths, free_bytes, measure_run, pilot_lengths, task_prompts
     from orchestrator.projection import human_bytes, project, selection_for
-    from orchestrator.measure import (Lengths, free_bytes, measure_run, pilot_lengths,
-                                      task_prompts)
 
     selection = selection_for(config, num_hidden_layers, layer_ids)
     measured = measure_run(root, with_metadata=False)
     lengths = pilot_lengths(measured) if measured is not None else Lengths()
     if selection.needs_prompt_length and measured is None:
         _, lengths = task_prompts(config, tokenizer_dir=model_dir, lengths=True)
-    est = project(selection, hidden_size=hidden_size, storage_format=config.storage_format,
-                  max_tokens=config.max_tokens, k_samples=config.k_samples, prompts=pending,
-                  lengths=lengths, num_hidden_layers=num_hidden_layers)
+    est = project(
+        selection,
+        hidden_size=hidden_size,
+        storage_format=config.storage_format,
+        max_tokens=config.max_tokens,
+        k_samples=config.k_samples,
+        prompts=pending,
+        lengths=lengths,
+        num_hidden_layers=num_hidden_layers,
+    )
     needed = est.projected_bytes if room is None else min(est.projected_bytes, room)
     free = free_bytes(root)
-    what = {"exact": "exact",
-            "pilot": f"expected from the {len(lengths.samples)} generations stored so far",
-            "upper_bound": f"upper bound: every answer at --max-tokens {config.max_tokens}"
-            }[est.basis]
+    what = {
+        "exact": "exact",
+        "pilot": f"expected from the {len(lengths.samples)} generations stored so far",
+        "upper_bound": f"upper bound: every answer at --max-tokens {config.max_tokens}",
+    }[est.basis]
     capped = " (--max-storage-gb)" if room is not None and needed < est.projected_bytes else ""
     if needed > free:
         raise HallulogError(
@@ -128,6 +165,13 @@ def _check_free_space(config: RunConfig, root: Path, *, num_hidden_layers: int,
             f"{human_bytes(needed)}{capped} ({what}) and the filesystem of {root} has "
             f"{human_bytes(free)} free; free some, narrow the selection, set "
             "--max-storage-gb, or pass --check-free-space false to start anyway "
-            "(python -m orchestrator estimate shows the projection)")
-    say.info("storage: the %d pending prompt(s) project %s%s (%s); %s free", pending,
-             human_bytes(needed), capped, what, human_bytes(free))
+            "(python -m orchestrator estimate shows the projection)"
+        )
+    say.info(
+        "storage: the %d pending prompt(s) project %s%s (%s); %s free",
+        pending,
+        human_bytes(needed),
+        capped,
+        what,
+        human_bytes(free),
+    )

@@ -28,8 +28,14 @@ from contracts import layout
 from contracts.jsonl import committed_size, cut_torn_tail, truncate_to
 from orchestrator.errors import ArtifactError
 
-__all__ = ["CHECKPOINT_NAME", "load_completed", "write_completed", "CheckpointWriter",
-           "CompletionLog", "read_completion_log"]
+__all__ = [
+    "CHECKPOINT_NAME",
+    "load_completed",
+    "write_completed",
+    "CheckpointWriter",
+    "CompletionLog",
+    "read_completion_log",
+]
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +50,7 @@ def read_completion_log(artifact_root: Path) -> set[str]:
     end = committed_size(path)
     with open(path, "rb") as f:
         data = f.read(end)
-    return {line.strip().decode("ascii", "replace") for line in data.splitlines()
-            if line.strip()}
+    return {line.strip().decode("ascii", "replace") for line in data.splitlines() if line.strip()}
 
 
 class CompletionLog:
@@ -85,8 +90,11 @@ def load_completed(artifact_root: Path) -> set[str]:
             raise ArtifactError(f"{path}:{exc.lineno}: malformed checkpoint ({exc.msg})") from None
         except UnicodeDecodeError as exc:
             raise ArtifactError(f"{path}: not UTF-8 (byte offset {exc.start})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("completed"), list) \
-            or not all(isinstance(x, str) for x in data["completed"]):
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("completed"), list)
+        or not all(isinstance(x, str) for x in data["completed"])
+    ):
         raise ArtifactError(f"{path}: expected an object with a 'completed' list of prompt ids")
     return set(data["completed"])
 
@@ -94,8 +102,12 @@ def load_completed(artifact_root: Path) -> set[str]:
 def write_completed(artifact_root: Path, completed: set[str], run_id: str) -> None:
     """Atomically rewrite ``completed_prompts.json`` under its file lock."""
     path = Path(artifact_root) / CHECKPOINT_NAME
-    body = {"run_id": run_id, "updated_at": datetime.now(timezone.utc).isoformat(),
-            "count": len(completed), "completed": sorted(completed)}
+    body = {
+        "run_id": run_id,
+        "updated_at": datetime.now(timezone.utc).isoformat(),
+        "count": len(completed),
+        "completed": sorted(completed),
+    }
     tmp = path.with_name(path.name + ".partial")
     with FileLock(str(path) + ".lock"):
         with open(tmp, "w", encoding="utf-8") as f:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from orchestrator.run.servers import ServerProcess
 from orchestrator.run.status import StatusBoard
@@ -48,18 +48,27 @@ class ServerFleet:
     when it failed (stop its workers), ``on_retired(url, why)`` when it is given up.
     """
 
-    def __init__(self, servers: list[ServerProcess], *, board: StatusBoard | None,
-                 max_restarts: int, backoff: float, on_up: Callable[[str], None],
-                 on_down: Callable[[str, str], None], on_retired: Callable[[str, str], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        servers: list[ServerProcess],
+        *,
+        board: StatusBoard | None,
+        max_restarts: int,
+        backoff: float,
+        on_up: Callable[[str], None],
+        on_down: Callable[[str, str], None],
+        on_retired: Callable[[str, str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._entries = {s.url: _Entry(s) for s in servers}
         self._board = board
         self.max_restarts = max_restarts
         self.backoff = backoff
         self._on_up, self._on_down, self._on_retired = on_up, on_down, on_retired
         self._clock = clock
-        self._threads = ThreadPoolExecutor(max_workers=max(1, len(servers)),
-                                           thread_name_prefix="server-start")
+        self._threads = ThreadPoolExecutor(
+            max_workers=max(1, len(servers)), thread_name_prefix="server-start"
+        )
 
     def start(self) -> None:
         """Wait for every server's readiness in the background; :meth:`poll` reports it."""
@@ -85,8 +94,7 @@ class ServerFleet:
                     self._fail(entry, f"start failed: {str(exc).splitlines()[0]}")
                 else:
                     entry.state = HEALTHY
-                    log.info("%s healthy (restarts: %d)", entry.server.name,
-                             entry.server.restarts)
+                    log.info("%s healthy (restarts: %d)", entry.server.name, entry.server.restarts)
                     self._update(url, "healthy", restarts=entry.server.restarts)
                     self._on_up(url)
             elif entry.state == DOWN and now >= entry.next_try:
@@ -108,17 +116,27 @@ class ServerFleet:
         if entry.failures > self.max_restarts:
             entry.state = RETIRED
             entry.why = f"{why}; failed {entry.failures} time(s) in a row"
-            log.error("retiring %s (%s): %s; its prompt groups go to the other servers", name,
-                      url, entry.why)
+            log.error(
+                "retiring %s (%s): %s; its prompt groups go to the other servers",
+                name,
+                url,
+                entry.why,
+            )
             self._update(url, f"retired: {entry.why}")
             self._threads.submit(entry.server.stop)
             self._on_retired(url, entry.why)
             return
         delay = self.backoff * 2 ** (entry.failures - 1)
         entry.state, entry.next_try = DOWN, self._clock() + delay
-        log.error("restarting %s (%s) in %.0f s (failure %d of %d allowed in a row); "
-                  "re-queuing its in-flight prompt groups", name, why, delay, entry.failures,
-                  self.max_restarts + 1)
+        log.error(
+            "restarting %s (%s) in %.0f s (failure %d of %d allowed in a row); "
+            "re-queuing its in-flight prompt groups",
+            name,
+            why,
+            delay,
+            entry.failures,
+            self.max_restarts + 1,
+        )
         self._update(url, f"down ({why}); restart in {delay:.0f} s")
 
     def _update(self, url: str, health: str, restarts: int | None = None) -> None:
@@ -141,16 +159,19 @@ class ServerFleet:
         return all(e.state == RETIRED for e in self._entries.values())
 
     def retired_reasons(self) -> str:
-        return "; ".join(f"{e.server.name} ({url}): {e.why}" for url, e in self._entries.items()
-                         if e.state == RETIRED)
+        return "; ".join(
+            f"{e.server.name} ({url}): {e.why}"
+            for url, e in self._entries.items()
+            if e.state == RETIRED
+        )
 
     def close(self, timeout: float = 120.0) -> None:
         """Cancel restarts not begun and wait (bounded) for those under way, so that no server
         is spawned after its owner stopped it."""
         self._threads.shutdown(wait=False, cancel_futures=True)
-        running = [e.future for e in self._entries.values()
-                   if e.future is not None and not e.future.done()]
+        running = [
+            e.future for e in self._entries.values() if e.future is not None and not e.future.done()
+        ]
         if running:
-            log.info("waiting up to %.0f s for %d server start(s) under way", timeout,
-                     len(running))
+            log.info("waiting up to %.0f s for %d server start(s) under way", timeout, len(running))
             futures_wait(running, timeout=timeout)

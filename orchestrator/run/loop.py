@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable, Iterator
@@ -17,30 +18,28 @@ from typing import Any
 from orchestrator.run.checkpoint import (CheckpointWriter, CompletionLog, load_completed,
                                          read_completion_log, write_completed)
 from orchestrator.config import ConfigError, RunConfig
-from orchestrator.postrun.consolidate import consolidate
 from contracts import layout
 from contracts.jsonl import truncate_to
 from contracts.layout import worker_dir, worker_dirs
 from contracts.prompt_group import PromptGroup
+from contracts.root_lock import holds_root
 from orchestrator.errors import HallulogError
 from orchestrator.postrun.labels import label_counts, label_with_judge, unlabeled_prompts
 from evaluation import report_path
-from orchestrator.postrun.exports import write_exports
 from orchestrator.manifest import (build_manifest, check_resumable, load_manifest,
                                    update_manifest, write_manifest)
 from orchestrator.run.budget import preflight
 from orchestrator.run.dispatch import Drive
-from orchestrator.run.fleet import HEALTHY, ServerFleet
 from orchestrator.run.pool import WorkerPool
 from orchestrator.run.progress import Progress
 from orchestrator.run.servers import (ModelInfo, ServerProcess, hallulog_cache_dir, remote_model,
                                       remove_spools, resolve_model, start_servers)
 from orchestrator.run.status import StatusBoard
+from orchestrator.run.supervision import Supervision
+from orchestrator.postrun.finish import finish
 from orchestrator.tasks import TaskStream, open_config_task
 from orchestrator.tasks.base import MalformedCollector
 from orchestrator.tasks.grading import needs_judge_for
-from orchestrator.postrun.validate import validate
-from orchestrator.run.watchdog import ServerProgress, Watchdog
 from workers.persist import recover_worker_dir
 from workers.worker import WorkerSpec
 
@@ -83,12 +82,13 @@ def _raise_stop(signum, frame):  # noqa: ARG001
     raise _Stop()
 
 
+@holds_root("run")  # one writer per root (contracts/root_lock.py)
 def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | None = None
         ) -> RunResult:
     """Run (or resume) the whole job described by ``config``.
 
     ``only`` restricts the work to these prompt ids; ``redo`` reprocesses these even when they
-    were committed before (``--retry-failed``: the new commit supersedes the old one).
+    were committed before (``hallulog retry``: the new commit supersedes the old one).
     """
     started = time.monotonic()
     root = Path(config.artifact_root)
@@ -144,94 +144,105 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
                         total_prompts=total, skipped=done_before,
                         k_samples=config.k_samples)
     board.set_evaluation_report(report_path(root))  # an earlier evaluate of a resumed root
-    api = _start_api(config, board)
-    servers: list[ServerProcess] = []
-    urls: list[str] = [None]  # type: ignore[list-item]
-    pool: WorkerPool | None = None
-    fleet: ServerFleet | None = None
-    checkpoint = CheckpointWriter(root, run_id)
-    completions = CompletionLog(root)
-    previous_sigterm = signal.signal(signal.SIGTERM, _raise_stop)
-    try:
-        judge = needs_judge_for(answer_kind, config.task) and bool(unlabeled_prompts(root)
-                                                                  or pending)
-        if (pending or judge) and config.executor == "local":
-            board.set_phase("starting")
-            servers, urls = start_servers(config, model, layer_ids, root, cache_dir, board,
-                                          wait=not pending)
-        if pending:
-            if config.executor == "ray":  # slots on Ray actors, each with its own server
-                pool = _ray_pool(config, model, layer_ids, root, cache_dir)
-            else:
-                pool = WorkerPool(_worker_specs(config, model, layer_ids, root, urls),
-                                  committed_in=_committed_in(root, config, layer_ids, model),
-                                  hang_seconds=_hang_seconds(config))
-            # read lazily, a group per free slot; the pool lets each go once it is resolved
-            pool.submit(_pending_groups(stream, all_ids, wanted), count=pending)
-            holder: dict[str, ServerFleet] = {}
-            watchdog = _start_watchdog(pool, config, board, servers, holder)
-            if servers:
-                fleet = holder["fleet"] = _fleet(config, servers, pool, board, watchdog)
-                fleet.start()
-            else:
-                pool.start()
-                board.set_phase("running")
-            progress = Progress(total=result.total, initial=result.done_before,
-                                enabled=config.progress)
-            try:
+    # teardown: one stack, unwound in reverse order of registration (pool, fleet, servers,
+    # spools, checkpoint, completions log, status API), on success and on any error alike
+    with ExitStack() as stack:
+        api = _start_api(config, board)
+        if api is not None:
+            stack.callback(api.stop)
+        completions = CompletionLog(root)
+        stack.callback(completions.close)
+        checkpoint = CheckpointWriter(root, run_id)
+        close_checkpoint = _Once(lambda: checkpoint.close(final=completed))
+        stack.callback(close_checkpoint)
+        stack.callback(remove_spools, root, config.spool_root)
+        servers: list[ServerProcess] = []
+        stack.callback(_stop_servers, servers)
+        restore_sigterm = _Once(signal.signal, signal.SIGTERM,
+                                signal.signal(signal.SIGTERM, _raise_stop))
+        stack.callback(restore_sigterm)
+        try:
+            urls: list[str] = [None]  # type: ignore[list-item]
+            judge = needs_judge_for(answer_kind, config.task) and bool(unlabeled_prompts(root)
+                                                                      or pending)
+            if (pending or judge) and config.executor == "local":
+                board.set_phase("starting")
+                started_servers, urls = start_servers(config, model, layer_ids, root, cache_dir,
+                                                      board, wait=not pending)
+                servers.extend(started_servers)
+            if pending:
+                if config.executor == "ray":  # slots on Ray actors, each with its own server
+                    pool = _ray_pool(config, model, layer_ids, root, cache_dir)
+                else:
+                    pool = WorkerPool(_worker_specs(config, model, layer_ids, root, urls),
+                                      committed_in=_committed_in(root, config, layer_ids, model),
+                                      hang_seconds=_hang_seconds(config))
+                supervision = Supervision(servers, pool, config, board)
+                stack.callback(supervision.close, timeout=30)  # after the pool's kill, below
+                kill_pool = _Once(pool.kill)
+                stack.callback(kill_pool)
+                stack.callback(supervision.stop_watching)
+                stack.callback(restore_sigterm)  # first of all on an error, as before
+                # read lazily, a group per free slot; the pool lets each go once it is resolved
+                pool.submit(_pending_groups(stream, all_ids, wanted), count=pending)
+                supervision.start()
+                progress = Progress(total=result.total, initial=result.done_before,
+                                    enabled=config.progress)
+                close_progress = _Once(progress.close)
+                stack.callback(close_progress)
                 Drive(pool=pool, config=config, board=board, progress=progress,
                       completions=completions, snapshots=checkpoint, completed=completed,
-                      result=result, fleet=fleet, watchdog=watchdog, meter=meter).run()
-            finally:
-                progress.close()
-                if watchdog is not None:
-                    watchdog.stop()
-            pool.close()
-            pool = None
-            if fleet is not None:
-                fleet.close()
-                urls = fleet.healthy_urls() or urls
-                fleet = None
-        checkpoint.close(final=completed)
-        checkpoint = None
-        completions.reset()
-        update_manifest(root, completed_prompt_ids=sorted(completed),
-                        finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-        if judge:
-            board.set_phase("labeling")
-            result.judge = label_with_judge(root, task=config.task,
-                                            judge_url=config.judge_url or urls[0],
-                                            judge_model=config.judge_model or model.name)
-        for server in servers:
-            server.stop()
-        if config.consolidate and result.complete:
-            board.set_phase("consolidating")
-            result.consolidation = consolidate(root)
-            board.set_phase("exporting")
-            result.exports = write_exports(root)
-            result.validation = validate(root, expected_prompt_ids=all_ids)
-        board.set_evaluation_report(report_path(root))
-        board.set_phase("done")
-    except BaseException:
-        board.set_phase("failed")
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous_sigterm)
-        if pool is not None:
-            pool.kill()
-        if fleet is not None:
-            fleet.close(timeout=30)
-        for server in servers:
-            server.stop()
-        remove_spools(root, config.spool_root)
-        if checkpoint is not None:
-            checkpoint.close(final=completed)
-        completions.close()
-        if api is not None:
-            api.stop()
+                      result=result, fleet=supervision.fleet, watchdog=supervision.watchdog,
+                      meter=meter).run()
+                close_progress()
+                supervision.stop_watching()
+                pool.close()
+                kill_pool.skip()
+                supervision.close()
+                urls = supervision.healthy_urls() or urls
+            close_checkpoint()
+            completions.reset()
+            update_manifest(root, completed_prompt_ids=sorted(completed),
+                            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            if judge:
+                board.set_phase("labeling")
+                result.judge = label_with_judge(root, task=config.task,
+                                                judge_url=config.judge_url or urls[0],
+                                                judge_model=config.judge_model or model.name)
+            _stop_servers(servers)
+            if config.consolidate and result.complete:
+                done = finish(root, expected_prompt_ids=all_ids, on_step=board.set_phase)
+                result.consolidation, result.exports, result.validation = \
+                    done.consolidation, done.exports, done.validation
+            board.set_evaluation_report(report_path(root))
+            board.set_phase("done")
+        except BaseException:
+            board.set_phase("failed")
+            raise
     result.wall_seconds = time.monotonic() - started
     result.labels = label_counts(root)
     return result
+
+
+class _Once:
+    """``fn(*args)`` at the first call only: the normal path closes a part early, and the exit
+    stack's call at the end is then a no-op (:meth:`skip` makes it one without a call)."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._fn, self._args, self._done = fn, args, False
+
+    def __call__(self) -> None:
+        if not self._done:
+            self._done = True
+            self._fn(*self._args)
+
+    def skip(self) -> None:
+        self._done = True
+
+
+def _stop_servers(servers: list[ServerProcess]) -> None:
+    for server in servers:
+        server.stop()
 
 
 def _reconcile(root: Path, config: RunConfig, layer_ids: list[int], hidden_size: int,
@@ -271,50 +282,6 @@ def _hang_seconds(config: RunConfig) -> float:
     return 6 * config.request_timeout + 60.0
 
 
-def _start_watchdog(pool: WorkerPool, config: RunConfig, board: StatusBoard,
-                    servers: list[ServerProcess], fleet: dict[str, ServerFleet]
-                    ) -> Watchdog | None:
-    """``fleet`` holds the fleet once it exists: only its healthy servers' health is shown
-    from the watchdog (a down or retired server keeps the fleet's word)."""
-    if not servers:
-        return None
-
-    def busy(url: str) -> bool:
-        return pool.busy(url)
-
-    def on_update(seen: ServerProgress) -> None:
-        if "fleet" not in fleet or fleet["fleet"].state(seen.url) != HEALTHY:
-            return
-        health = "stalled" if seen.stalled else "healthy" if seen.reachable else "unresponsive"
-        board.server_update(seen.url, health=health,
-                            in_flight=None if seen.running is None else int(seen.running))
-
-    return Watchdog([s.url for s in servers], stall_seconds=config.watchdog_stall_seconds,
-                    busy=busy, on_update=on_update).start()
-
-
-def _fleet(config: RunConfig, servers: list[ServerProcess], pool: WorkerPool,
-           board: StatusBoard, watchdog: Watchdog | None) -> ServerFleet:
-    """Workers follow their server: started when it is healthy, stopped while it is down
-    (their groups go to the other servers), retired with it."""
-
-    def on_up(url: str) -> None:
-        if watchdog is not None:
-            watchdog.reset(url)
-        pool.start(pool.workers_of(url))
-        board.set_phase("running")
-
-    def on_down(url: str, why: str) -> None:
-        pool.stop_workers(pool.workers_of(url), f"server {url} down ({why})")
-
-    def on_retired(url: str, why: str) -> None:
-        pool.retire_workers(pool.workers_of(url), f"server {url} retired ({why})")
-
-    return ServerFleet(servers, board=board, max_restarts=config.server_max_restarts,
-                       backoff=config.server_restart_backoff, on_up=on_up, on_down=on_down,
-                       on_retired=on_retired)
-
-
 def _worker_specs(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: Path,
                   urls: list[str]) -> list[WorkerSpec]:
     profile = config.profile
@@ -336,10 +303,10 @@ def _ray_pool(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: P
     """The pool of ``--executor ray``: slots on Ray actors, each with its own server."""
     from dataclasses import replace
 
-    from orchestrator.run.ray_executor import RayPool
+    from orchestrator.run.ray_executor import ray_pool
 
     template = _worker_specs(config, model, layer_ids, root, [""])[0]
-    return RayPool(config, model, layer_ids, root, cache_dir,
+    return ray_pool(config, model, layer_ids, root, cache_dir,
                    worker_spec=lambda i: replace(template, worker_id=i, server_url=f"ray:slot-{i}",
                                                  worker_dir=str(worker_dir(root, i))),
                    committed_in=_committed_in(root, config, layer_ids, model),

@@ -1,8 +1,11 @@
-"""The worker processes and the driver's end of their channels.
+"""The driver's pool of workers: the queue, dispatch to free slots, re-queue on death.
 
-Every worker has its own duplex pipe (``multiprocessing.Pipe``): the driver sends it prompt
-groups, never more than its ``groups_in_flight`` unresolved at once, and receives one event per
-group back. Nothing is shared between processes that one of them could die holding (the shared
+Where the workers run is a :class:`~orchestrator.run.slots.WorkerSlots`: by default worker
+processes on this machine (``ProcessSlots``), or Ray actors
+(``orchestrator.run.ray_executor.ActorSlots``). Locally every worker has its own duplex pipe
+(``multiprocessing.Pipe``): the driver sends it prompt groups, never more than its
+``groups_in_flight`` unresolved at once, and receives one event per group back. Nothing is
+shared between processes that one of them could die holding (the shared
 ``multiprocessing.Queue`` this replaces kept a lock that a worker SIGKILLed inside ``get`` never
 released). A dead worker shows up as EOF on its pipe or its process sentinel in
 ``multiprocessing.connection.wait``; its in-flight groups are re-queued (minus those it
@@ -16,39 +19,23 @@ in-flight ids per worker and a load counter per server.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from multiprocessing.connection import wait
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from contracts.prompt_group import PromptGroup
+from orchestrator.run.slots import PARKED, RETIRED, RUNNING, ProcessSlots, WorkerSlot, WorkerSlots
 from workers.worker import WorkerSpec, worker_main
 
-__all__ = ["WorkerPool"]
+__all__ = ["WorkerPool", "WorkerSlot", "WorkerSlots", "RUNNING", "PARKED", "RETIRED"]
 
 log = logging.getLogger(__name__)
 
-RUNNING, PARKED, RETIRED = "running", "parked", "retired"
-
-
-@dataclass
-class _Worker:
-    spec: WorkerSpec
-    state: str = PARKED
-    proc: Any = None
-    conn: Any = None
-    generation: int = 0
-    in_flight: dict[str, None] = field(default_factory=dict)  # insertion-ordered set
-    last_heard: float = 0.0
-    deaths: int = 0  # consecutive deaths without a resolved group in between
-    ready: bool = False  # said "ready": its groups are work on its server now
-    why: str = ""
-
 
 class WorkerPool:
-    """Worker processes, one pipe each; the driver calls :meth:`next_events` in a loop.
+    """Workers on :class:`~orchestrator.run.slots.WorkerSlots` (default: processes with one
+    pipe each, ``ProcessSlots(target)``); the driver calls :meth:`next_events` in a loop.
 
     ``committed_in(worker_id)`` rolls a dead worker's directory back to its last commit and
     returns the prompt ids committed there (they count as done, not re-queued). A worker that
@@ -57,17 +44,23 @@ class WorkerPool:
     handled like any dead worker).
     """
 
-    def __init__(self, specs: list[WorkerSpec], *, committed_in: Callable[[int], set[str]],
-                 target: Callable[..., None] = worker_main, max_restarts: int = 5,
-                 hang_seconds: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._ctx = mp.get_context("spawn")
-        self._target = target
+    def __init__(
+        self,
+        specs: list[WorkerSpec],
+        *,
+        committed_in: Callable[[int], set[str]],
+        target: Callable[..., None] = worker_main,
+        max_restarts: int = 5,
+        hang_seconds: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        slots: WorkerSlots | None = None,
+    ) -> None:
+        self.slots: WorkerSlots = slots if slots is not None else ProcessSlots(target)
         self._committed_in = committed_in
         self.max_restarts = max_restarts
         self.hang_seconds = hang_seconds
         self._clock = clock
-        self.workers = {s.worker_id: _Worker(s) for s in specs}
+        self.workers = {s.worker_id: WorkerSlot(s) for s in specs}
         self.server_load: dict[str, int] = {s.server_url: 0 for s in specs}
         self.outstanding: set[str] = set()
         """Groups taken from the queue and not yet resolved (in flight or re-queued)."""
@@ -77,7 +70,6 @@ class WorkerPool:
         self._unpulled = 0  # groups the sources still owe
         self._free: deque[tuple[int, int]] = deque()  # (worker id, generation): one per slot
         self._events: list[dict[str, Any]] = []  # produced by the pool itself
-        self._waitables: dict[Any, tuple[int, bool]] | None = None
         self._closing = False
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -92,35 +84,47 @@ class WorkerPool:
     def busy(self, server_url: str) -> bool:
         """Whether a worker that is up has groups in flight on this server (the watchdog's
         view: a worker still starting has sent no request yet)."""
-        return any(w.ready and w.in_flight for w in self.workers.values()
-                   if w.spec.server_url == server_url)
+        return any(
+            w.ready and w.in_flight
+            for w in self.workers.values()
+            if w.spec.server_url == server_url
+        )
 
     def start(self, worker_ids: Iterable[int] | None = None) -> None:
         """Start these workers (default: all that are not running or retired). Their free
         slots are interleaved, so that a few groups spread over the workers (and servers)."""
-        started = [wid for wid in (list(self.workers) if worker_ids is None else worker_ids)
-                   if self.workers[wid].state != RETIRED and self.workers[wid].proc is None]
-        for wid in started:
-            self._spawn(wid, slots=False)
-        for slot in range(max((self.workers[w].spec.groups_in_flight for w in started),
-                              default=0)):
-            self._free.extend((wid, self.workers[wid].generation) for wid in started
-                              if slot < self.workers[wid].spec.groups_in_flight)
+        started = [
+            wid
+            for wid in (list(self.workers) if worker_ids is None else worker_ids)
+            if self.workers[wid].state != RETIRED and self.workers[wid].proc is None
+        ]
+        # a worker that starts later (an actor Ray has yet to place) gets its slots then
+        started = [wid for wid in started if self._spawn(wid, slots=False)]
+        for slot in range(max((self.workers[w].spec.groups_in_flight for w in started), default=0)):
+            self._free.extend(
+                (wid, self.workers[wid].generation)
+                for wid in started
+                if slot < self.workers[wid].spec.groups_in_flight
+            )
         self._dispatch()
 
-    def _spawn(self, wid: int, slots: bool = True) -> None:
+    def _spawn(self, wid: int, slots: bool = True) -> bool:
+        """Start worker ``wid``; whether it takes groups at once (with ``slots``, its free
+        slots are given now; else :meth:`_started` gives them when the slots say so)."""
         w = self.workers[wid]
-        here, there = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=self._target, name=f"hallulog-worker-{wid}",
-                                 args=(w.spec, there), daemon=False)
-        proc.start()
-        there.close()  # only the worker holds its end: its death is our EOF
-        w.proc, w.conn, w.state, w.ready = proc, here, RUNNING, False
+        w.state, w.ready = RUNNING, False
         w.generation += 1
         w.last_heard = self._clock()
-        if slots:
+        now = self.slots.spawn(w)
+        if now and slots:
             self._free.extend([(wid, w.generation)] * w.spec.groups_in_flight)
-        self._waitables = None
+        return now
+
+    def _started(self, wid: int) -> None:
+        """A worker that started later can take groups now."""
+        w = self.workers[wid]
+        w.last_heard = self._clock()
+        self._free.extend([(wid, w.generation)] * w.spec.groups_in_flight)
 
     def stop_workers(self, worker_ids: Iterable[int], why: str) -> None:
         """Kill these workers now and keep them down (their server is down); their groups are
@@ -131,7 +135,7 @@ class WorkerPool:
                 continue
             w.state, w.why = PARKED, why
             if w.proc is not None:
-                self._kill(w)
+                self.slots.kill(w)
                 self._on_death(wid)
         self._dispatch()
 
@@ -163,6 +167,14 @@ class WorkerPool:
         self._unpulled += count
         self._dispatch()
 
+    def retry(self, group: PromptGroup) -> None:
+        """Queue ``group`` again after it failed on a retryable error (the driver waited its
+        backoff, run.dispatch); it goes before the groups not taken yet."""
+        self._groups[group.prompt_id] = group
+        self.outstanding.add(group.prompt_id)
+        self._pending.append(group)
+        self._dispatch()
+
     @property
     def remaining(self) -> int:
         """Groups not resolved yet: taken and unresolved, plus those still to be taken."""
@@ -182,8 +194,7 @@ class WorkerPool:
             self.outstanding.add(group.prompt_id)
             return group
         if self._unpulled:
-            log.warning("the queued sources ended %d group(s) short of their count",
-                        self._unpulled)
+            log.warning("the queued sources ended %d group(s) short of their count", self._unpulled)
             self._unpulled = 0
         return None
 
@@ -201,15 +212,13 @@ class WorkerPool:
                 w.last_heard = self._clock()
             w.in_flight[group.prompt_id] = None
             self.server_load[w.spec.server_url] += 1
-            self._events.append({"event": "dispatched", "worker_id": wid,
-                                 "prompt_id": group.prompt_id})
+            self._events.append(
+                {"event": "dispatched", "worker_id": wid, "prompt_id": group.prompt_id}
+            )
             self._send(wid, group)
 
     def _send(self, wid: int, group: PromptGroup) -> None:
-        try:
-            self.workers[wid].conn.send(group)
-        except OSError:  # dead already: its sentinel is ready, the group is re-queued then
-            log.warning("worker %d: pipe closed while sending %s", wid, group.prompt_id)
+        self.slots.send(self.workers[wid], group)
 
     def next_events(self, timeout: float) -> list[dict[str, Any]]:
         """Every event ready within ``timeout`` s (empty on timeout), bookkeeping done.
@@ -220,37 +229,22 @@ class WorkerPool:
         """
         if self._events:
             timeout = 0
-        if self._waitables is None:
-            self._waitables = {}
-            for wid, w in self.workers.items():
-                if w.proc is not None:
-                    self._waitables[w.conn] = (wid, False)
-                    self._waitables[w.proc.sentinel] = (wid, True)
-        ready = wait(list(self._waitables), timeout) if self._waitables else []
-        if not self._waitables and timeout:
-            time.sleep(timeout)
         dead: list[int] = []
-        for obj in ready:
-            wid, is_sentinel = self._waitables[obj]
+        for wid, kind, payload in self.slots.wait(self.workers, timeout):
             if wid in dead:
                 continue
-            if not self._drain(wid) or is_sentinel:
+            if kind == "event":
+                self._handle(wid, payload)
+            elif kind == "started":
+                self._started(wid)
+            else:
                 dead.append(wid)
         for wid in dead:
             self._on_death(wid)
         self._dispatch()
         events, self._events = self._events, []
+        self.slots.observe(events)
         return events
-
-    def _drain(self, wid: int) -> bool:
-        """Handle what the worker's pipe holds; False at EOF."""
-        w = self.workers[wid]
-        try:
-            while w.conn.poll():
-                self._handle(wid, w.conn.recv())
-        except (EOFError, OSError):
-            return False
-        return True
 
     def _handle(self, wid: int, event: dict[str, Any]) -> None:
         w = self.workers[wid]
@@ -269,33 +263,20 @@ class WorkerPool:
                 self._pending.appendleft(self._groups[pid])
                 return
             self.outstanding.discard(pid)
-            self._groups.pop(pid, None)
+            group = self._groups.pop(pid, None)
+            if kind == "failed" and event.get("retryable") and group is not None:
+                event["group"] = group  # the driver may queue it again (run.dispatch)
             w.deaths = 0
             self._free.append((wid, w.generation))
         self._events.append(event)
-
-    def _reap(self, w: _Worker) -> int | None:
-        """Make sure a dead worker's process is gone; its exit code."""
-        proc = w.proc
-        proc.join(timeout=5)
-        if proc.is_alive():  # EOF without an exit: make it one
-            proc.kill()
-            proc.join(timeout=10)
-        w.conn.close()
-        w.proc = w.conn = None
-        return proc.exitcode
-
-    def _kill(self, w: _Worker) -> None:
-        w.proc.kill()
 
     def _on_death(self, wid: int) -> None:
         """A worker is gone: re-queue its in-flight groups (minus the committed ones) and start
         it again, or retire it after ``max_restarts`` deaths in a row."""
         w = self.workers[wid]
         lost = list(w.in_flight)
-        exitcode = self._reap(w)
+        exitcode = self.slots.reap(w)
         w.in_flight = {}
-        self._waitables = None
         self.server_load[w.spec.server_url] -= len(lost)
         committed = self._committed_in(wid)  # rolls the directory back before any restart
         requeued = []
@@ -309,13 +290,24 @@ class WorkerPool:
                 self._pending.appendleft(self._groups[pid])
         expected = self._closing or w.state != RUNNING
         if not expected or lost:
-            log.log(logging.INFO if expected else logging.ERROR,
-                    "worker %d %s (exit code %s) with %d group(s) in flight: re-queued %s",
-                    wid, "stopped" if expected else "died", exitcode, len(lost),
-                    ", ".join(reversed(requeued)) or "none")
-        self._events.append({"event": "worker_died", "worker_id": wid,
-                             "exitcode": exitcode, "requeued": len(requeued),
-                             "expected": expected})
+            log.log(
+                logging.INFO if expected else logging.ERROR,
+                "worker %d %s (exit code %s) with %d group(s) in flight: re-queued %s",
+                wid,
+                "stopped" if expected else "died",
+                exitcode,
+                len(lost),
+                ", ".join(reversed(requeued)) or "none",
+            )
+        self._events.append(
+            {
+                "event": "worker_died",
+                "worker_id": wid,
+                "exitcode": exitcode,
+                "requeued": len(requeued),
+                "expected": expected,
+            }
+        )
         if expected:
             return
         w.deaths += 1
@@ -336,55 +328,34 @@ class WorkerPool:
         now, hung = self._clock(), []
         for wid, w in self.workers.items():
             if w.proc is not None and w.in_flight and now - w.last_heard > self.hang_seconds:
-                log.error("worker %d said nothing for %.0f s with %s in flight: killing it", wid,
-                          now - w.last_heard, ", ".join(w.in_flight))
-                self._kill(w)
+                log.error(
+                    "worker %d said nothing for %.0f s with %s in flight: killing it",
+                    wid,
+                    now - w.last_heard,
+                    ", ".join(w.in_flight),
+                )
+                self.slots.kill(w)
                 hung.append(wid)
         return hung
 
     def describe_wait(self) -> str:
         """What the driver is waiting for: groups per worker, and the queue."""
-        parts = [f"worker {wid} ({w.state}, {w.spec.server_url}): {', '.join(w.in_flight)}"
-                 for wid, w in self.workers.items() if w.in_flight]
+        parts = [
+            f"worker {wid} ({w.state}, {w.spec.server_url}): {', '.join(w.in_flight)}"
+            for wid, w in self.workers.items()
+            if w.in_flight
+        ]
         queued = len(self._pending) + self._unpulled
-        return "; ".join(parts + [f"{queued} group(s) queued"])
+        return "; ".join(parts + [f"{queued} group(s) queued"] + self.slots.waiting(self.workers))
 
     # ---- shutdown ----------------------------------------------------------------------------
 
     def close(self, timeout: float = 60.0) -> None:
-        """Tell every worker to finish, wait (bounded), and terminate stragglers."""
+        """Tell every worker to finish, wait (bounded), and end stragglers."""
         self._closing = True
-        for w in self.workers.values():
-            if w.conn is not None:
-                try:
-                    w.conn.send(None)
-                except OSError:
-                    pass
-        deadline = self._clock() + timeout
-        for wid, w in self.workers.items():
-            if w.proc is None:
-                continue
-            w.proc.join(timeout=max(0.0, deadline - self._clock()))
-            if w.proc.is_alive():
-                log.warning("worker %d did not exit in %.0f s: terminating", wid, timeout)
-                w.proc.terminate()
-                w.proc.join(timeout=10)
-                if w.proc.is_alive():
-                    w.proc.kill()
-                    w.proc.join()
-            w.conn.close()
-            w.proc = w.conn = None
-        self._waitables = None
+        self.slots.close(self.workers, timeout)
 
     def kill(self) -> None:
         """Stop every worker at once (orchestrator shutting down on an error)."""
         self._closing = True
-        live = [w for w in self.workers.values() if w.proc is not None]
-        for w in live:
-            if w.proc.is_alive():
-                w.proc.kill()
-        for w in live:
-            w.proc.join(timeout=10)
-            w.conn.close()
-            w.proc = w.conn = None
-        self._waitables = None
+        self.slots.kill_all(self.workers)

@@ -5,20 +5,37 @@ already answering on the port would pass every health check and then fail every 
 
 * before starting, each port is bind-checked; a taken port is an error naming it when
   ``--server-base-port`` was given, else the next free port is used (and said);
+* a port the run chose itself is also *reserved* for the run's life: an exclusive ``flock`` on
+  ``$TMPDIR/hallulog-ports/<port>.lock`` held by the driver (released by the kernel however the
+  driver ends). Two runs choosing ports at the same instant skip each other's reservations, so
+  they never pick the same port and never fight over it (a port between the bind check and the
+  server's own bind is otherwise free for anyone: a server needs seconds before it binds);
 * after health, the socket listening on the port must belong to the started process group
   (``/proc/net/tcp*`` socket inode → ``/proc/<pid>/fd``), whichever backend it is.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import socket
+import tempfile
+import threading
 from pathlib import Path
 
 from orchestrator.errors import BackendStartError
 
-__all__ = ["DEFAULT_BASE_PORT", "port_free", "choose_ports", "listening_pids", "check_owner"]
+__all__ = [
+    "DEFAULT_BASE_PORT",
+    "port_free",
+    "choose_ports",
+    "listening_pids",
+    "check_owner",
+    "reserve_port",
+    "release_port",
+    "reservation_dir",
+]
 
 log = logging.getLogger(__name__)
 say = logging.getLogger("orchestrator.startup")
@@ -47,24 +64,90 @@ def choose_ports(count: int, base: int | None, host: str = "127.0.0.1") -> list[
     if base is not None:
         for i in range(count):
             port = base + i
-            if not port_free(port, host):
-                raise BackendStartError(
+            problem = None
+            if not reserve_port(port):
+                problem = (
+                    f"port {port} (--server-base-port {base} + {i}) is reserved by another "
+                    f"hallulog run ({reservation_dir() / f'{port}.lock'}); pick another "
+                    "--server-base-port"
+                )
+            elif not port_free(port, host):
+                problem = (
                     f"port {port} (--server-base-port {base} + {i}) is already in use"
-                    f"{_owner_text(port)}; stop that process or pick another --server-base-port")
+                    f"{_owner_text(port)}; stop that process or pick another "
+                    "--server-base-port"
+                )
+            if problem is not None:
+                for held in range(base, port + 1):  # a refused run keeps no reservation
+                    release_port(held)
+                raise BackendStartError(problem)
         return list(range(base, base + count))
     ports: list[int] = []
     for port in range(DEFAULT_BASE_PORT, DEFAULT_BASE_PORT + _SCAN):
         if len(ports) == count:
             break
+        if not reserve_port(port):
+            say.info("port %d is reserved by another hallulog run: trying the next one", port)
+            continue
         if port_free(port, host):
             ports.append(port)
         else:
-            say.info("port %d is already in use%s: trying the next one", port,
-                     _owner_text(port))
+            release_port(port)
+            say.info("port %d is already in use%s: trying the next one", port, _owner_text(port))
     if len(ports) < count:
-        raise BackendStartError(f"no {count} free port(s) in {DEFAULT_BASE_PORT}-"
-                                f"{DEFAULT_BASE_PORT + _SCAN - 1}; pass --server-base-port")
+        for port in ports:
+            release_port(port)
+        raise BackendStartError(
+            f"no {count} free port(s) in {DEFAULT_BASE_PORT}-"
+            f"{DEFAULT_BASE_PORT + _SCAN - 1}; pass --server-base-port"
+        )
     return ports
+
+
+_reserved: dict[int, int] = {}  # port -> the fd whose flock reserves it
+_reserved_lock = threading.Lock()
+
+
+def reservation_dir() -> Path:
+    """Where ports are reserved: one directory for every user of this machine (sticky, like
+    /tmp), so runs of different users skip each other's ports too."""
+    path = Path(
+        os.environ.get("HALLULOG_PORT_DIR") or Path(tempfile.gettempdir()) / "hallulog-ports"
+    )
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.chmod(0o1777)
+        except OSError:
+            pass
+    return path
+
+
+def reserve_port(port: int) -> bool:
+    """Reserve ``port`` for this process (re-entrant); False when another process holds it."""
+    with _reserved_lock:
+        if port in _reserved:
+            return True
+        path = reservation_dir() / f"{port}.lock"
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except PermissionError:  # another user's file we cannot open: theirs
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        _reserved[port] = fd
+        return True
+
+
+def release_port(port: int) -> None:
+    """End this process's reservation of ``port`` (nothing when it holds none)."""
+    with _reserved_lock:
+        fd = _reserved.pop(port, None)
+    if fd is not None:
+        os.close(fd)  # closing the last descriptor releases the flock
 
 
 def _listening_inodes(port: int) -> set[str]:
@@ -76,8 +159,11 @@ def _listening_inodes(port: int) -> set[str]:
             continue
         for line in lines:
             fields = line.split()
-            if len(fields) > 9 and fields[3] == "0A" \
-                    and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            if (
+                len(fields) > 9
+                and fields[3] == "0A"
+                and int(fields[1].rsplit(":", 1)[1], 16) == port
+            ):
                 inodes.add(fields[9])
     return inodes
 
@@ -132,8 +218,12 @@ def check_owner(name: str, port: int, leader_pid: int) -> None:
     """Raise unless the socket listening on ``port`` belongs to ``leader_pid``'s group."""
     pids = listening_pids(port)
     if pids is None:
-        log.warning("%s: cannot tell which process listens on port %d (no /proc): trusting "
-                    "the health check", name, port)
+        log.warning(
+            "%s: cannot tell which process listens on port %d (no /proc): trusting "
+            "the health check",
+            name,
+            port,
+        )
         return
     if any(_pgid(p) == leader_pid for p in pids):
         return
@@ -141,4 +231,5 @@ def check_owner(name: str, port: int, leader_pid: int) -> None:
     raise BackendStartError(
         f"port {port} is answered by pid {pid} ({_cmdline(pid)}), not by {name} (pid "
         f"{leader_pid}) that this run started; stop that process or pick another "
-        "--server-base-port")
+        "--server-base-port"
+    )

@@ -16,8 +16,15 @@ class Progress:
     """A tqdm bar over prompt groups with generation and token rates in its postfix."""
 
     def __init__(self, total: int, initial: int = 0, *, enabled: bool = True) -> None:
-        self._bar = tqdm(total=total, initial=initial, unit="prompt", desc="prompts",
-                         disable=not enabled, dynamic_ncols=True, smoothing=0.1)
+        self._bar = tqdm(
+            total=total,
+            initial=initial,
+            unit="prompt",
+            desc="prompts",
+            disable=not enabled,
+            dynamic_ncols=True,
+            smoothing=0.1,
+        )
         self._start = time.monotonic()
         self.generations = 0
         self.tokens = 0
@@ -39,10 +46,15 @@ class Progress:
 
     def _refresh(self) -> None:
         elapsed = max(time.monotonic() - self._start, 1e-6)
-        self._bar.set_postfix({"gen/s": f"{self.generations / elapsed:.2f}",
-                               "tok/s": f"{self.tokens / elapsed:.1f}",
-                               "failed": self.failed,
-                               "capture_failed": self.capture_errors}, refresh=True)
+        self._bar.set_postfix(
+            {
+                "gen/s": f"{self.generations / elapsed:.2f}",
+                "tok/s": f"{self.tokens / elapsed:.1f}",
+                "failed": self.failed,
+                "capture_failed": self.capture_errors,
+            },
+            refresh=True,
+        )
 
     def close(self) -> None:
         self._bar.close()

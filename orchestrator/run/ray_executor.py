@@ -3,8 +3,9 @@
 ``--ray-cpus-per-actor`` CPUs on a CPU cluster), each owning its server and a worker
 (``workers.ray_actor.SlotActor``). The driver, this process, keeps what it keeps on one node:
 the in-memory queue, dispatch by free slot, retries, the checkpoint and ``completions.log``, the
-status board, progress and post-run. :class:`RayPool` is :class:`~orchestrator.run.pool.WorkerPool`
-with actors in place of processes, so the run loop's ``Drive`` drives it unchanged.
+status board, progress and post-run. :func:`ray_pool` is a :class:`~orchestrator.run.pool.WorkerPool`
+on :class:`ActorSlots` (the worker-slot interface of ``orchestrator.run.slots`` with actors in
+place of processes), so the run loop's ``Drive`` drives it unchanged.
 
 Per actor the driver keeps one ``start`` or ``poll`` call outstanding and waits on them all with
 ``ray.wait`` (the pipes and sentinels of the local pool). A slot gets its ``groups_in_flight``
@@ -30,19 +31,29 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
+from contracts.extras import require
 from orchestrator.config import RunConfig
 from orchestrator.errors import HallulogError
 from orchestrator.manifest import update_manifest
-from orchestrator.run.pool import RETIRED, RUNNING, WorkerPool, _Worker
+from orchestrator.run.pool import WorkerPool
 from orchestrator.run.servers import ModelInfo, server_command
+from orchestrator.run.slots import Notice, WorkerSlot
 from workers.ray_actor import PROBE_NAME, SlotActor
 from workers.worker import WorkerSpec
 
-__all__ = ["RayPool", "RayExecutorError", "connect", "plan_actors", "actor_options",
-           "server_launch"]
+__all__ = [
+    "ray_pool",
+    "ActorSlots",
+    "RayExecutorError",
+    "connect",
+    "plan_actors",
+    "actor_options",
+    "server_launch",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,121 +69,153 @@ class RayExecutorError(HallulogError):
 def connect(address: str, *, num_cpus: int | None = None) -> bool:
     """``ray.init`` for ``--ray-address``; True when this process started the Ray instance
     (``local``). Raises :class:`RayExecutorError` with one line naming the cause."""
-    try:
-        import ray
-    except ImportError:
-        raise RayExecutorError("--executor ray needs Ray: pip install 'ray[default]'") from None
-    runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(
-        filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}}
+    ray = require("ray", "--executor ray")
+    runtime_env = {
+        "env_vars": {
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])
+            )
+        }
+    }
     if ray.is_initialized():
         return False
     if address == "local":
-        ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env,
-                 log_to_driver=False)
+        ray.init(
+            num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False
+        )
         return True
     if address != "auto" and not address.startswith("ray://"):
         host, _, port = address.rpartition(":")
         try:
             socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
         except (OSError, ValueError) as exc:
-            raise RayExecutorError(f"--ray-address {address}: no Ray cluster reachable there "
-                                   f"({exc.__class__.__name__}: {exc})") from None
+            raise RayExecutorError(
+                f"--ray-address {address}: no Ray cluster reachable there "
+                f"({exc.__class__.__name__}: {exc})"
+            ) from None
     try:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
     except Exception as exc:  # ConnectionError, RuntimeError, ...: one line, the cause
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RayExecutorError(f"--ray-address {address}: cannot connect to a Ray cluster "
-                               f"({first})") from None
+        raise RayExecutorError(
+            f"--ray-address {address}: cannot connect to a Ray cluster ({first})"
+        ) from None
     return False
 
 
-class RayPool(WorkerPool):
-    """Worker slots on Ray actors: ``WorkerPool``'s bookkeeping, dispatch and death handling,
-    with actor calls in place of pipes (see the module docstring).
+def ray_pool(
+    config: RunConfig,
+    model: ModelInfo,
+    layer_ids: list[int],
+    root: Path,
+    cache_dir: Path,
+    *,
+    worker_spec: Callable[[int], WorkerSpec],
+    committed_in: Callable[[int], set[str]],
+    hang_seconds: float | None,
+) -> WorkerPool:
+    """The pool of ``--executor ray``: ``WorkerPool``'s bookkeeping, dispatch and death handling
+    on :class:`ActorSlots` (see the module docstring).
 
     ``worker_spec(slot)`` gives each slot's spec; ``committed_in`` and ``hang_seconds`` are the
-    local pool's. Constructing it connects to the cluster and checks that it can hold the actors.
+    local pool's. It connects to the cluster and checks that it can hold the actors.
+    """
+    ray = require("ray", "--executor ray")
+    owns_ray = connect(config.ray_address, num_cpus=config.ray_actors or config.worker_count)
+    try:
+        count, gpus = plan_actors(config, ray.cluster_resources())
+        slots = ActorSlots(
+            config, model, layer_ids, root, cache_dir, gpu=gpus > 0, count=count, owns_ray=owns_ray
+        )
+    except BaseException:
+        if owns_ray and ray.is_initialized():
+            ray.shutdown()
+        raise
+    return WorkerPool(
+        [worker_spec(slot) for slot in range(count)],
+        committed_in=committed_in,
+        max_restarts=config.ray_max_restarts,
+        hang_seconds=hang_seconds,
+        slots=slots,
+    )
+
+
+class ActorSlots:
+    """The :class:`~orchestrator.run.slots.WorkerSlots` of ``--executor ray``: each worker is a
+    ``SlotActor`` (its own server and a worker), called instead of piped to.
+
+    Per actor one ``start`` or ``poll`` call is outstanding; :meth:`wait` waits on them all with
+    ``ray.wait``. A slot takes groups once its actor has started (server healthy). The
+    executor's figures (``stats``, the ``nodes`` the slots ran on) go into the manifest at
+    :meth:`close`.
     """
 
-    def __init__(self, config: RunConfig, model: ModelInfo, layer_ids: list[int], root: Path,
-                 cache_dir: Path, *, worker_spec: Callable[[int], WorkerSpec],
-                 committed_in: Callable[[int], set[str]], hang_seconds: float | None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        model: ModelInfo,
+        layer_ids: list[int],
+        root: Path,
+        cache_dir: Path,
+        *,
+        gpu: bool,
+        count: int,
+        owns_ray: bool,
+    ) -> None:
         import ray
 
-        self.config, self.model, self.layer_ids = config, model, layer_ids
-        self.root, self.cache_dir = Path(root), cache_dir
-        self._owns_ray = connect(config.ray_address,
-                                 num_cpus=config.ray_actors or config.worker_count)
-        try:
-            count, gpus = plan_actors(config, ray.cluster_resources())
-        except BaseException:
-            self._shutdown_ray()
-            raise
-        super().__init__([worker_spec(slot) for slot in range(count)],
-                         committed_in=committed_in, max_restarts=config.ray_max_restarts,
-                         hang_seconds=hang_seconds)
+        self.config, self.root = config, Path(root)
+        self._owns_ray = owns_ray
         self._refs: dict[Any, tuple[str, int, int]] = {}  # ref → (call, slot, generation)
         self._started: set[int] = set()
         self._causes: dict[int, str] = {}
         self.nodes: dict[int, str] = {}
-        self.stats = {"slots": count, "slots_lost": 0, "groups_redone": 0,
-                      "recovered_committed": 0, "restarts": 0}
+        self.stats = {
+            "slots": count,
+            "slots_lost": 0,
+            "groups_redone": 0,
+            "recovered_committed": 0,
+            "restarts": 0,
+        }
         self._probe = uuid.uuid4().hex
         (self.root / PROBE_NAME).write_text(self._probe, encoding="utf-8")
-        self._launch = server_launch(config, model, layer_ids, cache_dir, gpu=gpus > 0)
-        self._recover = dict(storage_format=config.storage_format, layer_ids=layer_ids,
-                             hidden_size=model.hidden_size, dtype=config.profile.dtype)
-        self._actor_cls = ray.remote(SlotActor).options(**actor_options(config, gpu=gpus > 0))
+        self._launch = server_launch(config, model, layer_ids, cache_dir, gpu=gpu)
+        self._recover = dict(
+            storage_format=config.storage_format,
+            layer_ids=layer_ids,
+            hidden_size=model.hidden_size,
+            dtype=config.profile.dtype,
+        )
+        self._actor_cls = ray.remote(SlotActor).options(**actor_options(config, gpu=gpu))
 
-    # ---- the pool's process hooks, on actors -----------------------------------------------
-
-    def start(self, worker_ids: Iterable[int] | None = None) -> None:
-        """Create the slots' actors; each gets its free slots once it has started."""
-        for wid in (list(self.workers) if worker_ids is None else worker_ids):
-            w = self.workers[wid]
-            if w.state != RETIRED and w.proc is None:
-                self._spawn(wid)
-
-    def _spawn(self, wid: int, slots: bool = True) -> None:  # noqa: ARG002 (slots: on start)
-        w = self.workers[wid]
-        w.proc = self._actor_cls.remote(wid, w.spec, self._launch, str(self.root), self._probe,
-                                        self._recover)
-        w.conn, w.state, w.ready = None, RUNNING, False
-        w.generation += 1
-        w.last_heard = self._clock()
+    def spawn(self, slot: WorkerSlot) -> bool:
+        """Create the slot's actor; it takes groups once its ``start`` call has returned."""
+        wid = slot.spec.worker_id
+        slot.proc = self._actor_cls.remote(
+            wid, slot.spec, self._launch, str(self.root), self._probe, self._recover
+        )
+        slot.conn = None
         self._started.discard(wid)
-        self._refs[w.proc.start.remote()] = ("start", wid, w.generation)
+        self._refs[slot.proc.start.remote()] = ("start", wid, slot.generation)
+        return False
 
-    def _send(self, wid: int, group) -> None:
-        self.workers[wid].proc.submit.remote([group])  # a dead actor shows in its next poll
+    def send(self, slot: WorkerSlot, group: Any) -> None:
+        slot.proc.submit.remote([group])  # a dead actor shows in its next poll
 
-    def _kill(self, w: _Worker) -> None:
-        import ray
+    def kill(self, slot: WorkerSlot) -> None:
+        _kill_actor(slot.proc)  # its outstanding call fails: handled as a death
 
-        try:
-            ray.kill(w.proc, no_restart=True)  # its outstanding call fails: handled as a death
-        except Exception:  # already gone
-            pass
-
-    def _reap(self, w: _Worker) -> str:
+    def reap(self, slot: WorkerSlot) -> str:
         """The actor is gone or going: make sure (a node cut off may still run it)."""
-        import ray
+        _kill_actor(slot.proc)
+        self._started.discard(slot.spec.worker_id)
+        slot.proc = None
+        return self._causes.pop(slot.spec.worker_id, "killed")
 
-        try:
-            ray.kill(w.proc, no_restart=True)
-        except Exception:  # already gone
-            pass
-        self._started.discard(w.spec.worker_id)
-        w.proc = None
-        return self._causes.pop(w.spec.worker_id, "killed")
-
-    def next_events(self, timeout: float) -> list[dict[str, Any]]:
-        """Every event ready within ``timeout`` s, as ``WorkerPool.next_events`` (same kinds)."""
+    def wait(self, slots: dict[int, WorkerSlot], timeout: float) -> list[Notice]:
         import ray
         from ray.exceptions import RayError, RayTaskError
 
-        if self._events:
-            timeout = 0
         ready: list[Any] = []
         if self._refs:
             ready, _ = ray.wait(list(self._refs), num_returns=1, timeout=timeout)
@@ -180,10 +223,11 @@ class RayPool(WorkerPool):
                 ready, _ = ray.wait(list(self._refs), num_returns=len(self._refs), timeout=0)
         elif timeout:
             time.sleep(timeout)
-        dead: list[int] = []
+        notices: list[Notice] = []
+        dead: set[int] = set()
         for ref in ready:
             call, wid, generation = self._refs.pop(ref)
-            w = self.workers[wid]
+            w = slots[wid]
             if generation != w.generation or w.proc is None or wid in dead:
                 continue  # a call to an actor since replaced
             try:
@@ -192,38 +236,40 @@ class RayPool(WorkerPool):
                 if call == "start" and generation == 1 and isinstance(exc, RayTaskError):
                     raise RayExecutorError(f"slot {wid}: {_one_line(exc)}") from None
                 self._causes[wid] = type(exc).__name__  # the pool's "exit code"
-                log.error("ray executor: slot %d on node %s lost: %s: %s", wid,
-                          self.nodes.get(wid, "(not placed)"), type(exc).__name__,
-                          _one_line(exc))
-                dead.append(wid)
+                log.error(
+                    "ray executor: slot %d on node %s lost: %s: %s",
+                    wid,
+                    self.nodes.get(wid, "(not placed)"),
+                    type(exc).__name__,
+                    _one_line(exc),
+                )
+                dead.add(wid)
+                notices.append((wid, "dead", None))
                 continue
             if call == "start":
-                self._on_started(wid, value)
+                self._on_started(wid, generation, value)
+                notices.append((wid, "started", None))
             else:
-                for event in value:
-                    self._handle(wid, event)
+                notices.extend((wid, "event", event) for event in value)
             self._refs[w.proc.poll.remote(POLL_WAIT)] = ("poll", wid, w.generation)
-        for wid in dead:
-            self._on_death(wid)
-        self._dispatch()
-        events, self._events = self._events, []
-        self._count(events)
-        return events
+        return notices
 
-    def _on_started(self, wid: int, info: dict[str, Any]) -> None:
-        w = self.workers[wid]
+    def _on_started(self, wid: int, generation: int, info: dict[str, Any]) -> None:
         self.nodes[wid] = info["node"]
         self._started.add(wid)
-        w.last_heard = self._clock()
-        self._free.extend([(wid, w.generation)] * w.spec.groups_in_flight)
-        if w.generation > 1:
+        if generation > 1:
             self.stats["restarts"] += 1
             log.warning("ray executor: slot %d is back on node %s", wid, info["node"])
         else:
-            log.info("ray executor: slot %d on node %s, server %s%s", wid, info["node"],
-                     info["url"], f", GPUs {info['devices']}" if info.get("devices") else "")
+            log.info(
+                "ray executor: slot %d on node %s, server %s%s",
+                wid,
+                info["node"],
+                info["url"],
+                f", GPUs {info['devices']}" if info.get("devices") else "",
+            )
 
-    def _count(self, events: list[dict[str, Any]]) -> None:
+    def observe(self, events: list[dict[str, Any]]) -> None:
         for event in events:
             if event["event"] == "worker_died" and not event["expected"]:
                 self.stats["slots_lost"] += 1
@@ -231,56 +277,65 @@ class RayPool(WorkerPool):
             elif event["event"] == "recovered":
                 self.stats["recovered_committed"] += 1
 
-    def describe_wait(self) -> str:
-        unplaced = [f"slot {wid} waits for Ray to place and start it"
-                    for wid, w in self.workers.items()
-                    if w.proc is not None and wid not in self._started]
-        return "; ".join([super().describe_wait(), *unplaced])
+    def waiting(self, slots: dict[int, WorkerSlot]) -> list[str]:
+        return [
+            f"slot {wid} waits for Ray to place and start it"
+            for wid, w in slots.items()
+            if w.proc is not None and wid not in self._started
+        ]
 
     # ---- shutdown ----------------------------------------------------------------------------
 
-    def close(self, timeout: float = 60.0) -> None:
+    def close(self, slots: dict[int, WorkerSlot], timeout: float) -> None:
         """Let the started actors finish and stop their servers (bounded), record the
         executor's figures in the manifest, then end every actor."""
         import ray
 
-        self._closing = True
-        stops = [self.workers[wid].proc.stop.remote() for wid in sorted(self._started)
-                 if self.workers[wid].proc is not None]
+        stops = [
+            slots[wid].proc.stop.remote()
+            for wid in sorted(self._started)
+            if slots[wid].proc is not None
+        ]
         if stops:
             ray.wait(stops, num_returns=len(stops), timeout=timeout)
         try:
-            update_manifest(self.root, executor={
-                "kind": "ray", "address": self.config.ray_address,
-                "nodes": {str(k): v for k, v in self.nodes.items()}, **self.stats})
+            update_manifest(
+                self.root,
+                executor={
+                    "kind": "ray",
+                    "address": self.config.ray_address,
+                    "nodes": {str(k): v for k, v in self.nodes.items()},
+                    **self.stats,
+                },
+            )
         except HallulogError:
             log.exception("could not record the executor's figures in the manifest")
-        self.kill()
+        self.kill_all(slots)
 
-    def kill(self) -> None:
+    def kill_all(self, slots: dict[int, WorkerSlot]) -> None:
         """End every actor at once (and the Ray instance this process started)."""
-        self._closing = True
         try:
             import ray
         except ImportError:
             return
-        for w in self.workers.values():
+        for w in slots.values():
             if w.proc is not None:
-                try:
-                    ray.kill(w.proc, no_restart=True)
-                except Exception:  # already gone
-                    pass
+                _kill_actor(w.proc)
                 w.proc = None
         self._started.clear()
         self._refs.clear()
         (self.root / PROBE_NAME).unlink(missing_ok=True)
-        self._shutdown_ray()
-
-    def _shutdown_ray(self) -> None:
-        import ray
-
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+
+
+def _kill_actor(actor: Any) -> None:
+    import ray
+
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # already gone
+        pass
 
 
 def plan_actors(config: RunConfig, resources: dict[str, float]) -> tuple[int, int]:
@@ -293,23 +348,32 @@ def plan_actors(config: RunConfig, resources: dict[str, float]) -> tuple[int, in
     cpus = float(resources.get("CPU", 0))
     per = cfg.gpus_per_server
     if cfg.gpus and gpus == 0:
-        raise RayExecutorError(f"--gpus {','.join(map(str, cfg.gpus))}: the Ray cluster at "
-                               f"{cfg.ray_address} has no GPUs (resources: CPU={cpus:g})")
-    sizes = (f"--tensor-parallel-size {cfg.tensor_parallel_size} x --pipeline-parallel-size "
-             f"{cfg.pipeline_parallel_size}")
+        raise RayExecutorError(
+            f"--gpus {','.join(map(str, cfg.gpus))}: the Ray cluster at "
+            f"{cfg.ray_address} has no GPUs (resources: CPU={cpus:g})"
+        )
+    sizes = (
+        f"--tensor-parallel-size {cfg.tensor_parallel_size} x --pipeline-parallel-size "
+        f"{cfg.pipeline_parallel_size}"
+    )
     if gpus and gpus < per:
-        raise RayExecutorError(f"{sizes} needs {per} GPUs per actor; the Ray cluster at "
-                               f"{cfg.ray_address} has {gpus}")
+        raise RayExecutorError(
+            f"{sizes} needs {per} GPUs per actor; the Ray cluster at {cfg.ray_address} has {gpus}"
+        )
     count = cfg.ray_actors or (gpus // per if gpus else cfg.worker_count)
     if gpus and count * per > gpus:
         what = "one per actor" if per == 1 else f"{per} per actor: {sizes}"
-        raise RayExecutorError(f"--ray-actors {count} needs {count * per} GPUs ({what}); "
-                               f"the Ray cluster at {cfg.ray_address} has {gpus}")
+        raise RayExecutorError(
+            f"--ray-actors {count} needs {count * per} GPUs ({what}); "
+            f"the Ray cluster at {cfg.ray_address} has {gpus}"
+        )
     need = count * cfg.ray_cpus_per_actor
     if need > cpus:
-        raise RayExecutorError(f"{count} actor(s) x --ray-cpus-per-actor "
-                               f"{cfg.ray_cpus_per_actor:g} need {need:g} CPUs; the Ray "
-                               f"cluster at {cfg.ray_address} has {cpus:g}")
+        raise RayExecutorError(
+            f"{count} actor(s) x --ray-cpus-per-actor "
+            f"{cfg.ray_cpus_per_actor:g} need {need:g} CPUs; the Ray "
+            f"cluster at {cfg.ray_address} has {cpus:g}"
+        )
     return count, gpus
 
 
@@ -317,20 +381,27 @@ def actor_options(config: RunConfig, *, gpu: bool) -> dict[str, Any]:
     """``ray.remote(SlotActor).options(...)`` of every slot: its CPUs, and on a GPU cluster
     ``config.gpus_per_server`` GPUs (tensor x pipeline parallel size; Ray gives them on one
     node and sets the actor's ``CUDA_VISIBLE_DEVICES``, which its server inherits)."""
-    return dict(num_cpus=config.ray_cpus_per_actor,
-                num_gpus=config.gpus_per_server if gpu else 0, max_restarts=0,
-                max_task_retries=0, max_concurrency=4, scheduling_strategy="SPREAD")
+    return dict(
+        num_cpus=config.ray_cpus_per_actor,
+        num_gpus=config.gpus_per_server if gpu else 0,
+        max_restarts=0,
+        max_task_retries=0,
+        max_concurrency=4,
+        scheduling_strategy="SPREAD",
+    )
 
 
-def server_launch(config: RunConfig, model: ModelInfo, layer_ids: list[int], cache_dir: Path,
-                  *, gpu: bool) -> dict[str, Any]:
+def server_launch(
+    config: RunConfig, model: ModelInfo, layer_ids: list[int], cache_dir: Path, *, gpu: bool
+) -> dict[str, Any]:
     """How each actor starts its server (``SlotActor``'s ``launch``): the same command line as
     a local server of ``config`` (engine options and ``--engine-args`` included) with
     ``{python}``, ``{port}`` and ``{spool_dir}`` filled in on the node, its environment, and
     ``gpus``: the GPUs the actor must see (0 on CPU)."""
     env: dict[str, str] = {"HALLULOG_CACHE_DIR": str(cache_dir), "PYTHONUNBUFFERED": "1"}
-    command = server_command(config, model, layer_ids, host="127.0.0.1", port=0,
-                             spool_dir="{spool_dir}")
+    command = server_command(
+        config, model, layer_ids, host="127.0.0.1", port=0, spool_dir="{spool_dir}"
+    )
     command[command.index("--port") + 1] = "{port}"
     if config.backend == "vllm":
         from orchestrator.run.vllm_backend import vllm_server_env
@@ -341,8 +412,12 @@ def server_launch(config: RunConfig, model: ModelInfo, layer_ids: list[int], cac
         elif config.gpus_per_server > 1:  # the actor's node and CPUs are not known here
             env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     command = ["{python}" if part == sys.executable else part for part in command]
-    return {"command": command, "env": env, "startup_timeout": config.server_startup_timeout,
-            "gpus": config.gpus_per_server if gpu else 0}
+    return {
+        "command": command,
+        "env": env,
+        "startup_timeout": config.server_startup_timeout,
+        "gpus": config.gpus_per_server if gpu else 0,
+    }
 
 
 def _one_line(exc: BaseException) -> str:

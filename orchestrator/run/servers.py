@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING
 import httpx
 
 from contracts import layout
+from contracts.extras import require_installed
 from contracts.process import die_with_parent
 from orchestrator.errors import BackendStartError
-from orchestrator.run.ports import check_owner, choose_ports
+from orchestrator.run.ports import check_owner, choose_ports, release_port
+from orchestrator.run.shm import shm_names, sweep
 from orchestrator.engine_options import VLLM_ONLY, gpu_groups, set_engine_options
 from orchestrator.run.vllm_backend import (
     engine_child_pids,
@@ -47,6 +49,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 say = logging.getLogger("orchestrator.startup")
 """What a person waits for at startup (the CLI prints it on stderr whatever the log level)."""
+
+REMOTE_WAIT_SECONDS = float(os.environ.get("HALLULOG_REMOTE_WAIT_SECONDS", 30))
+"""How long a run waits for an external server (``--manage-servers false``) that does not
+answer at startup (connection refused, timeout) before it fails."""
 
 
 def hallulog_cache_dir(configured: Path | None = None) -> Path:
@@ -109,7 +115,7 @@ def embedded_server_command(model_dir: Path, *, host: str, port: int, spool_dir:
             "--served-model-name", served_model_name, *map(str, extra_args)]
 
 
-def server_command(config: "RunConfig", model: ModelInfo, layer_ids: list[int], *, host: str,
+def server_command(config: RunConfig, model: ModelInfo, layer_ids: list[int], *, host: str,
                    port: int, spool_dir: Path | str) -> list[str]:
     """The command line of one managed server of ``config`` (either backend): capture flags,
     the engine options (vLLM: :func:`engine_flags`; embedded: ``--max-model-len``), then
@@ -200,10 +206,13 @@ class ServerProcess:
     process: subprocess.Popen | None = None
     restarts: int = 0
     startup_seconds: float | None = None
+    shm_before: set[str] = field(default_factory=set)
+    """/dev/shm names present when it started: what appears after is its children's."""
 
     def start(self) -> None:
         """Spawn the process in its own process group, logging to ``log_path``."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.shm_before = shm_names()
         log_file = open(self.log_path, "ab")
         log_file.write(f"\n=== start {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
                        f"{' '.join(self.command)}\n".encode())
@@ -228,17 +237,20 @@ class ServerProcess:
                                             process=self.process, log_path=self.log_path,
                                             name=self.name)
         # a foreign server on the port answers /health too: it must be ours
-        check_owner(self.name, int(self.url.rsplit(":", 1)[1]), self.process.pid)
+        check_owner(self.name, self.port, self.process.pid)
         say.info("%s healthy after %.1f s", self.name, self.startup_seconds)
         return self.startup_seconds
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def stop(self, grace: float = 20.0) -> None:
-        """SIGTERM the process group, wait up to ``grace`` s, then SIGKILL it."""
+    def stop(self, grace: float = 20.0, *, final: bool = True) -> None:
+        """SIGTERM the process group, wait up to ``grace`` s, then SIGKILL it. ``final``
+        (not a restart): the port's reservation (run.ports) ends too."""
         proc = self.process
         if proc is None:
+            if final:
+                release_port(self.port)
             return
         pgid = proc.pid  # start_new_session: the group id is the leader's pid
         # vLLM's EngineCore and workers: remembered now, checked after the group is killed
@@ -263,10 +275,18 @@ class ServerProcess:
                 pass
         self.process = None
         self.pid_path.unlink(missing_ok=True)
+        # shared memory its killed children could not unlink (run.shm)
+        sweep(shm_names() - self.shm_before, min_age=2.0)
+        if final:
+            release_port(self.port)
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1].split("/", 1)[0])
 
     def restart(self, grace: float = 5.0) -> None:
         """Stop (a short grace: it is presumably hung), start again, wait for health."""
-        self.stop(grace=grace)
+        self.stop(grace=grace, final=False)
         self.restarts += 1
         self.start()
         self.wait_ready()
@@ -295,8 +315,8 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def start_servers(config: "RunConfig", model: ModelInfo, layer_ids: list[int], root: Path,
-                  cache_dir: Path, board: "StatusBoard", *, wait: bool = True
+def start_servers(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: Path,
+                  cache_dir: Path, board: StatusBoard, *, wait: bool = True
                   ) -> tuple[list[ServerProcess], list[str]]:
     """Start the managed servers (one per ``--tensor-parallel-size`` x
     ``--pipeline-parallel-size`` GPUs of ``--gpus``, server i on the i-th group of consecutive
@@ -308,10 +328,13 @@ def start_servers(config: "RunConfig", model: ModelInfo, layer_ids: list[int], r
         for url in config.server_urls:
             board.server_update(url, health="external")
         return [], list(config.server_urls)
+    if config.backend == "vllm":  # the server is `python -m vllm...` in this interpreter
+        require_installed("vllm", "--backend vllm")
     slots: list[tuple[int, ...] | None] = [*gpu_groups(config.gpus, config.gpus_per_server)]
     slots = slots or [None]
     kill_stale_servers(layout.servers_dir(root))
-    ports = choose_ports(len(slots), config.server_base_port)
+    sweep()  # shared memory of servers of runs that were SIGKILLed (run.shm)
+    ports = choose_ports(len(slots), config.server_base_port)  # reserved until stop()
     servers = []
     for i, (gpus, port) in enumerate(zip(slots, ports)):
         url = f"http://127.0.0.1:{port}"
@@ -323,6 +346,8 @@ def start_servers(config: "RunConfig", model: ModelInfo, layer_ids: list[int], r
         if config.backend == "vllm":
             env = vllm_server_env(env, gpu=gpus, cache_dir=cache_dir,
                                   ranks=config.gpus_per_server)
+            # temporary files of this run's servers apart from any other run's
+            env["TMPDIR"] = str(Path(env["TMPDIR"]) / layout.run_spool_dir(root, cache_dir).name)
             for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
                         "TMPDIR"):
                 Path(env[key]).mkdir(parents=True, exist_ok=True)
@@ -351,7 +376,7 @@ def start_servers(config: "RunConfig", model: ModelInfo, layer_ids: list[int], r
     return servers, [s.url for s in servers]
 
 
-def _note_unmanaged(config: "RunConfig") -> None:
+def _note_unmanaged(config: RunConfig) -> None:
     """Engine options do nothing to servers hallulog does not start: say so (they are still
     recorded in the manifest, as the config's values)."""
     given = set_engine_options(config)
@@ -380,13 +405,22 @@ def remove_spools(root: Path, spool_root: Path | None) -> None:
         clear_spool(spool)
 
 
-def remote_model(config: "RunConfig") -> ModelInfo:
+def remote_model(config: RunConfig) -> ModelInfo:
     """Model facts of an already running server (``--manage-servers false``)."""
     url = config.server_urls[0].rstrip("/")
-    try:
-        models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
-    except (httpx.HTTPError, KeyError, ValueError) as exc:
-        raise BackendStartError(f"--server-urls {url}: cannot list models ({exc})") from None
+    deadline = time.monotonic() + REMOTE_WAIT_SECONDS
+    while True:  # a server restarting now is a transient outage, not a failed run
+        try:
+            models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+            break
+        except (httpx.TransportError, httpx.TimeoutException) as exc:
+            if time.monotonic() > deadline:
+                raise BackendStartError(f"--server-urls {url}: cannot list models ({exc}; "
+                                        f"tried for {REMOTE_WAIT_SECONDS:.0f} s)") from None
+            say.info("--server-urls %s: not answering (%s); trying again", url, exc)
+            time.sleep(1.0)
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            raise BackendStartError(f"--server-urls {url}: cannot list models ({exc})") from None
     name = models[0]["id"]
     local = Path(config.model) if config.model != "default" else None
     if local is None or not (local / "config.json").exists():

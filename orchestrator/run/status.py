@@ -12,7 +12,8 @@ import copy
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["StatusBoard", "PHASES", "SNAPSHOT_VERSION"]
 
@@ -22,8 +23,17 @@ _WORKING_PHASES = ("starting", "running")
 
 
 class _Worker:
-    __slots__ = ("worker_id", "state", "current_prompt", "in_flight", "done", "errors",
-                 "generations", "tokens", "updated_at")
+    __slots__ = (
+        "worker_id",
+        "state",
+        "current_prompt",
+        "in_flight",
+        "done",
+        "errors",
+        "generations",
+        "tokens",
+        "updated_at",
+    )
 
     def __init__(self, worker_id: int, now: float) -> None:
         self.worker_id = worker_id
@@ -63,16 +73,29 @@ class StatusBoard:
     leaves ``running``.
     """
 
-    def __init__(self, *, run_id: str, config_summary: dict, fingerprint: str, artifact_root: str,
-                 total_prompts: int, skipped: int = 0, k_samples: int = 0,
-                 window_s: float = 60.0, max_errors: int = 20, history_bucket_s: float = 10.0,
-                 history_len: int = 360, clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        config_summary: dict,
+        fingerprint: str,
+        artifact_root: str,
+        total_prompts: int,
+        skipped: int = 0,
+        k_samples: int = 0,
+        window_s: float = 60.0,
+        max_errors: int = 20,
+        history_bucket_s: float = 10.0,
+        history_len: int = 360,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         if total_prompts < 0 or skipped < 0 or skipped > total_prompts:
             raise ValueError(f"need 0 <= skipped ({skipped}) <= total_prompts ({total_prompts})")
         if window_s <= 0 or history_bucket_s <= 0 or history_len < 1 or max_errors < 0:
-            raise ValueError("window_s and history_bucket_s must be > 0, history_len >= 1, "
-                             "max_errors >= 0")
+            raise ValueError(
+                "window_s and history_bucket_s must be > 0, history_len >= 1, max_errors >= 0"
+            )
         self._lock = threading.Lock()
         self._clock = clock
         self._wall = wall_clock
@@ -93,7 +116,7 @@ class StatusBoard:
         self._created_wall = wall_clock()
         self._created = clock()
         self._work_start: float | None = None  # first group_started
-        self._work_end: float | None = None    # phase left "running"
+        self._work_end: float | None = None  # phase left "running"
         self._updated_wall = self._created_wall
         self._done: set[str] = set()
         self._failed: dict[str, None] = {}
@@ -121,7 +144,9 @@ class StatusBoard:
             self._phase = phase
             self._touch()
 
-    def worker_update(self, worker_id: int, *, state: str, current_prompt: str | None = None) -> None:
+    def worker_update(
+        self, worker_id: int, *, state: str, current_prompt: str | None = None
+    ) -> None:
         """Set a worker's state; ``current_prompt=None`` shows its latest in-flight prompt."""
         with self._lock:
             w = self._worker(worker_id)
@@ -173,11 +198,14 @@ class StatusBoard:
             self._errors.append(entry)
             self._touch(w)
 
-    def server_update(self, url: str, *, health: str, restarts: int | None = None,
-                      in_flight: int | None = None) -> None:
+    def server_update(
+        self, url: str, *, health: str, restarts: int | None = None, in_flight: int | None = None
+    ) -> None:
         with self._lock:
-            srv = self._servers.setdefault(url, {"url": url, "health": health, "restarts": 0,
-                                                 "in_flight": 0, "updated_at": None})
+            srv = self._servers.setdefault(
+                url,
+                {"url": url, "health": health, "restarts": 0, "in_flight": 0, "updated_at": None},
+            )
             srv["health"] = health
             if restarts is not None:
                 srv["restarts"] = int(restarts)
@@ -255,12 +283,15 @@ class StatusBoard:
             "errors_total": errors_total,
             "rates": {
                 "window_s": self._window_s,
-                "prompts_per_s": {"recent": recent_prompts_s,
-                                  "overall": rate(done, elapsed_work)},
-                "generations_per_s": {"recent": rate(recent_g, window),
-                                      "overall": rate(generations, elapsed_work)},
-                "tokens_per_s": {"recent": rate(recent_t, window),
-                                 "overall": rate(tokens, elapsed_work)},
+                "prompts_per_s": {"recent": recent_prompts_s, "overall": rate(done, elapsed_work)},
+                "generations_per_s": {
+                    "recent": rate(recent_g, window),
+                    "overall": rate(generations, elapsed_work),
+                },
+                "tokens_per_s": {
+                    "recent": rate(recent_t, window),
+                    "overall": rate(tokens, elapsed_work),
+                },
             },
             "eta_s": eta,
             "workers": workers,

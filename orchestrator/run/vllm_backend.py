@@ -55,8 +55,10 @@ def engine_flags(
     to place them on the Ray cluster (whose GPUs the actor already holds).
     """
     if tensor_parallel_size < 1 or pipeline_parallel_size < 1:
-        raise ValueError("tensor and pipeline parallel sizes must be >= 1, got "
-                         f"{tensor_parallel_size} and {pipeline_parallel_size}")
+        raise ValueError(
+            "tensor and pipeline parallel sizes must be >= 1, got "
+            f"{tensor_parallel_size} and {pipeline_parallel_size}"
+        )
     argv: list[str] = []
     if tensor_parallel_size > 1:
         argv += ["--tensor-parallel-size", str(int(tensor_parallel_size))]
@@ -131,17 +133,29 @@ def vllm_server_command(
     installed vLLM serves, no code change needed).
     """
     if max_logprobs < 5:
-        raise ValueError(f"max_logprobs must be >= 5 (top-5 logprobs are requested), got {max_logprobs}")
+        raise ValueError(
+            f"max_logprobs must be >= 5 (top-5 logprobs are requested), got {max_logprobs}"
+        )
     argv = [
-        python, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", os.fspath(model_dir),
-        "--served-model-name", served_model_name,
-        "--host", host,
-        "--port", str(int(port)),
-        "--dtype", dtype,
-        "--max-logprobs", str(int(max_logprobs)),
-        "--logprobs-mode", logprobs_mode,
-        "--generation-config", "vllm",  # sampling defaults from the request, not the model dir
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        os.fspath(model_dir),
+        "--served-model-name",
+        served_model_name,
+        "--host",
+        host,
+        "--port",
+        str(int(port)),
+        "--dtype",
+        dtype,
+        "--max-logprobs",
+        str(int(max_logprobs)),
+        "--logprobs-mode",
+        logprobs_mode,
+        "--generation-config",
+        "vllm",  # sampling defaults from the request, not the model dir
         "--disable-uvicorn-access-log",
     ]
     if layer_ids:
@@ -210,11 +224,14 @@ def cpu_thread_binding(ranks: int, cpus: Sequence[int] | None = None) -> str:
     share, extra = divmod(len(ids), ranks)
     parts, start = [], 0
     for rank in range(ranks):
-        chunk = ids[start:start + share + (rank < extra)]
+        chunk = ids[start : start + share + (rank < extra)]
         start += len(chunk)
         contiguous = chunk[-1] - chunk[0] == len(chunk) - 1
-        parts.append(f"{chunk[0]}-{chunk[-1]}" if contiguous and len(chunk) > 1
-                     else ",".join(map(str, chunk)))
+        parts.append(
+            f"{chunk[0]}-{chunk[-1]}"
+            if contiguous and len(chunk) > 1
+            else ",".join(map(str, chunk))
+        )
     return "|".join(parts)
 
 
@@ -223,9 +240,7 @@ _SAMPLE = re.compile(
 )
 
 
-def parse_prometheus_counters(
-    text: str, names: Sequence[str] = COUNTERS
-) -> dict[str, float]:
+def parse_prometheus_counters(text: str, names: Sequence[str] = COUNTERS) -> dict[str, float]:
     """Sum of each series in ``names`` over all its label sets, from a ``/metrics`` page.
 
     A name absent from ``text`` is absent from the result (a server that has not served yet may

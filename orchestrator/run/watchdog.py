@@ -4,7 +4,11 @@ A background thread scrapes each server's Prometheus ``/metrics`` (vLLM's names,
 embedded server also exports). A server is *stalled* when, for ``stall_seconds``, its generated
 token counter stays flat while it has work — its own ``num_requests_running`` > 0, or prompt
 groups in flight on it as the orchestrator knows them (which also covers a server whose
-``/metrics`` does not answer, or whose engine is stopped and whose gauges went stale). The run loop restarts stalled servers; the thread only observes.
+``/metrics`` does not answer, or whose engine is stopped and whose gauges went stale). The run
+loop restarts stalled servers; the thread only observes.
+
+Time comes from an injected ``clock`` (``time.monotonic`` by default) and one round of scrapes is
+:meth:`Watchdog.poll`, so a caller can drive the watchdog step by step without the thread.
 """
 
 from __future__ import annotations
@@ -12,8 +16,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -51,21 +55,31 @@ class ServerProgress:
 
 
 class Watchdog:
-    """Polls servers every ``interval`` seconds on a daemon thread."""
+    """Polls servers every ``interval`` seconds on a daemon thread (:meth:`start`), or once per
+    :meth:`poll` call. ``clock`` returns seconds (monotonic); stalls are measured on it."""
 
-    def __init__(self, urls: list[str], *, stall_seconds: float,
-                 busy: Callable[[str], bool], interval: float = 2.0,
-                 on_update: Callable[[ServerProgress], None] | None = None) -> None:
-        self.servers = {url: ServerProgress(url) for url in urls}
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        stall_seconds: float,
+        busy: Callable[[str], bool],
+        interval: float = 2.0,
+        on_update: Callable[[ServerProgress], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self.servers = {url: ServerProgress(url, last_progress=clock()) for url in urls}
         self.stall_seconds = stall_seconds
         self.interval = interval
+        self.scrape_timeout = min(5.0, interval * 2)
         self._busy = busy
         self._on_update = on_update
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="watchdog", daemon=True)
 
-    def start(self) -> "Watchdog":
+    def start(self) -> Watchdog:
         self._thread.start()
         return self
 
@@ -81,16 +95,24 @@ class Watchdog:
     def reset(self, url: str) -> None:
         """Forget a server's history (after its restart)."""
         with self._lock:
-            self.servers[url] = ServerProgress(url)
+            self.servers[url] = ServerProgress(url, last_progress=self._clock())
+
+    def poll(self) -> None:
+        """Scrape every server once and update its state (what the thread does each interval)."""
+        with httpx.Client(timeout=self.scrape_timeout) as client:
+            self._poll(client)
 
     def _loop(self) -> None:
-        with httpx.Client(timeout=min(5.0, self.interval * 2)) as client:
+        with httpx.Client(timeout=self.scrape_timeout) as client:
             while not self._stop.wait(self.interval):
-                for url in list(self.servers):
-                    self._check(client, url)
+                self._poll(client)
+
+    def _poll(self, client: httpx.Client) -> None:
+        for url in list(self.servers):
+            self._check(client, url)
 
     def _check(self, client: httpx.Client, url: str) -> None:
-        now = time.monotonic()
+        now = self._clock()
         try:
             tokens, running = parse_progress_metrics(client.get(f"{url}/metrics").text)
             reachable = True
@@ -110,8 +132,11 @@ class Watchdog:
             state.stalled = has_work and now - state.last_progress > self.stall_seconds
             snapshot = ServerProgress(**vars(state))
         if state.stalled and not was:
-            log.error("server %s made no progress for %.0f s with work in flight (%s)", url,
-                      now - snapshot.last_progress,
-                      "metrics unreachable" if not reachable else f"{running:.0f} running")
+            log.error(
+                "server %s made no progress for %.0f s with work in flight (%s)",
+                url,
+                now - snapshot.last_progress,
+                "metrics unreachable" if not reachable else f"{running:.0f} running",
+            )
         if self._on_update is not None:
             self._on_update(snapshot)

@@ -22,16 +22,32 @@ from typing import Any
 from contracts.prompt_group import PromptGroup
 from orchestrator.shards import ShardSpec, parse_shard, select_shard
 from orchestrator.tasks import hallulens, triviaqa
-from orchestrator.tasks.base import (DatasetFormatError, MalformedCollector, MalformedLine,
-                                     TaskData)
+from orchestrator.tasks.base import DatasetFormatError, MalformedCollector, MalformedLine, TaskData
 from orchestrator.tasks.presets import PRESETS
 from orchestrator.tasks.prompting import PromptSpec
-from orchestrator.tasks.study import (QA_TASK, STUDY_TASKS, Study, builtin_fields, iter_records,
-                                      rerender, study_groups)
+from orchestrator.tasks.study import (
+    QA_TASK,
+    STUDY_TASKS,
+    Study,
+    builtin_fields,
+    iter_records,
+    rerender,
+    study_groups,
+)
 
-__all__ = ["load_task", "open_task", "open_config_task", "TaskStream", "TaskData",
-           "MalformedLine", "DatasetFormatError", "TASKS", "BUNDLED_SAMPLES", "bundled_path",
-           "Study"]
+__all__ = [
+    "load_task",
+    "open_task",
+    "open_config_task",
+    "TaskStream",
+    "TaskData",
+    "MalformedLine",
+    "DatasetFormatError",
+    "TASKS",
+    "BUNDLED_SAMPLES",
+    "bundled_path",
+    "Study",
+]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
@@ -57,8 +73,10 @@ TASKS: tuple[str, ...] = (*_LOADERS, *STUDY_TASKS)
 def bundled_path(name: str) -> Path:
     """Path of the bundled sample file of task ``name``."""
     if name == QA_TASK:
-        raise ValueError("--task qa has no bundled sample: pass --task-path (and the field "
-                         "mapping flags, docs/tasks.md)")
+        raise ValueError(
+            "--task qa has no bundled sample: pass --task-path (and the field "
+            "mapping flags, docs/tasks.md)"
+        )
     if name not in BUNDLED_SAMPLES:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
     return DATA_DIR / BUNDLED_SAMPLES[name]
@@ -101,17 +119,32 @@ class TaskStream:
 
     def _groups(self, collector: MalformedCollector) -> Iterator[PromptGroup]:
         if self.name in _LOADERS:
-            groups = _LOADERS[self.name][0](self.source, split=self.split, limit=self.limit,
-                                            collector=collector)
+            groups = _LOADERS[self.name][0](
+                self.source, split=self.split, limit=self.limit, collector=collector
+            )
             return rerender(groups, self.spec, self.source) if self.spec is not None else groups
         assert self.study is not None and self.spec is not None
-        return study_groups(self.name, self.source, self.study, self.spec, split=self.split,
-                            limit=self.limit, collector=collector)
+        return study_groups(
+            self.name,
+            self.source,
+            self.study,
+            self.spec,
+            split=self.split,
+            limit=self.limit,
+            collector=collector,
+        )
 
 
-def open_task(name: str, path: str | Path | None = None, *, split: str | None = None,
-              limit: int | None = None, strict: bool = False,
-              shard: ShardSpec | str | None = None, study: Study | None = None) -> TaskStream:
+def open_task(
+    name: str,
+    path: str | Path | None = None,
+    *,
+    split: str | None = None,
+    limit: int | None = None,
+    strict: bool = False,
+    shard: ShardSpec | str | None = None,
+    study: Study | None = None,
+) -> TaskStream:
     """Task ``name`` at ``path`` (``None``: the bundled sample), to be read lazily; the
     arguments are those of :func:`load_task` and are checked now, the file when it is read.
     ``study`` sets the dataset mapping and the prompt (default: the task's own); its few-shot
@@ -134,18 +167,31 @@ def open_task(name: str, path: str | Path | None = None, *, split: str | None = 
         if name in STUDY_TASKS or study.custom_prompt:
             spec = study.prompt_spec(name, _fewshot_fields(name, study, split))
             template = spec.text
-    return TaskStream(name, source, template, split=split, limit=limit, strict=strict,
-                      shard=parse_shard(shard) if isinstance(shard, str) else shard,
-                      study=study, spec=spec)
+    return TaskStream(
+        name,
+        source,
+        template,
+        split=split,
+        limit=limit,
+        strict=strict,
+        shard=parse_shard(shard) if isinstance(shard, str) else shard,
+        study=study,
+        spec=spec,
+    )
 
 
-def open_config_task(values: Mapping[str, Any], *, shard: ShardSpec | str | None = None
-                     ) -> TaskStream:
+def open_config_task(
+    values: Mapping[str, Any], *, shard: ShardSpec | str | None = None
+) -> TaskStream:
     """The task of a run config (``RunConfig.to_dict()`` or a manifest's recorded ``config``)."""
-    return open_task(values.get("task") or "triviaqa", values.get("task_path"),
-                     split=values.get("split"), limit=values.get("limit"),
-                     shard=shard if shard is not None else values.get("shard"),
-                     study=Study.from_values(values))
+    return open_task(
+        values.get("task") or "triviaqa",
+        values.get("task_path"),
+        split=values.get("split"),
+        limit=values.get("limit"),
+        shard=shard if shard is not None else values.get("shard"),
+        study=Study.from_values(values),
+    )
 
 
 def _fewshot_fields(name: str, study: Study, split: str | None) -> Iterator[dict[str, Any]]:
@@ -159,13 +205,22 @@ def _fewshot_fields(name: str, study: Study, split: str | None) -> Iterator[dict
     if name in _LOADERS:
         groups = _LOADERS[name][0](path, split=None, limit=None, collector=collector)
         return (builtin_fields(g) for g in groups)
-    return (rec.fields for rec in iter_records(name, path, study, split=None, limit=None,
-                                               collector=collector))
+    return (
+        rec.fields
+        for rec in iter_records(name, path, study, split=None, limit=None, collector=collector)
+    )
 
 
-def load_task(name: str, path: str | Path | None = None, *, split: str | None = None,
-              limit: int | None = None, strict: bool = False,
-              shard: ShardSpec | str | None = None, study: Study | None = None) -> TaskData:
+def load_task(
+    name: str,
+    path: str | Path | None = None,
+    *,
+    split: str | None = None,
+    limit: int | None = None,
+    strict: bool = False,
+    shard: ShardSpec | str | None = None,
+    study: Study | None = None,
+) -> TaskData:
     """Load task ``name`` from ``path`` (``None``: the bundled sample), every group at once.
 
     ``split`` names the split in the prompt ids (default: the file's own ``Split`` for TriviaQA
@@ -178,10 +233,16 @@ def load_task(name: str, path: str | Path | None = None, *, split: str | None = 
     with an invalid item) raises :class:`DatasetFormatError` whose message is
     ``"<file>:<line>: <what is wrong>"``. :func:`open_task` reads the same file lazily.
     """
-    stream = open_task(name, path, split=split, limit=limit, strict=strict, shard=shard,
-                       study=study)
+    stream = open_task(
+        name, path, split=split, limit=limit, strict=strict, shard=shard, study=study
+    )
     collector = MalformedCollector(str(stream.source), strict)
     groups = list(stream.groups(collector))
-    return TaskData(groups=groups, source=str(stream.source),
-                    prompt_template=stream.prompt_template, malformed=collector.items, task=name,
-                    split=groups[0].split if groups else (split or ""))
+    return TaskData(
+        groups=groups,
+        source=str(stream.source),
+        prompt_template=stream.prompt_template,
+        malformed=collector.items,
+        task=name,
+        split=groups[0].split if groups else (split or ""),
+    )

@@ -14,9 +14,18 @@ from typing import Any
 from contracts.errors import HallulogError
 from contracts.prompt_group import PromptGroup
 
-__all__ = ["TaskData", "MalformedLine", "DatasetFormatError", "MalformedCollector", "read_text",
-           "iter_text_lines", "LineCounter", "iter_jsonl", "skip_ws", "report_malformed",
-           "GroupCounter"]
+__all__ = [
+    "TaskData",
+    "MalformedLine",
+    "DatasetFormatError",
+    "MalformedCollector",
+    "read_text",
+    "iter_text_lines",
+    "LineCounter",
+    "iter_jsonl",
+    "skip_ws",
+    "GroupCounter",
+]
 
 log = logging.getLogger("orchestrator.tasks")
 
@@ -86,16 +95,15 @@ class MalformedCollector:
         if self.quiet:
             pass
         elif len(self.items) > _MAX_WARNINGS_PER_FILE:
-            log.warning("%s: %d malformed lines skipped in all (only the first %d were logged)",
-                        self.file, len(self.items), _MAX_WARNINGS_PER_FILE)
+            log.warning(
+                "%s: %d malformed lines skipped in all (only the first %d were logged)",
+                self.file,
+                len(self.items),
+                _MAX_WARNINGS_PER_FILE,
+            )
         elif self.items:
             log.warning("%s: %d malformed line(s) skipped", self.file, len(self.items))
         return list(self.items)
-
-
-def report_malformed(malformed: list[MalformedLine]) -> str:
-    """A short multi-line text naming every skipped record (for CLI summaries)."""
-    return "\n".join(str(m) for m in malformed)
 
 
 def read_text(path: str | Path) -> str:
@@ -105,8 +113,9 @@ def read_text(path: str | Path) -> str:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise DatasetFormatError(path, line, f"not valid UTF-8 ({exc.reason} at byte {exc.start})") \
-            from None
+        raise DatasetFormatError(
+            path, line, f"not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None
 
 
 def iter_text_lines(path: str | Path) -> Iterator[tuple[int, str]]:
@@ -122,8 +131,11 @@ def iter_text_lines(path: str | Path) -> Iterator[tuple[int, str]]:
             try:
                 line = raw[start:].decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise DatasetFormatError(path, lineno, f"not valid UTF-8 ({exc.reason} at byte "
-                                         f"{offset + start + exc.start})") from None
+                raise DatasetFormatError(
+                    path,
+                    lineno,
+                    f"not valid UTF-8 ({exc.reason} at byte {offset + start + exc.start})",
+                ) from None
             offset += len(raw)
             yield lineno, line.removesuffix("\n")
 
@@ -152,8 +164,9 @@ class LineCounter:
         return self._line
 
 
-def iter_jsonl(path: str | Path, collector: MalformedCollector
-               ) -> Iterator[tuple[int, int, dict[str, Any]]]:
+def iter_jsonl(
+    path: str | Path, collector: MalformedCollector
+) -> Iterator[tuple[int, int, dict[str, Any]]]:
     """Yield ``(line_number, record_index, object)`` for each JSON object line of the file at
     ``path``, read as a stream.
 
@@ -193,8 +206,9 @@ class GroupCounter:
         """Whether the record with this id (first seen on ``lineno``) is new; counts it."""
         first = self._seen.setdefault(record_id, lineno)
         if first != lineno:
-            self.collector.add(lineno, f"duplicate {self.what} {record_id!r} (first on line "
-                                       f"{first})")
+            self.collector.add(
+                lineno, f"duplicate {self.what} {record_id!r} (first on line {first})"
+            )
             return False
         self.count += 1
         return True
@@ -205,7 +219,11 @@ class GroupCounter:
             return
         if self.collector.items:
             first = self.collector.items[0]
-            raise DatasetFormatError(path, first.line, f"no valid {what} in the file "
-                                     f"({len(self.collector.items)} malformed line(s); "
-                                     f"first: {first.message})")
+            raise DatasetFormatError(
+                path,
+                first.line,
+                f"no valid {what} in the file "
+                f"({len(self.collector.items)} malformed line(s); "
+                f"first: {first.message})",
+            )
         raise DatasetFormatError(path, 1, f"the file holds no {what}s")

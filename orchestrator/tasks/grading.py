@@ -43,24 +43,38 @@ def needs_judge_for(answer_kind: str | None, task: str) -> bool:
     return answer_kind == JUDGE
 
 
-def judge_grader(judge_url: str | None, judge_model: str | None = None,
-                 task_style: str = "precisewikiqa", *, task: str | None = None,
-                 **judge_options: Any) -> JudgeGrader:
+def judge_grader(
+    judge_url: str | None,
+    judge_model: str | None = None,
+    task_style: str = "precisewikiqa",
+    *,
+    task: str | None = None,
+    **judge_options: Any,
+) -> JudgeGrader:
     """An LLM-judge grader with the rules of ``task_style`` (default: PreciseWikiQA's
     abstention → correctness against the reference answer and its accepted aliases) for
     ``task`` (recorded in the verdicts' details; default ``task_style``). Raises
     :class:`HallulogError` naming ``--judge-url`` when there is no judge URL."""
     name = task or task_style
     if not judge_url:
-        raise HallulogError(f"task {name!r} is graded by an LLM judge: pass --judge-url "
-                            "(the base URL of an OpenAI-compatible server, e.g. "
-                            "http://127.0.0.1:8000) and optionally --judge-model")
-    return JudgeGrader(name, judge_url=judge_url, judge_model=judge_model, style=task_style,
-                       **judge_options)
+        raise HallulogError(
+            f"task {name!r} is graded by an LLM judge: pass --judge-url "
+            "(the base URL of an OpenAI-compatible server, e.g. "
+            "http://127.0.0.1:8000) and optionally --judge-model"
+        )
+    return JudgeGrader(
+        name, judge_url=judge_url, judge_model=judge_model, style=task_style, **judge_options
+    )
 
 
-def grader_for(task: str, *, judge_url: str | None, judge_model: str | None = None,
-               answer_kind: str | None = None, **judge_options: Any) -> Grader:
+def grader_for(
+    task: str,
+    *,
+    judge_url: str | None,
+    judge_model: str | None = None,
+    answer_kind: str | None = None,
+    **judge_options: Any,
+) -> Grader:
     """The grader of ``task``: triviaqa → :class:`AliasGrader`, the HalluLens tasks →
     :class:`JudgeGrader` (which needs ``judge_url``). Any other task by its references'
     ``answer_kind``: ``judge`` → the generic judge (:func:`judge_grader`), ``aliases`` /
@@ -73,5 +87,7 @@ def grader_for(task: str, *, judge_url: str | None, judge_model: str | None = No
         return judge_grader(judge_url, judge_model, task=task, **judge_options)
     if answer_kind in (ALIASES, CHOICE, NUMERIC):
         return AliasGrader()
-    raise ValueError(f"no grader for task {task!r}; choose one of triviaqa, "
-                     f"{', '.join(JUDGE_TASKS)}, or give its answer kind")
+    raise ValueError(
+        f"no grader for task {task!r}; choose one of triviaqa, "
+        f"{', '.join(JUDGE_TASKS)}, or give its answer kind"
+    )

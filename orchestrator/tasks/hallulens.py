@@ -23,8 +23,15 @@ from contracts.prompt_group import PromptGroup
 from orchestrator.tasks.base import GroupCounter, MalformedCollector, iter_jsonl
 from orchestrator.tasks.records import iter_delimited
 
-__all__ = ["DEFAULT_SPLIT", "QA_PROMPT_TEMPLATE", "ENTITY_PROMPT_TEMPLATES", "MIXED_PROMPT_TEMPLATE",
-           "iter_precisewikiqa", "iter_longwiki", "iter_mixedentities"]
+__all__ = [
+    "DEFAULT_SPLIT",
+    "QA_PROMPT_TEMPLATE",
+    "ENTITY_PROMPT_TEMPLATES",
+    "MIXED_PROMPT_TEMPLATE",
+    "iter_precisewikiqa",
+    "iter_longwiki",
+    "iter_mixedentities",
+]
 
 DEFAULT_SPLIT = "test"
 
@@ -40,8 +47,10 @@ ENTITY_PROMPT_TEMPLATES: tuple[str, ...] = (
     "Write a few sentences about the {type} {name}.",
     "Summarize the main facts about the {type} {name}.",
 )
-MIXED_PROMPT_TEMPLATE = ("{prompt}\n--- rows without a prompt use template (record index mod "
-                         f"{len(ENTITY_PROMPT_TEMPLATES)}):\n" + "\n".join(ENTITY_PROMPT_TEMPLATES))
+MIXED_PROMPT_TEMPLATE = (
+    "{prompt}\n--- rows without a prompt use template (record index mod "
+    f"{len(ENTITY_PROMPT_TEMPLATES)}):\n" + "\n".join(ENTITY_PROMPT_TEMPLATES)
+)
 
 # Metadata fields kept in PromptGroup.meta when the record has them.
 _WIKI_META = ("title", "h_score_cat", "pageid", "revid", "description", "categories")
@@ -60,7 +69,7 @@ def _record_id(obj: dict[str, Any], index: int) -> tuple[str, str | None]:
         return str(index), None
     rid = obj["id"]
     if isinstance(rid, bool) or not isinstance(rid, (str, int)) or str(rid).strip() == "":
-        return "", f"\"id\" must be a non-empty string or integer, got {rid!r}"
+        return "", f'"id" must be a non-empty string or integer, got {rid!r}'
     return str(rid), None
 
 
@@ -72,26 +81,31 @@ def _nonempty_str(obj: dict[str, Any], *keys: str) -> str | None:
     return None
 
 
-def _iter_wiki_qa(dataset: str, path: str | Path, split: str | None, limit: int | None,
-                  collector: MalformedCollector, answer_required: bool
-                  ) -> Iterator[PromptGroup]:
+def _iter_wiki_qa(
+    dataset: str,
+    path: str | Path,
+    split: str | None,
+    limit: int | None,
+    collector: MalformedCollector,
+    answer_required: bool,
+) -> Iterator[PromptGroup]:
     split = split or DEFAULT_SPLIT
     counter = GroupCounter(collector, limit, "id")
     for lineno, index, obj in iter_jsonl(path, collector):
         question = _nonempty_str(obj, "prompt", "question")
         if question is None:
-            collector.add(lineno, "missing or empty \"prompt\" (the question)")
+            collector.add(lineno, 'missing or empty "prompt" (the question)')
             continue
         answer = obj.get("answer")
         if answer is not None and not isinstance(answer, str):
-            collector.add(lineno, f"\"answer\" must be a string, got {type(answer).__name__}")
+            collector.add(lineno, f'"answer" must be a string, got {type(answer).__name__}')
             continue
         if answer_required and (answer is None or not answer.strip()):
-            collector.add(lineno, "missing or empty \"answer\"")
+            collector.add(lineno, 'missing or empty "answer"')
             continue
         document = obj.get("reference")
         if document is not None and not isinstance(document, str):
-            collector.add(lineno, f"\"reference\" must be a string, got {type(document).__name__}")
+            collector.add(lineno, f'"reference" must be a string, got {type(document).__name__}')
             continue
         dataset_id, err = _record_id(obj, index)
         if err:
@@ -103,27 +117,31 @@ def _iter_wiki_qa(dataset: str, path: str | Path, split: str | None, limit: int 
         meta = {"question": question.strip()}
         meta.update({k: obj[k] for k in _WIKI_META if k in obj})
         if counter.admit(lineno, dataset_id):
-            yield PromptGroup.create(dataset, split, dataset_id, _user(question.strip()),
-                                     reference=reference, meta=meta)
+            yield PromptGroup.create(
+                dataset, split, dataset_id, _user(question.strip()), reference=reference, meta=meta
+            )
             if counter.full:
                 break
     counter.check_some(str(path), "record")
 
 
-def iter_precisewikiqa(path: str | Path, *, split: str | None, limit: int | None,
-                       collector: MalformedCollector) -> Iterator[PromptGroup]:
+def iter_precisewikiqa(
+    path: str | Path, *, split: str | None, limit: int | None, collector: MalformedCollector
+) -> Iterator[PromptGroup]:
     """PreciseWikiQA generated QA pairs (JSONL, read lazily); ``answer`` is required."""
     return _iter_wiki_qa("precisewikiqa", path, split, limit, collector, answer_required=True)
 
 
-def iter_longwiki(path: str | Path, *, split: str | None, limit: int | None,
-                  collector: MalformedCollector) -> Iterator[PromptGroup]:
+def iter_longwiki(
+    path: str | Path, *, split: str | None, limit: int | None, collector: MalformedCollector
+) -> Iterator[PromptGroup]:
     """LongWiki questions (JSONL, read lazily); ``answer`` is optional (HalluLens grades
     against the wiki)."""
     return _iter_wiki_qa("longwiki", path, split, limit, collector, answer_required=False)
 
 
 # ----------------------------------------------------------------------------- mixedentities
+
 
 def _parse_exists(value: Any) -> bool | None:
     if value is None:
@@ -141,16 +159,18 @@ def _parse_exists(value: Any) -> bool | None:
     return None
 
 
-def _csv_records(path: str, collector: MalformedCollector
-                 ) -> Iterator[tuple[int, int, dict[str, Any]]]:
+def _csv_records(
+    path: str, collector: MalformedCollector
+) -> Iterator[tuple[int, int, dict[str, Any]]]:
     """``(start_line, row_index, row)`` for each data row of a CSV file with a header, read as
     a stream (:func:`orchestrator.tasks.records.iter_delimited`)."""
     for rec in iter_delimited(path, collector):
         yield rec.line, rec.index, rec.record
 
 
-def iter_mixedentities(path: str | Path, *, split: str | None, limit: int | None,
-                       collector: MalformedCollector) -> Iterator[PromptGroup]:
+def iter_mixedentities(
+    path: str | Path, *, split: str | None, limit: int | None, collector: MalformedCollector
+) -> Iterator[PromptGroup]:
     """Nonexistent-entity prompts (CSV as HalluLens writes it, or JSONL), read lazily."""
     path_s = str(path)
     split = split or DEFAULT_SPLIT
@@ -162,15 +182,15 @@ def iter_mixedentities(path: str | Path, *, split: str | None, limit: int | None
     for lineno, index, obj in records:
         name = _nonempty_str(obj, "name")
         if name is None:
-            collector.add(lineno, "missing or empty \"name\"")
+            collector.add(lineno, 'missing or empty "name"')
             continue
         etype = _nonempty_str(obj, "type", "type_")
         if etype is None:
-            collector.add(lineno, "missing or empty \"type\"")
+            collector.add(lineno, 'missing or empty "type"')
             continue
         exists = _parse_exists(obj.get("exists"))
         if exists is None:
-            collector.add(lineno, f"\"exists\" must be true or false, got {obj.get('exists')!r}")
+            collector.add(lineno, f'"exists" must be true or false, got {obj.get("exists")!r}')
             continue
         dataset_id, err = _record_id(obj, index)
         if err:
@@ -182,11 +202,22 @@ def iter_mixedentities(path: str | Path, *, split: str | None, limit: int | None
             template = ENTITY_PROMPT_TEMPLATES[index % len(ENTITY_PROMPT_TEMPLATES)]
             prompt = template.format(type=etype.strip(), name=name.strip())
         reference = {"value": None, "name": name.strip(), "type": etype.strip(), "exists": exists}
-        meta = {"question": prompt.strip(), "entity_name": name.strip(), "entity_type": etype.strip(),
-                "entity_exists": exists, "prompt_from_template": from_template}
+        meta = {
+            "question": prompt.strip(),
+            "entity_name": name.strip(),
+            "entity_type": etype.strip(),
+            "entity_exists": exists,
+            "prompt_from_template": from_template,
+        }
         if counter.admit(lineno, dataset_id):
-            yield PromptGroup.create("mixedentities", split, dataset_id, _user(prompt.strip()),
-                                     reference=reference, meta=meta)
+            yield PromptGroup.create(
+                "mixedentities",
+                split,
+                dataset_id,
+                _user(prompt.strip()),
+                reference=reference,
+                meta=meta,
+            )
             if counter.full:
                 break
     counter.check_some(path_s, "record")

@@ -11,8 +11,7 @@ from contracts.answer_match import CORRECT, HALLUCINATED
 from orchestrator.tasks import judge_prompts as jp
 from orchestrator.tasks.judge_client import JudgeClient, JudgeError, clip
 from orchestrator.tasks.judge_parsing import parse_choice, parse_longwiki
-from orchestrator.tasks.verdict import (JUDGE_GRADER, JUDGE_TASKS, Verdict, question_of,
-                                        reference_of)
+from orchestrator.tasks.verdict import JUDGE_GRADER, JUDGE_TASKS, Verdict, question_of, reference_of
 
 __all__ = ["JudgeGrader", "JudgeError", "accepted_answers"]
 
@@ -44,24 +43,42 @@ class JudgeGrader:
 
     name = JUDGE_GRADER
 
-    def __init__(self, task: str, *, judge_url: str, judge_model: str | None = None,
-                 style: str | None = None, timeout: float = 120.0, attempts: int = 3,
-                 backoff: float = 1.0,
-                 short_max_tokens: int = 16, claims_max_tokens: int = 512,
-                 max_reference_chars: int = 8000, max_answer_chars: int = 6000,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        task: str,
+        *,
+        judge_url: str,
+        judge_model: str | None = None,
+        style: str | None = None,
+        timeout: float = 120.0,
+        attempts: int = 3,
+        backoff: float = 1.0,
+        short_max_tokens: int = 16,
+        claims_max_tokens: int = 512,
+        max_reference_chars: int = 8000,
+        max_answer_chars: int = 6000,
+        seed: int = 0,
+    ) -> None:
         style = style or task
         if style not in JUDGE_TASKS:
-            raise ValueError(f"JudgeGrader has no rules for task {style!r}; "
-                             f"choose one of {', '.join(JUDGE_TASKS)}")
+            raise ValueError(
+                f"JudgeGrader has no rules for task {style!r}; "
+                f"choose one of {', '.join(JUDGE_TASKS)}"
+            )
         self.task = task
         self.style = style
         self.short_max_tokens = short_max_tokens
         self.claims_max_tokens = claims_max_tokens
         self.max_reference_chars = max_reference_chars
         self.max_answer_chars = max_answer_chars
-        self.client = JudgeClient(judge_url, judge_model=judge_model, timeout=timeout,
-                                  attempts=attempts, backoff=backoff, seed=seed)
+        self.client = JudgeClient(
+            judge_url,
+            judge_model=judge_model,
+            timeout=timeout,
+            attempts=attempts,
+            backoff=backoff,
+            seed=seed,
+        )
 
     @property
     def judge_model(self) -> str | None:
@@ -92,16 +109,28 @@ class JudgeGrader:
         return await self._grade_mixedentities(prompt_row, answer)
 
     async def _abstention_step(self, row: dict, answer: str, raws: list[str]) -> str | None:
-        text = await self.ask(jp.render(jp.ABSTENTION_PROMPT, question=question_of(row),
-                                        response=clip(answer, self.max_answer_chars)),
-                              self.short_max_tokens)
+        text = await self.ask(
+            jp.render(
+                jp.ABSTENTION_PROMPT,
+                question=question_of(row),
+                response=clip(answer, self.max_answer_chars),
+            ),
+            self.short_max_tokens,
+        )
         raws.append(f"[abstention] {text}")
         return parse_choice(text, jp.ABSTENTION_CHOICES)
 
-    def _verdict(self, label: int | None, verdict: str, abstained: bool, raws: list[str],
-                 **details: Any) -> Verdict:
-        return Verdict(label, self.name, verdict, abstained, "\n".join(raws) if raws else None,
-                       {"task": self.task, **details} if details or raws else None)
+    def _verdict(
+        self, label: int | None, verdict: str, abstained: bool, raws: list[str], **details: Any
+    ) -> Verdict:
+        return Verdict(
+            label,
+            self.name,
+            verdict,
+            abstained,
+            "\n".join(raws) if raws else None,
+            {"task": self.task, **details} if details or raws else None,
+        )
 
     async def _abstention_gate(self, row: dict, answer: str, raws: list[str]) -> Verdict | None:
         """Step 1 of precisewikiqa and longwiki: the verdict when the answer is empty, declined
@@ -129,10 +158,15 @@ class JudgeGrader:
             return declined
         if not gold:
             return self._verdict(None, "no_reference", False, raws)
-        text = await self.ask(jp.render(jp.CORRECTNESS_PROMPT, question=question_of(row),
-                                        reference=clip(gold, self.max_reference_chars),
-                                        response=clip(answer, self.max_answer_chars)),
-                              self.short_max_tokens)
+        text = await self.ask(
+            jp.render(
+                jp.CORRECTNESS_PROMPT,
+                question=question_of(row),
+                reference=clip(gold, self.max_reference_chars),
+                response=clip(answer, self.max_answer_chars),
+            ),
+            self.short_max_tokens,
+        )
         raws.append(f"[correctness] {text}")
         choice = parse_choice(text, jp.CORRECTNESS_CHOICES)
         if choice is None:
@@ -149,10 +183,15 @@ class JudgeGrader:
             return declined
         if not document:
             return self._verdict(None, "no_reference", False, raws)
-        text = await self.ask(jp.render(jp.LONGWIKI_CLAIMS_PROMPT, question=question_of(row),
-                                        reference=clip(document, self.max_reference_chars),
-                                        response=clip(answer, self.max_answer_chars)),
-                              self.claims_max_tokens)
+        text = await self.ask(
+            jp.render(
+                jp.LONGWIKI_CLAIMS_PROMPT,
+                question=question_of(row),
+                reference=clip(document, self.max_reference_chars),
+                response=clip(answer, self.max_answer_chars),
+            ),
+            self.claims_max_tokens,
+        )
         raws.append(f"[claims] {text}")
         parsed = parse_longwiki(text)
         if parsed is None:
@@ -172,12 +211,24 @@ class JudgeGrader:
         if not name:
             return self._verdict(None, "no_reference", False, raws)
         if not answer or not answer.strip():
-            return self._verdict(0 if not exists else None, "abstained", True, raws,
-                                 entity_exists=exists, reason="empty answer")
-        text = await self.ask(jp.render(jp.ENTITY_PROMPT, name=name, entity_type=etype,
-                                        question=question_of(row),
-                                        response=clip(answer, self.max_answer_chars)),
-                              self.short_max_tokens)
+            return self._verdict(
+                0 if not exists else None,
+                "abstained",
+                True,
+                raws,
+                entity_exists=exists,
+                reason="empty answer",
+            )
+        text = await self.ask(
+            jp.render(
+                jp.ENTITY_PROMPT,
+                name=name,
+                entity_type=etype,
+                question=question_of(row),
+                response=clip(answer, self.max_answer_chars),
+            ),
+            self.short_max_tokens,
+        )
         raws.append(f"[entity] {text}")
         choice = parse_choice(text, jp.ENTITY_CHOICES)
         if choice is None:
@@ -186,10 +237,12 @@ class JudgeGrader:
             # Control item: a real entity. Recognising it is expected, declining is a false
             # refusal; neither says whether the description is true (no reference text) → None.
             if choice == jp.EXISTS:
-                return self._verdict(None, "real_entity_treated_as_real", False, raws,
-                                     entity_exists=True)
+                return self._verdict(
+                    None, "real_entity_treated_as_real", False, raws, entity_exists=True
+                )
             return self._verdict(None, "abstained", True, raws, entity_exists=True)
         if choice == jp.EXISTS:
-            return self._verdict(HALLUCINATED, "fake_entity_treated_as_real", False, raws,
-                                 entity_exists=False)
+            return self._verdict(
+                HALLUCINATED, "fake_entity_treated_as_real", False, raws, entity_exists=False
+            )
         return self._verdict(CORRECT, "abstained", True, raws, entity_exists=False)

@@ -37,9 +37,16 @@ class JudgeClient:
     the server's ``/v1/models`` once and uses the first model.
     """
 
-    def __init__(self, judge_url: str, *, judge_model: str | None = None,
-                 timeout: float = 120.0, attempts: int = 3, backoff: float = 1.0,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        judge_url: str,
+        *,
+        judge_model: str | None = None,
+        timeout: float = 120.0,
+        attempts: int = 3,
+        backoff: float = 1.0,
+        seed: int = 0,
+    ) -> None:
         import openai
 
         base = judge_url.rstrip("/")
@@ -50,8 +57,9 @@ class JudgeClient:
         self.seed = seed
         self._attempts = attempts
         self._backoff = backoff
-        self._client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="hallulog",
-                                          max_retries=0, timeout=timeout)
+        self._client = openai.AsyncOpenAI(
+            base_url=f"{base}/v1", api_key="hallulog", max_retries=0, timeout=timeout
+        )
         self._model_lock = asyncio.Lock()
         self.requests_sent = 0
 
@@ -66,20 +74,27 @@ class JudgeClient:
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._attempts),
-            wait=wait_exponential(multiplier=self._backoff, min=self._backoff,
-                                  max=4 * self._backoff),
-            retry=retry_if_exception(is_retryable), reraise=True,
-            before_sleep=lambda rs: log.warning("judge %s: retrying after %s (attempt %d)",
-                                                self.judge_url, rs.outcome.exception(),
-                                                rs.attempt_number))
+            wait=wait_exponential(
+                multiplier=self._backoff, min=self._backoff, max=4 * self._backoff
+            ),
+            retry=retry_if_exception(is_retryable),
+            reraise=True,
+            before_sleep=lambda rs: log.warning(
+                "judge %s: retrying after %s (attempt %d)",
+                self.judge_url,
+                rs.outcome.exception(),
+                rs.attempt_number,
+            ),
+        )
         try:
             async for attempt in retrying:
                 with attempt:
                     return await call(*args, **kwargs)
         except openai.APIStatusError as exc:
-            raise JudgeError(f"judge {self.judge_url} answered HTTP {exc.status_code}: "
-                             f"{clip(str(exc), 500)}",
-                             permanent=not is_retryable(exc)) from exc
+            raise JudgeError(
+                f"judge {self.judge_url} answered HTTP {exc.status_code}: {clip(str(exc), 500)}",
+                permanent=not is_retryable(exc),
+            ) from exc
         except openai.OpenAIError as exc:
             raise JudgeError(f"judge {self.judge_url} unreachable: {exc}", permanent=False) from exc
 
@@ -92,8 +107,10 @@ class JudgeClient:
                 page = await self._retrying(self._client.models.list)
                 ids = [m.id for m in page.data]
                 if not ids:
-                    raise JudgeError(f"judge {self.judge_url}/v1/models lists no model; "
-                                     "pass --judge-model", permanent=True)
+                    raise JudgeError(
+                        f"judge {self.judge_url}/v1/models lists no model; pass --judge-model",
+                        permanent=True,
+                    )
                 self.judge_model = ids[0]
         return self.judge_model
 
@@ -102,7 +119,13 @@ class JudgeClient:
         model = await self.model()
         self.requests_sent += 1
         resp = await self._retrying(
-            self._client.chat.completions.create, model=model,
-            messages=[{"role": "user", "content": prompt}], temperature=0.0, top_p=1.0,
-            max_tokens=max_tokens, seed=self.seed, n=1)
+            self._client.chat.completions.create,
+            model=model,
+            messages=[{"role": "user", "content": prompt}],
+            temperature=0.0,
+            top_p=1.0,
+            max_tokens=max_tokens,
+            seed=self.seed,
+            n=1,
+        )
         return (resp.choices[0].message.content or "") if resp.choices else ""

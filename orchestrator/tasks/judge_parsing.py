@@ -79,6 +79,11 @@ def parse_longwiki(text: str | None) -> dict[str, Any] | None:
         decision = jp.NO_CLAIMS
     else:
         return None
-    return {"decision": decision, "verdict_line": verdict_line, "claims": n,
-            "supported": counts[jp.SUPPORTED], "contradicted": counts[jp.CONTRADICTED],
-            "unsupported": counts[jp.UNSUPPORTED]}
+    return {
+        "decision": decision,
+        "verdict_line": verdict_line,
+        "claims": n,
+        "supported": counts[jp.SUPPORTED],
+        "contradicted": counts[jp.CONTRADICTED],
+        "unsupported": counts[jp.UNSUPPORTED],
+    }

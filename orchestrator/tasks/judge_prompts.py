@@ -22,11 +22,28 @@ def _load(name: str) -> str:
 
 
 __all__ = [
-    "ABSTAINED", "ANSWERED", "ABSTENTION_CHOICES", "ABSTENTION_PROMPT",
-    "CORRECT", "INCORRECT", "UNVERIFIABLE", "CORRECTNESS_CHOICES", "CORRECTNESS_PROMPT",
-    "SUPPORTED", "CONTRADICTED", "UNSUPPORTED", "CLAIM_CHOICES",
-    "FAITHFUL", "HALLUCINATED", "NO_CLAIMS", "LONGWIKI_VERDICT_CHOICES", "LONGWIKI_CLAIMS_PROMPT",
-    "EXISTS", "UNKNOWN", "ENTITY_CHOICES", "ENTITY_PROMPT",
+    "ABSTAINED",
+    "ANSWERED",
+    "ABSTENTION_CHOICES",
+    "ABSTENTION_PROMPT",
+    "CORRECT",
+    "INCORRECT",
+    "UNVERIFIABLE",
+    "CORRECTNESS_CHOICES",
+    "CORRECTNESS_PROMPT",
+    "SUPPORTED",
+    "CONTRADICTED",
+    "UNSUPPORTED",
+    "CLAIM_CHOICES",
+    "FAITHFUL",
+    "HALLUCINATED",
+    "NO_CLAIMS",
+    "LONGWIKI_VERDICT_CHOICES",
+    "LONGWIKI_CLAIMS_PROMPT",
+    "EXISTS",
+    "UNKNOWN",
+    "ENTITY_CHOICES",
+    "ENTITY_PROMPT",
     "render",
 ]
 
@@ -68,6 +85,8 @@ ENTITY_PROMPT = _load("entity")
 
 def render(template: str, **fields: str) -> str:
     """Fill ``template``; every value is stripped (a missing text becomes ``(none)``)."""
-    clean = {k: (str(v).strip() if v is not None and str(v).strip() else "(none)")
-             for k, v in fields.items()}
+    clean = {
+        k: (str(v).strip() if v is not None and str(v).strip() else "(none)")
+        for k, v in fields.items()
+    }
     return template.format(**clean)

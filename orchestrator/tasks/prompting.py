@@ -25,17 +25,31 @@ from jinja2.sandbox import SandboxedEnvironment
 from contracts.errors import HallulogError
 from orchestrator.tasks.base import DatasetFormatError
 
-__all__ = ["PromptSpec", "RenderedPrompt", "PromptFieldError", "PromptTemplateError",
-           "TRIVIAQA_TEMPLATE", "check_template", "choose_fewshot", "load_template_source"]
+__all__ = [
+    "PromptSpec",
+    "RenderedPrompt",
+    "PromptFieldError",
+    "PromptTemplateError",
+    "TRIVIAQA_TEMPLATE",
+    "check_template",
+    "choose_fewshot",
+    "load_template_source",
+]
 
 #: triviaqa's prompt as a template: byte-identical to ``triviaqa.build_prompt``
-TRIVIAQA_TEMPLATE = ("Answer the question with a short answer.\n"
-                     "Question: {{ question | trim }}\nAnswer:")
+TRIVIAQA_TEMPLATE = (
+    "Answer the question with a short answer.\nQuestion: {{ question | trim }}\nAnswer:"
+)
 
 #: the flag that fills a template field, for the error's hint
-_FIELD_FLAGS = {"question": "--question-field", "context": "--context-field",
-                "choices": "--choices-field", "choices_text": "--choices-field",
-                "letters": "--choices-field", "answer": "--answers-field"}
+_FIELD_FLAGS = {
+    "question": "--question-field",
+    "context": "--context-field",
+    "choices": "--choices-field",
+    "choices_text": "--choices-field",
+    "letters": "--choices-field",
+    "answer": "--answers-field",
+}
 
 
 class PromptTemplateError(HallulogError, ValueError):
@@ -62,9 +76,13 @@ class _Missing(jinja2.StrictUndefined):
 
     __slots__ = ()
 
-    def __init__(self, hint: str | None = None, obj: Any = jinja2.utils.missing,
-                 name: str | None = None, exc: type[Exception] = jinja2.UndefinedError
-                 ) -> None:
+    def __init__(
+        self,
+        hint: str | None = None,
+        obj: Any = jinja2.utils.missing,
+        name: str | None = None,
+        exc: type[Exception] = jinja2.UndefinedError,
+    ) -> None:
         # the sandbox passes SecurityError; a plain undefined becomes a _FieldError
         super().__init__(hint, obj, name, _FieldError if exc is jinja2.UndefinedError else exc)
 
@@ -98,13 +116,16 @@ class _NoneField(_Missing):
 
 def _finalize(value: Any) -> Any:
     if value is None:  # a nested value such as {{ record.extra }}
-        raise _FieldError("a template expression is None for this record (guard it with "
-                          "{% if ... %} or | default(...))")
+        raise _FieldError(
+            "a template expression is None for this record (guard it with "
+            "{% if ... %} or | default(...))"
+        )
     return value
 
 
-_ENV = SandboxedEnvironment(undefined=_Missing, keep_trailing_newline=False, autoescape=False,
-                            finalize=_finalize)
+_ENV = SandboxedEnvironment(
+    undefined=_Missing, keep_trailing_newline=False, autoescape=False, finalize=_finalize
+)
 
 
 @functools.lru_cache(maxsize=64)
@@ -117,8 +138,9 @@ def check_template(source: str, origin: str = "--prompt-template") -> jinja2.Tem
     try:
         return _compile(source)
     except jinja2.TemplateSyntaxError as exc:
-        raise PromptTemplateError(f"prompt template {origin}: line {exc.lineno}: "
-                                  f"{exc.message}") from None
+        raise PromptTemplateError(
+            f"prompt template {origin}: line {exc.lineno}: {exc.message}"
+        ) from None
 
 
 def _render(template: jinja2.Template, fields: Mapping[str, Any], where: tuple[str, int]) -> str:
@@ -128,8 +150,11 @@ def _render(template: jinja2.Template, fields: Mapping[str, Any], where: tuple[s
     except _FieldError as exc:
         raise PromptFieldError(where[0], where[1], str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - a filter or sandbox error on this record's data
-        raise PromptFieldError(where[0], where[1], "the prompt template failed on this record: "
-                               f"{type(exc).__name__}: {exc}") from None
+        raise PromptFieldError(
+            where[0],
+            where[1],
+            f"the prompt template failed on this record: {type(exc).__name__}: {exc}",
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -166,22 +191,27 @@ class PromptSpec:
         for n, example in enumerate(self.fewshot, 1):
             answer = example.get("answer")
             if answer is None:
-                raise PromptFieldError(self.fewshot_origin, n,
-                                       f"few-shot example {n} has no answer")
+                raise PromptFieldError(
+                    self.fewshot_origin, n, f"few-shot example {n} has no answer"
+                )
             shots.append((_render(template, example, (self.fewshot_origin, n)), str(answer)))
         object.__setattr__(self, "_shots", tuple(shots))
 
-    def render(self, fields: Mapping[str, Any], *,
-               where: tuple[str, int] = ("<record>", 0)) -> RenderedPrompt:
+    def render(
+        self, fields: Mapping[str, Any], *, where: tuple[str, int] = ("<record>", 0)
+    ) -> RenderedPrompt:
         """The prompt for one record; ``where`` (file, line or record number) names it in a
         :class:`PromptFieldError`."""
         text = _render(_compile(self.template), fields, where)
         if self.chat:
-            messages = [{"role": "system", "content": self.system_prompt}] \
-                if self.system_prompt else []
+            messages = (
+                [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+            )
             for shot, answer in self._shots:
-                messages += [{"role": "user", "content": shot},
-                             {"role": "assistant", "content": answer}]
+                messages += [
+                    {"role": "user", "content": shot},
+                    {"role": "assistant", "content": answer},
+                ]
             messages.append({"role": "user", "content": text})
             return RenderedPrompt(messages=messages, prompt=None)
         head = f"{self.system_prompt}\n\n" if self.system_prompt else ""
@@ -192,10 +222,17 @@ class PromptSpec:
     def text(self) -> str:
         """Canonical text of the spec: sorted-key compact JSON of the template, the system
         prompt, the rendered examples with their answers and the chat flag."""
-        return json.dumps({"template": self.template, "system_prompt": self.system_prompt or None,
-                           "fewshot": [{"prompt": s, "answer": a} for s, a in self._shots],
-                           "chat": self.chat},
-                          sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(
+            {
+                "template": self.template,
+                "system_prompt": self.system_prompt or None,
+                "fewshot": [{"prompt": s, "answer": a} for s, a in self._shots],
+                "chat": self.chat,
+            },
+            sort_keys=True,
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
 
     @functools.cached_property
     def hash(self) -> str:
@@ -203,8 +240,9 @@ class PromptSpec:
         return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
 
 
-def choose_fewshot(records: Iterable[Mapping[str, Any]], k: int, seed: int
-                   ) -> list[Mapping[str, Any]]:
+def choose_fewshot(
+    records: Iterable[Mapping[str, Any]], k: int, seed: int
+) -> list[Mapping[str, Any]]:
     """``k`` records drawn uniformly by reservoir sampling with ``random.Random(seed)``, in
     their file order; all of them when there are fewer. Streams: holds only ``k`` records."""
     if k <= 0:
@@ -222,8 +260,7 @@ def choose_fewshot(records: Iterable[Mapping[str, Any]], k: int, seed: int
     return [record for _, record in chosen]
 
 
-def load_template_source(inline: str | None, file: str | None, default: str
-                         ) -> tuple[str, str]:
+def load_template_source(inline: str | None, file: str | None, default: str) -> tuple[str, str]:
     """``(source, origin)``: the inline template, else the file's text, else ``default``."""
     if inline is not None and file is not None:
         raise PromptTemplateError("give --prompt-template or --prompt-template-file, not both")
@@ -235,5 +272,4 @@ def load_template_source(inline: str | None, file: str | None, default: str
         return Path(file).read_text(encoding="utf-8"), file
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise PromptTemplateError(f"--prompt-template-file {file}: cannot read it: {why}"
-                                  ) from None
+        raise PromptTemplateError(f"--prompt-template-file {file}: cannot read it: {why}") from None

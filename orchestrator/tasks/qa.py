@@ -48,22 +48,51 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from orchestrator.tasks.base import GroupCounter, MalformedCollector
-from orchestrator.tasks.qa_values import (LETTERS, dedup, format_number, join_context,
-                                          maybe_json_list, parse_aliases, parse_choices,
-                                          parse_number, resolve_choice)
+from orchestrator.tasks.qa_values import (
+    LETTERS,
+    dedup,
+    format_number,
+    join_context,
+    maybe_json_list,
+    parse_aliases,
+    parse_choices,
+    parse_number,
+    resolve_choice,
+)
 from orchestrator.tasks.records import FORMATS, MISSING, RecordAt, get_field, iter_records, report
 
-__all__ = ["ANSWER_KINDS", "FIELD_FLAGS", "LETTERS", "FieldMapping", "QAOptions", "QARecord",
-           "QAParts", "iter_qa_records", "map_record", "build_record", "iter_built",
-           "parse_aliases", "parse_choices", "resolve_choice", "parse_number", "format_number",
-           "dedup", "join_context"]
+__all__ = [
+    "ANSWER_KINDS",
+    "FIELD_FLAGS",
+    "LETTERS",
+    "FieldMapping",
+    "QAOptions",
+    "QARecord",
+    "QAParts",
+    "iter_qa_records",
+    "map_record",
+    "build_record",
+    "iter_built",
+    "parse_aliases",
+    "parse_choices",
+    "resolve_choice",
+    "parse_number",
+    "format_number",
+    "dedup",
+    "join_context",
+]
 
 log = logging.getLogger(__name__)
 
 ANSWER_KINDS: tuple[str, ...] = ("aliases", "choice", "numeric", "judge")
 #: the command-line flag of each mapping field (named in malformed-record messages)
-FIELD_FLAGS = {"question": "--question-field", "answers": "--answers-field",
-               "id": "--id-field", "context": "--context-field", "choices": "--choices-field"}
+FIELD_FLAGS = {
+    "question": "--question-field",
+    "answers": "--answers-field",
+    "id": "--id-field",
+    "context": "--context-field",
+    "choices": "--choices-field",
+}
 _DEFAULT_ANSWER_KEYS = ("answer", "answers")
 _DEFAULT_CHOICE_KEYS = ("choices", "options")
 
@@ -98,11 +127,16 @@ class QAOptions:
 
     def __post_init__(self) -> None:
         if self.answer_kind not in ANSWER_KINDS:
-            raise ValueError(f"unknown answer kind {self.answer_kind!r}; choose one of "
-                             f"{', '.join(ANSWER_KINDS)}")
+            raise ValueError(
+                f"unknown answer kind {self.answer_kind!r}; choose one of {', '.join(ANSWER_KINDS)}"
+            )
         tol = self.numeric_tolerance
-        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not math.isfinite(tol) \
-                or tol < 0:
+        if (
+            isinstance(tol, bool)
+            or not isinstance(tol, (int, float))
+            or not math.isfinite(tol)
+            or tol < 0
+        ):
             raise ValueError(f"numeric_tolerance must be a finite number >= 0, got {tol!r}")
         if self.fmt not in FORMATS:
             raise ValueError(f"unknown format {self.fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -143,11 +177,12 @@ class QAParts:
 
 # ----------------------------------------------------------------------------- building records
 
+
 def build_record(at: RecordAt, parts: QAParts, kind: str, tolerance: float) -> QARecord | str:
     """The :class:`QARecord` of ``parts`` under answer kind ``kind``, or a message saying why
     the record cannot be graded that way."""
     choices = parts.choices
-    letters = list(LETTERS[:len(choices)]) if choices else None
+    letters = list(LETTERS[: len(choices)]) if choices else None
     aliases = list(parts.aliases or [])
     if not aliases and not parts.unanswerable:  # derive a text answer from the other forms
         if choices and parts.answer_index is not None:
@@ -183,10 +218,17 @@ def build_record(at: RecordAt, parts: QAParts, kind: str, tolerance: float) -> Q
         reference["document"] = parts.context
         answer = reference["value"]
     reference.update(parts.reference_extra)
-    fields = {"question": parts.question, "context": parts.context, "choices": choices,
-              "choices_text": "\n".join(f"{ltr}. {c}" for ltr, c in zip(letters, choices))
-              if choices and letters else None,
-              "letters": letters, "answer": answer, "record": at.record}
+    fields = {
+        "question": parts.question,
+        "context": parts.context,
+        "choices": choices,
+        "choices_text": "\n".join(f"{ltr}. {c}" for ltr, c in zip(letters, choices))
+        if choices and letters
+        else None,
+        "letters": letters,
+        "answer": answer,
+        "record": at.record,
+    }
     meta: dict[str, Any] = {"question": parts.question}
     if parts.context is not None and parts.meta_context:
         meta["context"] = parts.context
@@ -217,10 +259,17 @@ class _IdCounter(GroupCounter):
         return True
 
 
-def iter_built(path: str | Path, records: Iterable[RecordAt],
-               convert: Callable[[RecordAt], QAParts | str | None], *, kind: str,
-               tolerance: float, limit: int | None, collector: MalformedCollector,
-               what: str = "record") -> Iterator[QARecord]:
+def iter_built(
+    path: str | Path,
+    records: Iterable[RecordAt],
+    convert: Callable[[RecordAt], QAParts | str | None],
+    *,
+    kind: str,
+    tolerance: float,
+    limit: int | None,
+    collector: MalformedCollector,
+    what: str = "record",
+) -> Iterator[QARecord]:
     """The valid records of ``records``: ``convert`` gives parts, a message (malformed) or None
     (skipped silently); duplicates are malformed; ``limit`` stops the read after N valid ones.
     A file without a valid record raises ``DatasetFormatError`` once read to the end."""
@@ -242,6 +291,7 @@ def iter_built(path: str | Path, records: Iterable[RecordAt],
 
 
 # ----------------------------------------------------------------------------- field mapping
+
 
 def _lookup(record: dict[str, Any], keys: tuple[str, ...]) -> tuple[str, Any]:
     for key in keys:
@@ -265,7 +315,7 @@ def map_record(at: RecordAt, options: QAOptions) -> QAParts | str:
 
     def mistyped(key: str, flag: str, want: str, got: Any) -> str:
         shown = repr(got) if len(repr(got)) <= 60 else repr(got)[:57] + "..."
-        return f"field \"{key}\" ({FIELD_FLAGS[flag]}) must be {want}, got {shown}"
+        return f'field "{key}" ({FIELD_FLAGS[flag]}) must be {want}, got {shown}'
 
     _, question = _lookup(rec, (m.question,))
     if question is MISSING:
@@ -273,7 +323,7 @@ def map_record(at: RecordAt, options: QAOptions) -> QAParts | str:
     if not isinstance(question, str):
         return mistyped(m.question, "question", "a string", question)
     if not question.strip():
-        return f"field \"{m.question}\" ({FIELD_FLAGS['question']}) is empty"
+        return f'field "{m.question}" ({FIELD_FLAGS["question"]}) is empty'
     parts = QAParts(question=question.strip())
     if m.id is not None:
         _, rid = _lookup(rec, (m.id,))
@@ -314,9 +364,11 @@ def map_record(at: RecordAt, options: QAOptions) -> QAParts | str:
         parts.choices, labels = parsed
         parts.answer_index = resolve_choice(answer, parts.choices, labels)
         if parts.answer_index is None:
-            return (f"field \"{akey}\" ({FIELD_FLAGS['answers']}): answer {answer!r} matches "
-                    f"none of the {len(parts.choices)} choices (a letter, a 0-based index or "
-                    "a choice's text)")
+            return (
+                f'field "{akey}" ({FIELD_FLAGS["answers"]}): answer {answer!r} matches '
+                f"none of the {len(parts.choices)} choices (a letter, a 0-based index or "
+                "a choice's text)"
+            )
     elif kind == "numeric":
         parts.number = parse_number(answer)
         if parts.number is None:
@@ -325,9 +377,11 @@ def map_record(at: RecordAt, options: QAOptions) -> QAParts | str:
         aliases = parse_aliases(answer)
         if aliases is None:
             return mistyped(akey, "answers", "a string or a list of strings", answer)
-        if not aliases and not (isinstance(answer, (list, tuple, dict)) or
-                                isinstance(maybe_json_list(str(answer)), list)):
-            return f"field \"{akey}\" ({FIELD_FLAGS['answers']}) is empty"
+        if not aliases and not (
+            isinstance(answer, (list, tuple, dict))
+            or isinstance(maybe_json_list(str(answer)), list)
+        ):
+            return f'field "{akey}" ({FIELD_FLAGS["answers"]}) is empty'
         parts.aliases, parts.unanswerable = aliases, not aliases
     return parts
 
@@ -340,13 +394,25 @@ def _choice_keys(choices: str | tuple[str, ...] | None) -> tuple[str, ...]:
     return tuple(choices)
 
 
-def iter_qa_records(path: str | Path, options: QAOptions, *, limit: int | None = None,
-                    collector: MalformedCollector) -> Iterator[QARecord]:
+def iter_qa_records(
+    path: str | Path, options: QAOptions, *, limit: int | None = None, collector: MalformedCollector
+) -> Iterator[QARecord]:
     """The valid QA records of ``path`` in file order, read lazily (see the module docstring)."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a positive integer, got {limit!r}")
-    records = iter_records(path, fmt=options.fmt, records_key=options.records_key,
-                           split=options.split, collector=collector)
-    return iter_built(path, records, lambda at: map_record(at, options),
-                      kind=options.answer_kind, tolerance=options.numeric_tolerance,
-                      limit=limit, collector=collector)
+    records = iter_records(
+        path,
+        fmt=options.fmt,
+        records_key=options.records_key,
+        split=options.split,
+        collector=collector,
+    )
+    return iter_built(
+        path,
+        records,
+        lambda at: map_record(at, options),
+        kind=options.answer_kind,
+        tolerance=options.numeric_tolerance,
+        limit=limit,
+        collector=collector,
+    )

@@ -19,8 +19,17 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["LETTERS", "dedup", "format_number", "parse_aliases", "parse_choices",
-           "resolve_choice", "parse_number", "join_context", "maybe_json_list"]
+__all__ = [
+    "LETTERS",
+    "dedup",
+    "format_number",
+    "parse_aliases",
+    "parse_choices",
+    "resolve_choice",
+    "parse_number",
+    "join_context",
+    "maybe_json_list",
+]
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +121,7 @@ def parse_choices(value: Any) -> tuple[list[str], list[str] | None] | None:
 _LETTER = re.compile(r"\(?([A-Za-z])[).:]?")
 
 
-def resolve_choice(answer: Any, choices: list[str], labels: list[str] | None = None
-                   ) -> int | None:
+def resolve_choice(answer: Any, choices: list[str], labels: list[str] | None = None) -> int | None:
     """0-based index of the right choice: ``answer`` is one of the record's ``labels``, a letter
     (``"B"``, ``"(b)"``), a 0-based index (int or digit string) or the choice's text."""
     n = len(choices)

@@ -52,15 +52,35 @@ from typing import Any, NamedTuple
 from orchestrator.tasks.base import DatasetFormatError, MalformedCollector, iter_jsonl
 from orchestrator.tasks.records_json import JsonDocument
 
-__all__ = ["RecordAt", "FORMATS", "detect_format", "iter_records", "iter_delimited",
-           "iter_json", "iter_parquet", "iter_hf", "hf_split_dir", "JsonDocument", "get_field",
-           "describe_where", "report", "record_number", "MISSING"]
+__all__ = [
+    "RecordAt",
+    "FORMATS",
+    "detect_format",
+    "iter_records",
+    "iter_delimited",
+    "iter_json",
+    "iter_parquet",
+    "iter_hf",
+    "hf_split_dir",
+    "JsonDocument",
+    "get_field",
+    "describe_where",
+    "report",
+    "record_number",
+    "MISSING",
+]
 
 log = logging.getLogger(__name__)
 
 FORMATS: tuple[str, ...] = ("auto", "jsonl", "json", "csv", "tsv", "parquet", "hf")
-_EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv",
-               ".tsv": "tsv", ".parquet": "parquet"}
+_EXTENSIONS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".parquet": "parquet",
+}
 _PARQUET_BATCH = 1024
 # csv's default field limit (128 KiB) is too small for long passages in one cell.
 _CSV_FIELD_LIMIT = 1 << 30
@@ -86,6 +106,7 @@ MISSING: Any = _Missing()
 
 
 # ----------------------------------------------------------------------------- small helpers
+
 
 def record_number(line: int | None, index: int) -> int:
     """What the collector gets: the line, else the 1-based record number."""
@@ -136,17 +157,27 @@ def detect_format(path: str | Path, fmt: str = "auto") -> str:
             return "hf"
         fmt = _EXTENSIONS.get(p.suffix.lower(), "")
         if not fmt:
-            raise ValueError(f"{p}: cannot tell the format from the extension {p.suffix!r} "
-                             f"(known: {', '.join(_EXTENSIONS)}); give the format explicitly")
+            raise ValueError(
+                f"{p}: cannot tell the format from the extension {p.suffix!r} "
+                f"(known: {', '.join(_EXTENSIONS)}); give the format explicitly"
+            )
         return fmt
     if (fmt == "hf") != p.is_dir():
-        raise ValueError(f"{p}: format {fmt!r} needs a "
-                         f"{'directory written by save_to_disk' if fmt == 'hf' else 'file'}")
+        raise ValueError(
+            f"{p}: format {fmt!r} needs a "
+            f"{'directory written by save_to_disk' if fmt == 'hf' else 'file'}"
+        )
     return fmt
 
 
-def iter_records(path: str | Path, *, fmt: str = "auto", records_key: str | None = None,
-                 split: str | None = None, collector: MalformedCollector) -> Iterator[RecordAt]:
+def iter_records(
+    path: str | Path,
+    *,
+    fmt: str = "auto",
+    records_key: str | None = None,
+    split: str | None = None,
+    collector: MalformedCollector,
+) -> Iterator[RecordAt]:
     """The records of ``path`` in file order (see the module docstring). ``records_key`` applies
     to JSON documents, ``split`` to DatasetDict directories; both are ignored elsewhere."""
     kind = detect_format(path, fmt)
@@ -163,8 +194,14 @@ def iter_records(path: str | Path, *, fmt: str = "auto", records_key: str | None
 
 # ----------------------------------------------------------------------------- CSV / TSV
 
-def iter_delimited(path: str | Path, collector: MalformedCollector, *, delimiter: str = ",",
-                   fieldnames: Sequence[str] | None = None) -> Iterator[RecordAt]:
+
+def iter_delimited(
+    path: str | Path,
+    collector: MalformedCollector,
+    *,
+    delimiter: str = ",",
+    fieldnames: Sequence[str] | None = None,
+) -> Iterator[RecordAt]:
     """Rows of a CSV/TSV file as dicts, streamed: the header row names the fields, or
     ``fieldnames`` does (then every row is data, e.g. MMLU's headerless CSVs). Blank rows are no
     records; a row with the wrong number of fields is malformed; broken quoting is fatal."""
@@ -176,18 +213,21 @@ def iter_delimited(path: str | Path, collector: MalformedCollector, *, delimiter
         try:
             yield from _rows(reader, path_s, collector, fieldnames)
         except UnicodeDecodeError as exc:
-            raise DatasetFormatError(path_s, reader.line_num + 1,
-                                     f"not valid UTF-8 ({exc.reason})") from None
+            raise DatasetFormatError(
+                path_s, reader.line_num + 1, f"not valid UTF-8 ({exc.reason})"
+            ) from None
 
 
-def _rows(reader: Any, path: str, collector: MalformedCollector,
-          fieldnames: Sequence[str] | None) -> Iterator[RecordAt]:
+def _rows(
+    reader: Any, path: str, collector: MalformedCollector, fieldnames: Sequence[str] | None
+) -> Iterator[RecordAt]:
     if fieldnames is None:
         try:
             header = next(reader, None)
         except csv.Error as exc:
-            raise DatasetFormatError(path, reader.line_num or 1,
-                                     f"unreadable header: {exc}") from None
+            raise DatasetFormatError(
+                path, reader.line_num or 1, f"unreadable header: {exc}"
+            ) from None
         if not header or not any(h.strip() for h in header):
             raise DatasetFormatError(path, 1, "empty file or missing header row")
         names = [h.strip() for h in header]
@@ -207,13 +247,15 @@ def _rows(reader: Any, path: str, collector: MalformedCollector,
             continue
         index += 1
         if len(row) != len(names):
-            collector.add(start, f"expected {len(names)} fields ({', '.join(names)}), "
-                                 f"got {len(row)}")
+            collector.add(
+                start, f"expected {len(names)} fields ({', '.join(names)}), got {len(row)}"
+            )
             continue
         yield RecordAt(start, index, dict(zip(names, row)))
 
 
 # ----------------------------------------------------------------------------- Parquet / HF
+
 
 def iter_parquet(path: str | Path, batch_size: int = _PARQUET_BATCH) -> Iterator[RecordAt]:
     """Rows of a Parquet file, ``batch_size`` at a time (``ParquetFile.iter_batches``)."""
@@ -235,8 +277,9 @@ def iter_parquet(path: str | Path, batch_size: int = _PARQUET_BATCH) -> Iterator
             except StopIteration:
                 return
             except (pa.ArrowException, OSError) as exc:
-                raise DatasetFormatError(path, index + 1,
-                                         f"record {index + 1}: unreadable Parquet: {exc}") from None
+                raise DatasetFormatError(
+                    path, index + 1, f"record {index + 1}: unreadable Parquet: {exc}"
+                ) from None
             for rec in batch.to_pylist():
                 yield RecordAt(None, index, rec)
                 index += 1
@@ -256,12 +299,17 @@ def hf_split_dir(path: str | Path, split: str | None) -> Path:
             split = splits[0]
         if split not in splits:
             what = "choose a split" if split is None else f"no split {split!r}"
-            raise DatasetFormatError(p, 1, f"a DatasetDict directory: {what} (available: "
-                                     f"{', '.join(map(str, splits))})")
+            raise DatasetFormatError(
+                p, 1, f"a DatasetDict directory: {what} (available: {', '.join(map(str, splits))})"
+            )
         p = p / split
     if not (p / "state.json").is_file():
-        raise DatasetFormatError(p, 1, "not a Hugging Face datasets directory (no state.json "
-                                 "or dataset_dict.json; expected Dataset.save_to_disk output)")
+        raise DatasetFormatError(
+            p,
+            1,
+            "not a Hugging Face datasets directory (no state.json "
+            "or dataset_dict.json; expected Dataset.save_to_disk output)",
+        )
     return p
 
 
@@ -273,8 +321,10 @@ def iter_hf(path: str | Path, split: str | None = None) -> Iterator[RecordAt]:
     base = hf_split_dir(path, split)
     state_file = base / "state.json"
     try:
-        files = [base / entry["filename"]
-                 for entry in json.loads(state_file.read_text(encoding="utf-8"))["_data_files"]]
+        files = [
+            base / entry["filename"]
+            for entry in json.loads(state_file.read_text(encoding="utf-8"))["_data_files"]
+        ]
     except (ValueError, KeyError, TypeError) as exc:
         raise DatasetFormatError(state_file, 1, f"unreadable state.json: {exc}") from None
     index = 0
@@ -286,14 +336,17 @@ def iter_hf(path: str | Path, split: str | None = None) -> Iterator[RecordAt]:
                         yield RecordAt(None, index, rec)
                         index += 1
         except (pa.ArrowException, OSError) as exc:
-            raise DatasetFormatError(file, index + 1,
-                                     f"record {index + 1}: unreadable Arrow data: {exc}") from None
+            raise DatasetFormatError(
+                file, index + 1, f"record {index + 1}: unreadable Arrow data: {exc}"
+            ) from None
 
 
 # ----------------------------------------------------------------------------- JSON documents
 
-def iter_json(path: str | Path, records_key: str | None, collector: MalformedCollector
-              ) -> Iterator[RecordAt]:
+
+def iter_json(
+    path: str | Path, records_key: str | None, collector: MalformedCollector
+) -> Iterator[RecordAt]:
     """The objects of a JSON document's list of records (the document is held as text, each
     item decoded when it is reached); an item that is not an object is malformed."""
     doc = JsonDocument(path)

@@ -54,8 +54,9 @@ class JsonDocument:
         try:
             return _DECODER.raw_decode(self.text, pos)
         except json.JSONDecodeError as exc:
-            raise DatasetFormatError(self.path, exc.lineno,
-                                     f"invalid JSON: {exc.msg} (column {exc.colno})") from None
+            raise DatasetFormatError(
+                self.path, exc.lineno, f"invalid JSON: {exc.msg} (column {exc.colno})"
+            ) from None
 
     def items(self, pos: int) -> Iterator[tuple[int, Any]]:
         """``(start, value)`` of each element of the array at ``pos``, decoded one at a time."""
@@ -99,8 +100,8 @@ class JsonDocument:
         if pos < len(text) and text[pos] == "}":
             return out, pos + 1
         while True:
-            if pos >= len(text) or text[pos] != "\"":
-                self._expect(pos, "\"", "a quoted key")
+            if pos >= len(text) or text[pos] != '"':
+                self._expect(pos, '"', "a quoted key")
             key, pos = self.decode(pos)
             pos = skip_ws(self.text, self._expect(skip_ws(text, pos), ":", "':'"))
             out.append((key, pos))
@@ -147,11 +148,16 @@ class JsonDocument:
                 return lists[0][1]
             if not lists:
                 keys = ", ".join(repr(k) for k, _ in members) or "none"
-                raise DatasetFormatError(self.path, 1, "no list of records in the top-level "
-                                         f"object (keys: {keys})")
-            raise DatasetFormatError(self.path, 1, "several lists in the top-level object ("
-                                     f"{', '.join(repr(k) for k, _ in lists)}): choose one as "
-                                     "the records key")
+                raise DatasetFormatError(
+                    self.path, 1, f"no list of records in the top-level object (keys: {keys})"
+                )
+            raise DatasetFormatError(
+                self.path,
+                1,
+                "several lists in the top-level object ("
+                f"{', '.join(repr(k) for k, _ in lists)}): choose one as "
+                "the records key",
+            )
         pos, walked = root, []
         for part in records_key.split("."):
             nxt: int | None = None
@@ -160,15 +166,16 @@ class JsonDocument:
             elif self.text[pos] == "{":
                 nxt = self.find_key(pos, part)
             elif self.text[pos] == "[" and part.isdigit():
-                nxt = next((s for i, (s, _v) in enumerate(self.items(pos)) if i == int(part)),
-                           None)
+                nxt = next((s for i, (s, _v) in enumerate(self.items(pos)) if i == int(part)), None)
             walked.append(part)
             if nxt is None:
                 keys = ""
                 if self.text[pos] == "{":
                     keys = " (keys: " + ", ".join(repr(k) for k, _ in self.members(pos)[0]) + ")"
-                raise self.fail(pos, f"records key {records_key!r}: no "
-                                     f"{'.'.join(walked)!r} in the document{keys}")
+                raise self.fail(
+                    pos,
+                    f"records key {records_key!r}: no {'.'.join(walked)!r} in the document{keys}",
+                )
             pos = nxt
         if self.text[pos] != "[":
             raise self.fail(pos, f"records key {records_key!r} does not hold a list")

@@ -20,12 +20,18 @@ from typing import Any
 from contracts.answer_kinds import answer_kind, grade_answer
 from contracts.answer_match import normalize_answer
 from contracts.prompt_group import PromptGroup
+from orchestrator.tasks.base import (
+    DatasetFormatError,
+    GroupCounter,
+    LineCounter,
+    MalformedCollector,
+    iter_jsonl,
+    read_text,
+    skip_ws,
+)
 from orchestrator.tasks.verdict import ALIAS_GRADER, Verdict, detect_abstention, reference_of
-from orchestrator.tasks.base import (DatasetFormatError, GroupCounter, LineCounter,
-                                     MalformedCollector, iter_jsonl, read_text, skip_ws)
 
-__all__ = ["PROMPT_TEMPLATE", "DEFAULT_SPLIT", "iter_groups", "build_prompt",
-           "AliasGrader"]
+__all__ = ["PROMPT_TEMPLATE", "DEFAULT_SPLIT", "iter_groups", "build_prompt", "AliasGrader"]
 
 DATASET = "triviaqa"
 DEFAULT_SPLIT = "dev"
@@ -60,29 +66,31 @@ def _check_item(item: Any) -> tuple[str, str, dict[str, Any], dict[str, Any]] | 
     qid = item.get("QuestionId")
     where = f"item {qid!r}: " if isinstance(qid, (str, int)) and qid != "" else ""
     if not isinstance(qid, (str, int)) or isinstance(qid, bool) or str(qid).strip() == "":
-        return "missing or empty \"QuestionId\""
+        return 'missing or empty "QuestionId"'
     question = item.get("Question")
     if not isinstance(question, str) or not question.strip():
-        return where + "missing or empty \"Question\""
+        return where + 'missing or empty "Question"'
     answer = item.get("Answer")
     if not isinstance(answer, dict):
-        return where + "missing \"Answer\" object"
+        return where + 'missing "Answer" object'
     value = answer.get("Value")
     if not isinstance(value, str) or not value.strip():
-        return where + "missing or empty \"Answer.Value\""
+        return where + 'missing or empty "Answer.Value"'
     aliases = answer.get("Aliases")
     if not _str_list(aliases):
-        return where + "\"Answer.Aliases\" must be a list of strings"
+        return where + '"Answer.Aliases" must be a list of strings'
     norm_aliases = answer.get("NormalizedAliases")
     if norm_aliases is None:
         norm_aliases = [normalize_answer(a) for a in aliases]
     elif not _str_list(norm_aliases):
-        return where + "\"Answer.NormalizedAliases\" must be a list of strings"
+        return where + '"Answer.NormalizedAliases" must be a list of strings'
     human = answer.get("HumanAnswers", [])
     if not _str_list(human):
-        return where + "\"Answer.HumanAnswers\" must be a list of strings"
+        return where + '"Answer.HumanAnswers" must be a list of strings'
     all_aliases = _dedup([value, *aliases, *human])
-    normalized = _dedup([normalize_answer(value), *norm_aliases, *(normalize_answer(h) for h in human)])
+    normalized = _dedup(
+        [normalize_answer(value), *norm_aliases, *(normalize_answer(h) for h in human)]
+    )
     normalized = [n for n in normalized if n]
     reference = {"value": value, "aliases": all_aliases, "normalized_aliases": normalized}
     meta: dict[str, Any] = {"question": question.strip()}
@@ -96,6 +104,7 @@ def _check_item(item: Any) -> tuple[str, str, dict[str, Any], dict[str, Any]] | 
 
 # ----------------------------------------------------------------------------- JSON document scan
 
+
 def _expect(text: str, pos: int, char: str, path: str, lines: LineCounter, what: str) -> int:
     if pos >= len(text) or text[pos] != char:
         got = "end of file" if pos >= len(text) else repr(text[pos])
@@ -107,11 +116,14 @@ def _decode(text: str, pos: int, path: str, lines: LineCounter) -> tuple[Any, in
     try:
         return _DECODER.raw_decode(text, pos)
     except json.JSONDecodeError as exc:
-        raise DatasetFormatError(path, exc.lineno, f"invalid JSON: {exc.msg} (column {exc.colno})") \
-            from None
+        raise DatasetFormatError(
+            path, exc.lineno, f"invalid JSON: {exc.msg} (column {exc.colno})"
+        ) from None
 
 
-def _scan_array(text: str, pos: int, path: str, lines: LineCounter) -> tuple[list[tuple[int, int]], int]:
+def _scan_array(
+    text: str, pos: int, path: str, lines: LineCounter
+) -> tuple[list[tuple[int, int]], int]:
     """``(start_line, start_offset)`` of each element of the array at ``pos`` (each is decoded
     once to find its end, then let go), and the position after the array."""
     items: list[tuple[int, int]] = []
@@ -152,8 +164,8 @@ def _scan_document(text: str, path: str) -> tuple[dict[str, Any], list[tuple[int
             pos += 1
         else:
             while True:
-                if pos >= len(text) or text[pos] != "\"":
-                    _expect(text, pos, "\"", path, lines, "a quoted key in the top-level object")
+                if pos >= len(text) or text[pos] != '"':
+                    _expect(text, pos, '"', path, lines, "a quoted key in the top-level object")
                 key, pos = _decode(text, pos, path, lines)
                 pos = skip_ws(text, _expect(text, skip_ws(text, pos), ":", path, lines, "':'"))
                 if key == "Data":
@@ -169,30 +181,41 @@ def _scan_document(text: str, path: str) -> tuple[dict[str, Any], list[tuple[int
                 pos = _expect(text, pos, "}", path, lines, "',' or '}' in the top-level object")
                 break
         if not found_data:
-            raise DatasetFormatError(path, 1, "no \"Data\" list in the top-level object "
-                                     "(expected a TriviaQA file like unfiltered-web-dev.json)")
+            raise DatasetFormatError(
+                path,
+                1,
+                'no "Data" list in the top-level object '
+                "(expected a TriviaQA file like unfiltered-web-dev.json)",
+            )
         pos = skip_ws(text, pos)
     else:
-        raise DatasetFormatError(path, lines.line_at(pos),
-                                 "expected a JSON object with a \"Data\" list or a JSON list")
+        raise DatasetFormatError(
+            path, lines.line_at(pos), 'expected a JSON object with a "Data" list or a JSON list'
+        )
     if pos < len(text):
-        raise DatasetFormatError(path, lines.line_at(pos), "unexpected data after the JSON document")
+        raise DatasetFormatError(
+            path, lines.line_at(pos), "unexpected data after the JSON document"
+        )
     return header, items
 
 
 # ----------------------------------------------------------------------------- loader
 
+
 def _resolve_split(split: str | None, declared: Any, path: str) -> str:
     if declared is not None and not isinstance(declared, str):
-        raise DatasetFormatError(path, 1, f"\"Split\" must be a string, got {declared!r}")
+        raise DatasetFormatError(path, 1, f'"Split" must be a string, got {declared!r}')
     if split is not None and declared is not None and split != declared:
-        raise ValueError(f"{path}: split {split!r} was asked for but the file declares "
-                         f"\"Split\": {declared!r} (prompt ids depend on the split)")
+        raise ValueError(
+            f"{path}: split {split!r} was asked for but the file declares "
+            f'"Split": {declared!r} (prompt ids depend on the split)'
+        )
     return split or declared or DEFAULT_SPLIT
 
 
-def iter_groups(path: str | Path, *, split: str | None, limit: int | None,
-                collector: MalformedCollector) -> Iterator[PromptGroup]:
+def iter_groups(
+    path: str | Path, *, split: str | None, limit: int | None, collector: MalformedCollector
+) -> Iterator[PromptGroup]:
     """The prompt groups of a TriviaQA file, read lazily (a JSONL file line by line; a JSON
     document is held as text, its items decoded one at a time)."""
     path_s = str(path)
@@ -226,8 +249,9 @@ def iter_groups(path: str | Path, *, split: str | None, limit: int | None,
 
 def _group(split: str, checked: tuple[str, str, dict[str, Any], dict[str, Any]]) -> PromptGroup:
     qid, question, reference, meta = checked
-    return PromptGroup.create(DATASET, split, qid, build_prompt(question), reference=reference,
-                              meta=meta)
+    return PromptGroup.create(
+        DATASET, split, qid, build_prompt(question), reference=reference, meta=meta
+    )
 
 
 class AliasGrader:

@@ -12,8 +12,17 @@ from typing import Any, Protocol
 
 from contracts.abstention import ABSTENTION_PHRASES, detect_abstention
 
-__all__ = ["Verdict", "Grader", "ALIAS_GRADER", "JUDGE_GRADER", "JUDGE_TASKS",
-           "ABSTENTION_PHRASES", "detect_abstention", "question_of", "reference_of"]
+__all__ = [
+    "Verdict",
+    "Grader",
+    "ALIAS_GRADER",
+    "JUDGE_GRADER",
+    "JUDGE_TASKS",
+    "ABSTENTION_PHRASES",
+    "detect_abstention",
+    "question_of",
+    "reference_of",
+]
 
 ALIAS_GRADER = "alias_match"
 JUDGE_GRADER = "llm_judge"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from status_fixtures import FakeClock, make_board
 from orchestrator.run.status import StatusBoard
+from tests.api.status_fixtures import FakeClock, make_board
 
 
 @pytest.fixture

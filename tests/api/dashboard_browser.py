@@ -9,19 +9,22 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 __all__ = ["missing_browser", "watch_dashboard", "dashboard_url"]
 
-_READ_DONE = ("var e = document.getElementById('done');"
-              "return e && e.dataset.value !== undefined ? Number(e.dataset.value) : null;")
+_READ_DONE = (
+    "var e = document.getElementById('done');"
+    "return e && e.dataset.value !== undefined ? Number(e.dataset.value) : null;"
+)
 
 
 def _binaries() -> tuple[str | None, str | None]:
-    chromium = os.environ.get("CHROMIUM") or shutil.which("chromium") \
-        or shutil.which("chromium-browser")
+    chromium = (
+        os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    )
     return chromium, os.environ.get("CHROMEDRIVER") or shutil.which("chromedriver")
 
 
@@ -45,8 +48,9 @@ def dashboard_url(url: str, token: str | None) -> str:
     if not token:
         return url
     parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", parts.query,
-                       urlencode({"token": token})))
+    return urlunsplit(
+        (parts.scheme, parts.netloc, parts.path or "/", parts.query, urlencode({"token": token}))
+    )
 
 
 def _driver():
@@ -56,15 +60,26 @@ def _driver():
     chromium, driver = _binaries()
     options = webdriver.ChromeOptions()
     options.binary_location = chromium  # type: ignore[assignment]
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1280,1000"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1000",
+    ):
         options.add_argument(arg)
     return webdriver.Chrome(service=Service(executable_path=driver), options=options)
 
 
-def watch_dashboard(url: str, *, token: str | None = None, rises: int = 2,
-                    timeout_s: float = 60.0, screenshot: str | Path | None = None,
-                    on_loaded: Callable[[], None] | None = None) -> dict:
+def watch_dashboard(
+    url: str,
+    *,
+    token: str | None = None,
+    rises: int = 2,
+    timeout_s: float = 60.0,
+    screenshot: str | Path | None = None,
+    on_loaded: Callable[[], None] | None = None,
+) -> dict:
     """Open the dashboard at ``url`` and wait until ``#done`` has risen ``rises`` times.
 
     The page gets a marker after it loads; the marker must survive until the end, which proves
@@ -111,8 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--screenshot", default=None)
     args = ap.parse_args(argv)
-    print(watch_dashboard(args.url, token=args.token, rises=args.rise, timeout_s=args.timeout,
-                          screenshot=args.screenshot))
+    print(
+        watch_dashboard(
+            args.url,
+            token=args.token,
+            rises=args.rise,
+            timeout_s=args.timeout,
+            screenshot=args.screenshot,
+        )
+    )
     return 0
 
 

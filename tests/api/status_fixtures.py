@@ -23,9 +23,15 @@ class FakeClock:
 
 
 def make_board(clock: FakeClock | None = None, **kw) -> StatusBoard:
-    args = dict(run_id="run-1", config_summary={"model": "smollm2-135m", "k_samples": 2},
-                fingerprint="ab" * 32, artifact_root="/tmp/run-1", total_prompts=20, skipped=4,
-                k_samples=2)
+    args = dict(
+        run_id="run-1",
+        config_summary={"model": "smollm2-135m", "k_samples": 2},
+        fingerprint="ab" * 32,
+        artifact_root="/tmp/run-1",
+        total_prompts=20,
+        skipped=4,
+        k_samples=2,
+    )
     args.update(kw)
     if clock is not None:
         args.update(clock=clock, wall_clock=clock.wall)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from api import StatusServer
-from dashboard_browser import missing_browser, watch_dashboard
-from status_fixtures import make_board
+from tests.api.dashboard_browser import missing_browser, watch_dashboard
+from tests.api.status_fixtures import make_board
 
 pytestmark = [
     pytest.mark.browser,
@@ -34,8 +34,15 @@ def _feed(board, stop: threading.Event) -> None:
         board.worker_update(w, state="generating")
         time.sleep(0.25)
         if i % 9 == 4:
-            board.group_failed(w, pid, {"error_type": "ReadTimeout", "timestamp": time.time(),
-                                        "error_message": "<script>not run</script> timed out"})
+            board.group_failed(
+                w,
+                pid,
+                {
+                    "error_type": "ReadTimeout",
+                    "timestamp": time.time(),
+                    "error_message": "<script>not run</script> timed out",
+                },
+            )
         else:
             board.group_done(w, pid, generations=3, tokens=80 + 5 * (i % 7))
         i += 1
@@ -53,9 +60,14 @@ def test_dashboard_done_count_rises_live(tmp_path):
     token = "browser-token"
     try:
         with StatusServer(board.snapshot, token=token, events_interval_s=0.25) as srv:
-            result = watch_dashboard(srv.url + "/", token=token, rises=3, timeout_s=60,
-                                     screenshot=shot_dir / "dashboard.png",
-                                     on_loaded=feeder.start)
+            result = watch_dashboard(
+                srv.url + "/",
+                token=token,
+                rises=3,
+                timeout_s=60,
+                screenshot=shot_dir / "dashboard.png",
+                on_loaded=feeder.start,
+            )
     finally:
         stop.set()
         feeder.join(5)

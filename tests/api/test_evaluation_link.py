@@ -1,6 +1,5 @@
 """The evaluation report is linked where a person looks: the live snapshot and dashboard, the
-status from artifacts, and the run's closing summary (issue 17: "The status page and the run's
-final summary link the report when one exists")."""
+status from artifacts, and the run's closing summary."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from api import format_status, status_from_artifacts
 from api.app import create_app
 from orchestrator.commands import format_result
 from orchestrator.run import RunResult
-from status_fixtures import make_board
+from tests.api.status_fixtures import make_board
 
 
 def _report(root: Path) -> Path:
@@ -28,8 +27,9 @@ def test_live_snapshot_and_dashboard_link_the_report(clock, tmp_path):
     client = TestClient(create_app(board.snapshot, None))
     assert client.get("/status").json()["evaluation_report"] is None
     board.set_evaluation_report(_report(tmp_path))
-    assert client.get("/status").json()["evaluation_report"] == str(tmp_path / "evaluation" /
-                                                                    "report.md")
+    assert client.get("/status").json()["evaluation_report"] == str(
+        tmp_path / "evaluation" / "report.md"
+    )
     page = client.get("/").text  # the footer shows the field when it is set
     assert 'id="evaluation-report"' in page and "s.evaluation_report" in page
     board.set_evaluation_report(None)
@@ -49,8 +49,13 @@ def test_status_from_artifacts_prints_the_report(tmp_path):
 
 
 def test_closing_summary_links_the_report(tmp_path):
-    result = RunResult(artifact_root=tmp_path, total=2, done_before=0, done=2,
-                       labels={"correct": 1, "hallucinated": 1})
+    result = RunResult(
+        artifact_root=tmp_path,
+        total=2,
+        done_before=0,
+        done=2,
+        labels={"correct": 1, "hallucinated": 1},
+    )
     assert "evaluation report" not in format_result(result)
     path = _report(tmp_path)
     assert f"evaluation report: {path}" in format_result(result)

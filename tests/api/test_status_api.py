@@ -3,7 +3,9 @@ waits on the run loop's checkpoint lock."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import threading
 import time
 
@@ -13,7 +15,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from api import StatusServer, create_app
-from status_fixtures import make_board
+from tests.api.status_fixtures import make_board
 
 TOKEN = "t0k3n-for-tests"
 
@@ -38,8 +40,14 @@ def test_status_json(busy_board):
     assert r.status_code == 200 and r.headers["cache-control"] == "no-store"
     s = r.json()
     assert s["run_id"] == "run-1" and s["phase"] == "running"
-    assert s["prompts"] == {"total": 20, "done": 3, "failed": 1, "in_flight": 1, "skipped": 4,
-                            "remaining": 12}
+    assert s["prompts"] == {
+        "total": 20,
+        "done": 3,
+        "failed": 1,
+        "in_flight": 1,
+        "skipped": 4,
+        "remaining": 12,
+    }
     assert s["servers"][0]["restarts"] == 2
     assert s["errors"][0]["error_type"] == "ServerError"
     assert s["rates"]["generations_per_s"]["overall"] == pytest.approx(9 / 3)
@@ -60,7 +68,9 @@ def test_metrics_parse(busy_board):
     assert samples[("hallulog_prompts_skipped", ())] == 4
     assert samples[("hallulog_generations_total", ())] == 9
     assert samples[("hallulog_tokens_total", ())] == 150
-    assert samples[("hallulog_generations_per_second", (("window", "overall"),))] == pytest.approx(3)
+    assert samples[("hallulog_generations_per_second", (("window", "overall"),))] == pytest.approx(
+        3
+    )
     assert ("hallulog_tokens_per_second", (("window", "recent"),)) in samples
     assert samples[("hallulog_phase", (("hallulog_phase", "running"),))] == 1
     assert samples[("hallulog_phase", (("hallulog_phase", "done"),))] == 0
@@ -78,7 +88,7 @@ def test_dashboard_is_self_contained(busy_board):
     r = client.get("/")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     html = r.text
-    assert "fetch(\"events\"" in html and 'id="done"' in html
+    assert 'fetch("events"' in html and 'id="done"' in html
     for external in ("http://", "https://", "//cdn", "<link"):
         assert external not in html.replace('"http://www.w3.org/2000/svg"', ""), external
 
@@ -137,8 +147,9 @@ def _read_sse(lines, n):
 
 def test_events_stream_snapshots(busy_board):
     with StatusServer(busy_board.snapshot, token=TOKEN, events_interval_s=0.1) as srv:
-        with httpx.stream("GET", srv.url + "/events", timeout=5,
-                          headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
+        with httpx.stream(
+            "GET", srv.url + "/events", timeout=5, headers={"Authorization": f"Bearer {TOKEN}"}
+        ) as resp:
             assert resp.status_code == 200
             assert resp.headers["content-type"].startswith("text/event-stream")
             lines = resp.iter_lines()
@@ -148,8 +159,9 @@ def test_events_stream_snapshots(busy_board):
         assert first["prompts"]["done"] == 3
         assert later[-1]["prompts"]["done"] == 4
         # ?max= ends the stream by itself
-        r = httpx.get(srv.url + "/events?max=2", timeout=5,
-                      headers={"Authorization": f"Bearer {TOKEN}"})
+        r = httpx.get(
+            srv.url + "/events?max=2", timeout=5, headers={"Authorization": f"Bearer {TOKEN}"}
+        )
         assert r.text.count("data: ") == 2
 
 
@@ -180,6 +192,28 @@ def test_port_in_use_is_a_clear_error(busy_board):
             StatusServer(busy_board.snapshot, port=first.port).start()
 
 
+@contextlib.contextmanager
+def _checkpoint_thread_at_lock():
+    """An event set when the ``checkpoint`` thread tries to take a file lock (filelock logs
+    each attempt at DEBUG before it waits)."""
+    at_lock = threading.Event()
+
+    class Attempts(logging.Handler):
+        def emit(self, record):
+            if record.threadName == "checkpoint" and "acquire" in record.getMessage():
+                at_lock.set()
+
+    logger, handler = logging.getLogger("filelock"), Attempts(logging.DEBUG)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield at_lock
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def _status_timings_while_checkpoint_blocked(tmp_path, snapshot_of):
     """The run loop's arrangement with the real pieces: a group is reported done on the board
     and a checkpoint is requested from the real ``CheckpointWriter``, whose background write is
@@ -197,12 +231,15 @@ def _status_timings_while_checkpoint_blocked(tmp_path, snapshot_of):
     try:
         board.group_started(0, "p1")
         board.group_done(0, "p1", generations=3, tokens=42)
-        writer.request({"p1"})
-        time.sleep(0.2)
+        with _checkpoint_thread_at_lock() as at_lock:
+            writer.request({"p1"})
+            assert at_lock.wait(5), "the checkpoint writer never reached its file lock"
         assert not (tmp_path / CHECKPOINT_NAME).exists()  # the writer really is blocked
         timings = {}
-        with StatusServer(snapshot_of(board, lock_path), events_interval_s=0.1) as srv, \
-                httpx.Client(base_url=srv.url, timeout=2) as client:
+        with (
+            StatusServer(snapshot_of(board, lock_path), events_interval_s=0.1) as srv,
+            httpx.Client(base_url=srv.url, timeout=2) as client,
+        ):
             for path in ("/status", "/metrics", "/events?max=1"):
                 t0 = time.perf_counter()
                 try:
@@ -211,8 +248,9 @@ def _status_timings_while_checkpoint_blocked(tmp_path, snapshot_of):
                     timings[path] = time.perf_counter() - t0
                 except httpx.TimeoutException:
                     timings[path] = 5.0
-            done = client.get("/status").json()["prompts"]["done"] if timings["/status"] < 5 \
-                else None
+            done = (
+                client.get("/status").json()["prompts"]["done"] if timings["/status"] < 5 else None
+            )
         assert not (tmp_path / CHECKPOINT_NAME).exists()  # still blocked throughout
         return timings, done
     finally:
@@ -224,7 +262,8 @@ def test_checkpoint_lock_does_not_delay_status(tmp_path):
     """/status, /metrics and /events answer at once while the checkpoint is stuck on its lock,
     and already show the group."""
     timings, done = _status_timings_while_checkpoint_blocked(
-        tmp_path, lambda board, lock_path: board.snapshot)
+        tmp_path, lambda board, lock_path: board.snapshot
+    )
     assert max(timings.values()) < 0.5, timings
     assert done == 1
 
@@ -238,6 +277,7 @@ def test_checkpoint_lock_test_can_fail(tmp_path):
         def snap():
             with filelock.FileLock(lock_path, timeout=1.5):
                 return board.snapshot()
+
         return snap
 
     with pytest.raises((AssertionError, filelock.Timeout, httpx.HTTPError)):

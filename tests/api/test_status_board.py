@@ -7,20 +7,46 @@ import threading
 
 import pytest
 
-from status_fixtures import make_board
+from tests.api.status_fixtures import make_board
 
 
 def test_snapshot_fields_at_start(board):
     s = board.snapshot()
     json.dumps(s)  # JSON-able
-    for key in ("version", "run_id", "config", "fingerprint", "artifact_root", "k_samples", "phase",
-                "started_at", "updated_at", "now", "elapsed_s", "prompts", "progress",
-                "generations", "tokens", "errors_total", "rates", "eta_s", "workers", "servers",
-                "errors", "history"):
+    for key in (
+        "version",
+        "run_id",
+        "config",
+        "fingerprint",
+        "artifact_root",
+        "k_samples",
+        "phase",
+        "started_at",
+        "updated_at",
+        "now",
+        "elapsed_s",
+        "prompts",
+        "progress",
+        "generations",
+        "tokens",
+        "errors_total",
+        "rates",
+        "eta_s",
+        "workers",
+        "servers",
+        "errors",
+        "history",
+    ):
         assert key in s, key
     assert s["phase"] == "starting"
-    assert s["prompts"] == {"total": 20, "done": 0, "failed": 0, "in_flight": 0, "skipped": 4,
-                            "remaining": 16}
+    assert s["prompts"] == {
+        "total": 20,
+        "done": 0,
+        "failed": 0,
+        "in_flight": 0,
+        "skipped": 4,
+        "remaining": 16,
+    }
     assert s["progress"] == pytest.approx(4 / 20)
     assert s["rates"]["generations_per_s"] == {"recent": 0.0, "overall": 0.0}
     assert s["eta_s"] is None
@@ -36,23 +62,49 @@ def test_counts_workers_and_servers(board, clock):
     s = board.snapshot()
     assert s["prompts"]["in_flight"] == 3
     w0 = s["workers"][0]
-    assert (w0["id"], w0["state"], w0["current_prompt"], w0["in_flight"]) == (0, "generating", "b", 2)
+    assert (w0["id"], w0["state"], w0["current_prompt"], w0["in_flight"]) == (
+        0,
+        "generating",
+        "b",
+        2,
+    )
     board.worker_update(0, state="capturing", current_prompt="a")
     assert board.snapshot()["workers"][0]["current_prompt"] == "a"
 
     clock.advance(2)
     board.group_done(0, "a", generations=3, tokens=60)
-    board.group_failed(1, "c", {"error_type": "ReadTimeout", "error_message": "timed out",
-                                "timestamp": "2026-01-01T00:00:00Z", "stack_trace": "long..."})
+    board.group_failed(
+        1,
+        "c",
+        {
+            "error_type": "ReadTimeout",
+            "error_message": "timed out",
+            "timestamp": "2026-01-01T00:00:00Z",
+            "stack_trace": "long...",
+        },
+    )
     board.server_update("http://127.0.0.1:8001", health="ok", restarts=1, in_flight=4)
     board.server_update("http://127.0.0.1:8001", health="down")
     s = board.snapshot()
-    assert s["prompts"] == {"total": 20, "done": 1, "failed": 1, "in_flight": 1, "skipped": 4,
-                            "remaining": 14}
+    assert s["prompts"] == {
+        "total": 20,
+        "done": 1,
+        "failed": 1,
+        "in_flight": 1,
+        "skipped": 4,
+        "remaining": 14,
+    }
     assert s["workers"][0]["current_prompt"] == "b"  # "a" finished: falls back to in-flight "b"
     assert [(w["done"], w["errors"]) for w in s["workers"]] == [(1, 0), (0, 1)]
-    assert s["servers"] == [{"url": "http://127.0.0.1:8001", "health": "down", "restarts": 1,
-                             "in_flight": 4, "updated_at": s["servers"][0]["updated_at"]}]
+    assert s["servers"] == [
+        {
+            "url": "http://127.0.0.1:8001",
+            "health": "down",
+            "restarts": 1,
+            "in_flight": 4,
+            "updated_at": s["servers"][0]["updated_at"],
+        }
+    ]
     err = s["errors"][0]
     assert (err["error_type"], err["worker_id"], err["prompt_id"]) == ("ReadTimeout", 1, "c")
     assert "stack_trace" not in err
@@ -175,4 +227,6 @@ def test_concurrent_updates_and_snapshots():
         t.join()
     assert not errors
     s = board.snapshot()
-    assert s["prompts"]["done"] == 2000 and s["generations"] == 6000 and s["prompts"]["in_flight"] == 0
+    assert (
+        s["prompts"]["done"] == 2000 and s["generations"] == 6000 and s["prompts"]["in_flight"] == 0
+    )

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from api import StatusError, StatusServer, fetch_status, format_status, status_from_artifacts
-from status_fixtures import make_board
+from tests.api.status_fixtures import make_board
 
 
 def test_fetch_status_and_format(clock):
@@ -46,24 +46,59 @@ def _write_jsonl(path, rows, torn=None):
 def artifacts(tmp_path):
     root = tmp_path / "run"
     root.mkdir()
-    (root / "run_manifest.json").write_text(json.dumps({
-        "run_id": "8c1f", "model": "smollm2-135m", "dataset": "triviaqa", "split": "dev",
-        "k_samples": 2, "logging_profile": "integrated", "config_fingerprint": "cd" * 32,
-        "timestamp": "2026-01-01T00:00:00Z", "total_prompts": 6, "artifact_root": str(root)}))
+    (root / "run_manifest.json").write_text(
+        json.dumps(
+            {
+                "run_id": "8c1f",
+                "model": "smollm2-135m",
+                "dataset": "triviaqa",
+                "split": "dev",
+                "k_samples": 2,
+                "logging_profile": "integrated",
+                "config_fingerprint": "cd" * 32,
+                "timestamp": "2026-01-01T00:00:00Z",
+                "total_prompts": 6,
+                "artifact_root": str(root),
+            }
+        )
+    )
     (root / "completed_prompts.json").write_text(json.dumps({"completed": ["a", "b", "c", "d"]}))
     _write_jsonl(root / "worker_0" / "prompt_index.jsonl", [{"prompt_id": p} for p in "ab"])
-    _write_jsonl(root / "worker_0" / "generations.jsonl",
-                 [{"prompt_id": p, "sample_id": s} for p in "ab" for s in range(3)])
-    _write_jsonl(root / "worker_1" / "prompt_index.jsonl", [{"prompt_id": p} for p in "cd"],
-                 torn='{"prompt_id": "e", "lab')  # a crash mid-append: not counted
-    _write_jsonl(root / "worker_1" / "generations.jsonl",
-                 [{"prompt_id": p, "sample_id": s} for p in "cd" for s in range(3)])
-    _write_jsonl(root / "worker_1" / "errors.jsonl", [
-        {"timestamp": "2026-01-01T00:01:00Z", "error_type": "CaptureFailed", "prompt_id": "c",
-         "sample_id": 1, "error_message": "spool file missing", "stack_trace": "..."},
-        {"timestamp": "2026-01-01T00:02:00Z", "error_type": "ServerError", "prompt_id": "f",
-         "sample_id": 0, "error_message": "500", "stack_trace": "..."},
-    ], torn='{"timest')
+    _write_jsonl(
+        root / "worker_0" / "generations.jsonl",
+        [{"prompt_id": p, "sample_id": s} for p in "ab" for s in range(3)],
+    )
+    _write_jsonl(
+        root / "worker_1" / "prompt_index.jsonl",
+        [{"prompt_id": p} for p in "cd"],
+        torn='{"prompt_id": "e", "lab',
+    )  # a crash mid-append: not counted
+    _write_jsonl(
+        root / "worker_1" / "generations.jsonl",
+        [{"prompt_id": p, "sample_id": s} for p in "cd" for s in range(3)],
+    )
+    _write_jsonl(
+        root / "worker_1" / "errors.jsonl",
+        [
+            {
+                "timestamp": "2026-01-01T00:01:00Z",
+                "error_type": "CaptureFailed",
+                "prompt_id": "c",
+                "sample_id": 1,
+                "error_message": "spool file missing",
+                "stack_trace": "...",
+            },
+            {
+                "timestamp": "2026-01-01T00:02:00Z",
+                "error_type": "ServerError",
+                "prompt_id": "f",
+                "sample_id": 0,
+                "error_message": "500",
+                "stack_trace": "...",
+            },
+        ],
+        torn='{"timest',
+    )
     return root
 
 
@@ -74,8 +109,14 @@ def test_status_from_artifacts(artifacts):
     assert s["fingerprint"] == "cd" * 32
     assert s["config"]["model"] == "smollm2-135m" and s["config"]["k_samples"] == 2
     # "c" had a capture error but completed; only "f" failed.
-    assert s["prompts"] == {"total": 6, "done": 4, "failed": 1, "in_flight": 0, "skipped": 0,
-                            "remaining": 1}
+    assert s["prompts"] == {
+        "total": 6,
+        "done": 4,
+        "failed": 1,
+        "in_flight": 0,
+        "skipped": 0,
+        "remaining": 1,
+    }
     assert s["generations"] == 12
     assert [(w["id"], w["done"], w["errors"]) for w in s["workers"]] == [(0, 2, 0), (1, 2, 2)]
     assert [e["prompt_id"] for e in s["errors"]] == ["c", "f"]

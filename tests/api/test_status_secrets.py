@@ -16,16 +16,24 @@ import pytest
 from api import StatusServer
 from orchestrator.config import RunConfig
 from orchestrator.manifest import build_manifest
-from status_fixtures import make_board
+from tests.api.status_fixtures import make_board
 
 TOKEN = "s3cret-status-token"
 ROUTES = ("/status", "/metrics", "/events?max=1", "/")
 TRAVERSALS = (
-    "/../../../../etc/passwd", "/status/../../../etc/passwd", "/%2e%2e/%2e%2e/etc/passwd",
-    "/metrics/..%2f..%2f..%2fetc%2fpasswd", "/events/../../etc/passwd",
-    "/..%5c..%5c..%5cetc%5cpasswd", "//etc/passwd", "/static/../../etc/passwd",
-    "/dashboard.html/../../../etc/passwd", "/?file=../../../../etc/passwd",
-    "/status?path=/etc/passwd", "/%00/etc/passwd", "/api/../../proc/self/environ",
+    "/../../../../etc/passwd",
+    "/status/../../../etc/passwd",
+    "/%2e%2e/%2e%2e/etc/passwd",
+    "/metrics/..%2f..%2f..%2fetc%2fpasswd",
+    "/events/../../etc/passwd",
+    "/..%5c..%5c..%5cetc%5cpasswd",
+    "//etc/passwd",
+    "/static/../../etc/passwd",
+    "/dashboard.html/../../../etc/passwd",
+    "/?file=../../../../etc/passwd",
+    "/status?path=/etc/passwd",
+    "/%00/etc/passwd",
+    "/api/../../proc/self/environ",
 )
 
 
@@ -71,16 +79,19 @@ def test_token_off_loopback_is_required_and_header_only(board, caplog):
             for route in ROUTES[:3]:
                 assert httpx.get(base + route, timeout=5).status_code == 401, (host, route)
                 sep = "&" if "?" in route else "?"
-                assert httpx.get(f"{base}{route}{sep}token={TOKEN}",
-                                 timeout=5).status_code == 401, (host, route)
-                ok = httpx.get(base + route, timeout=5,
-                               headers={"Authorization": f"Bearer {TOKEN}"})
+                assert (
+                    httpx.get(f"{base}{route}{sep}token={TOKEN}", timeout=5).status_code == 401
+                ), (host, route)
+                ok = httpx.get(
+                    base + route, timeout=5, headers={"Authorization": f"Bearer {TOKEN}"}
+                )
                 assert ok.status_code == 200, (host, route)
                 assert TOKEN not in ok.text
             page = httpx.get(base + "/", timeout=5)
             assert page.status_code == 200 and TOKEN not in page.text
-    server_side = [r.getMessage() for r in caplog.records
-                   if not r.name.startswith(("httpx", "httpcore"))]  # the test's own client
+    server_side = [
+        r.getMessage() for r in caplog.records if not r.name.startswith(("httpx", "httpcore"))
+    ]  # the test's own client
     assert server_side is not None and not any(TOKEN in m for m in server_side)
 
 
@@ -99,12 +110,23 @@ def test_no_route_reads_a_path(board, token):
 
 
 def test_token_is_never_written_to_the_manifest_or_repr(tmp_path):
-    config = RunConfig(artifact_root=tmp_path, status_port=0, status_host="0.0.0.0",
-                       status_token=TOKEN)
-    manifest = build_manifest(config, run_id=None, model_name="m", model_path="/m",
-                              layer_ids=[0], hidden_size=4, num_hidden_layers=1,
-                              dataset="triviaqa", split="validation", prompt_template="{q}",
-                              worker_count=1, total_prompts=1)
+    config = RunConfig(
+        artifact_root=tmp_path, status_port=0, status_host="0.0.0.0", status_token=TOKEN
+    )
+    manifest = build_manifest(
+        config,
+        run_id=None,
+        model_name="m",
+        model_path="/m",
+        layer_ids=[0],
+        hidden_size=4,
+        num_hidden_layers=1,
+        dataset="triviaqa",
+        split="validation",
+        prompt_template="{q}",
+        worker_count=1,
+        total_prompts=1,
+    )
     assert TOKEN not in json.dumps(manifest)
     assert manifest["config"]["status_token"] is None
     assert TOKEN not in repr(config)
@@ -114,8 +136,9 @@ def test_cli_reads_the_token_from_the_environment(monkeypatch, tmp_path):
     from orchestrator.cli import build_parser, config_from_args
 
     monkeypatch.setenv("HALLULOG_STATUS_TOKEN", TOKEN)
-    args = build_parser().parse_args(["run", "--artifact-root", str(tmp_path),
-                                      "--status-host", "0.0.0.0", "--status-port", "0"])
+    args = build_parser().parse_args(
+        ["run", "--artifact-root", str(tmp_path), "--status-host", "0.0.0.0", "--status-port", "0"]
+    )
     assert config_from_args(args).status_token == TOKEN
 
 

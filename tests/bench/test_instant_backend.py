@@ -28,10 +28,22 @@ def _free_port() -> int:
 def backend(tmp_path_factory):
     spool = tmp_path_factory.mktemp("spool")
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "instant_backend.py"),
-                             "--port", str(port), "--spool-dir", str(spool),
-                             "--num-layer-ids", "3", "--hidden-size", "16",
-                             "--served-model-name", "m"])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "bench" / "instant_backend.py"),
+            "--port",
+            str(port),
+            "--spool-dir",
+            str(spool),
+            "--num-layer-ids",
+            "3",
+            "--hidden-size",
+            "16",
+            "--served-model-name",
+            "m",
+        ]
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -52,9 +64,14 @@ def test_generation_capture_and_prefill_through_the_worker_client(backend):
     async def go():
         client = BackendClient(url, "m", attempts=1)
         try:
-            comp = await client.chat([{"role": "user", "content": "Capital of France?"}],
-                                     temperature=0.7, top_p=0.95, max_tokens=12, seed=3,
-                                     capture=True)
+            comp = await client.chat(
+                [{"role": "user", "content": "Capital of France?"}],
+                temperature=0.7,
+                top_p=0.95,
+                max_tokens=12,
+                seed=3,
+                capture=True,
+            )
             prefill = await client.prefill_capture(comp.prompt_token_ids + comp.token_ids)
             return comp, prefill
         finally:
@@ -66,11 +83,47 @@ def test_generation_capture_and_prefill_through_the_worker_client(backend):
     assert comp.usage["completion_tokens"] == 12
     hidden = load_capture(comp.hidden_states_path, comp.prompt_token_ids + comp.token_ids[:-1])
     assert hidden.shape == (len(comp.prompt_token_ids) + 11, 3, 16)
-    rows = select_rows(hidden, prompt_len=len(comp.prompt_token_ids), response_len=12,
-                       sequence_mode="response", layer_index=None, dtype="float16")
+    rows = select_rows(
+        hidden,
+        prompt_len=len(comp.prompt_token_ids),
+        response_len=12,
+        sequence_mode="response",
+        layer_index=None,
+        dtype="float16",
+    )
     assert rows.acts.shape == (3, 12, 16) and rows.prompt_rows == 1
     full = load_capture(prefill, comp.prompt_token_ids + comp.token_ids)
     assert full.shape[0] == len(comp.prompt_token_ids) + 12
     assert not list(spool.glob("*.safetensors"))  # the reader deleted what it read
     metrics = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
     assert "vllm:generation_tokens_total" in metrics and "vllm:num_requests_running" in metrics
+
+
+def test_capture_file_is_safetensors_and_model_shapes(tmp_path):
+    """The one-writev capture file is a safetensors file its own library reads back exactly."""
+    from safetensors.numpy import load_file
+
+    from bench.instant_backend import InstantBackend, parse_model_shape
+
+    assert parse_model_shape("8b") == (32, 4096) and parse_model_shape("70B") == (80, 8192)
+    assert parse_model_shape("4:64") == (4, 64)
+    with pytest.raises(ValueError, match="LAYERS:HIDDEN"):
+        parse_model_shape("8x")
+    b = InstantBackend(
+        model="m",
+        spool_dir=tmp_path,
+        num_layer_ids=5,
+        hidden_size=24,
+        answer_tokens=4,
+        max_prompt_tokens=8,
+        vary_rows=True,
+    )
+    path = b.capture([7, 8, 9])
+    got = load_file(path)
+    assert got["hidden_states"].shape == (3, 5, 24)
+    start = b.pool_offset([7, 8, 9])
+    assert (got["hidden_states"] == b._pool[start : start + 3]).all()
+    assert b.pool_offset([7, 8, 10]) != start  # other tokens, other rows
+    assert got["token_ids"].tolist() == [7, 8, 9]
+    assert b.capture_bytes == Path(path).stat().st_size
+    assert (load_capture(path, [7, 8, 9]) == b._pool[start : start + 3]).all()

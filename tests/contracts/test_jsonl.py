@@ -7,8 +7,16 @@ import json
 
 import pytest
 
-from contracts.jsonl import (JsonlAppender, MalformedLineError, committed_size, cut_torn_tail,
-                             encode_line, iter_lines, iter_rows, truncate_to)
+from contracts.jsonl import (
+    JsonlAppender,
+    MalformedLineError,
+    committed_size,
+    cut_torn_tail,
+    encode_line,
+    iter_lines,
+    iter_rows,
+    truncate_to,
+)
 
 
 def test_reads_committed_lines_with_positions(tmp_path):
@@ -70,14 +78,17 @@ def test_truncate_refuses_to_grow(tmp_path):
     assert truncate_to(path, 0) == 8 and path.read_bytes() == b""
 
 
-@pytest.mark.parametrize("row", [
-    {"a": 1, "b": [1.5, None, True], "c": {"d": "x"}},
-    {"text": "a, b: c", "nl": "line\nnext\ttab"},
-    {"q": 'say "hi", then: go', "k": "x"},
-    {"bs": "ends with a backslash\\", "after": ", :"},
-    {"mix": 'a\\"b', "u": "é ü \u2028 \x01"},
-    {'key "quoted"': ['"', "\\", '\\"', ":", ","]},
-])
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"a": 1, "b": [1.5, None, True], "c": {"d": "x"}},
+        {"text": "a, b: c", "nl": "line\nnext\ttab"},
+        {"q": 'say "hi", then: go', "k": "x"},
+        {"bs": "ends with a backslash\\", "after": ", :"},
+        {"mix": 'a\\"b', "u": "é ü \u2028 \x01"},
+        {'key "quoted"': ['"', "\\", '\\"', ":", ","]},
+    ],
+)
 def test_encode_line_matches_the_stdlibs_compact_form(row):
     compact = json.dumps(row, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
     assert encode_line(row) == compact

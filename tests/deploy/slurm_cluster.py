@@ -23,13 +23,16 @@ _BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", 
 
 def unavailable() -> str | None:
     """Why no Slurm cluster can be started here (None: it can)."""
-    missing = [b for b in _BINARIES if shutil.which(b) is None
-               and not Path(f"/usr/sbin/{b}").exists()]
+    missing = [
+        b for b in _BINARIES if shutil.which(b) is None and not Path(f"/usr/sbin/{b}").exists()
+    ]
     if missing:
-        return (f"Slurm/munge binaries not found ({', '.join(missing)}): install Debian's "
-                "packages with `apt-get install -y slurm-wlm munge` (.ci/run does)")
+        return (
+            f"Slurm/munge binaries not found ({', '.join(missing)}): install Debian's "
+            "packages with `apt-get install -y slurm-wlm munge` (.ci/run does)"
+        )
     if os.geteuid() != 0:
-        return "slurmd must run as root to start jobs (this test runs as uid %d)" % os.geteuid()
+        return f"slurmd must run as root to start jobs (this test runs as uid {os.geteuid()})"
     try:
         pwd.getpwnam("munge")
     except KeyError:
@@ -59,7 +62,7 @@ class SlurmCluster:
     def env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
-    def __enter__(self) -> "SlurmCluster":
+    def __enter__(self) -> SlurmCluster:
         try:
             self._start_munge()
             self._write_conf()
@@ -93,8 +96,12 @@ class SlurmCluster:
         m = self.dir / "munge"
         m.mkdir(mode=0o700)
         key = m / "munge.key"
-        subprocess.run([_bin("mungekey"), "--create", f"--keyfile={key}"], check=True,
-                       capture_output=True, timeout=30)
+        subprocess.run(
+            [_bin("mungekey"), "--create", f"--keyfile={key}"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
         munge = pwd.getpwnam("munge")
         run_dir = self.dir / "munge-run"  # the socket's dir must be searchable by every user
         run_dir.mkdir(mode=0o755)
@@ -103,10 +110,23 @@ class SlurmCluster:
             os.chown(path, munge.pw_uid, munge.pw_gid)
         os.chmod(key, 0o400)
         self.socket = run_dir / "munge.socket"
-        self._spawn("munged", ["runuser", "-u", "munge", "--", _bin("munged"), "-F",
-                               f"--key-file={key}", f"--socket={self.socket}",
-                               f"--pid-file={m / 'munged.pid'}", f"--seed-file={m / 'seed'}",
-                               f"--log-file={m / 'munged.log'}"], log=False)
+        self._spawn(
+            "munged",
+            [
+                "runuser",
+                "-u",
+                "munge",
+                "--",
+                _bin("munged"),
+                "-F",
+                f"--key-file={key}",
+                f"--socket={self.socket}",
+                f"--pid-file={m / 'munged.pid'}",
+                f"--seed-file={m / 'seed'}",
+                f"--log-file={m / 'munged.log'}",
+            ],
+            log=False,
+        )
         deadline = time.monotonic() + 30
         while not self.socket.exists():
             if self.procs[-1].poll() is not None or time.monotonic() > deadline:
@@ -118,44 +138,52 @@ class SlurmCluster:
         d = self.dir
         for sub in ("state", "spool"):
             (d / sub).mkdir()
-        self.conf.write_text("\n".join([
-            "ClusterName=hallulogtest",
-            f"SlurmctldHost={self.host}(127.0.0.1)",
-            f"SlurmctldPort={self.ctld_port}",
-            f"SlurmdPort={self.ctld_port + 1}",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
-            f"AuthInfo=socket={self.socket}",
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            f"StateSaveLocation={d / 'state'}",
-            f"SlurmdSpoolDir={d / 'spool'}",
-            f"SlurmctldPidFile={d / 'slurmctld.pid'}",
-            f"SlurmdPidFile={d / 'slurmd.pid'}",
-            f"SlurmctldLogFile={d / 'slurmctld.log'}",
-            f"SlurmdLogFile={d / 'slurmd.log'}",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core",
-            "SchedulerType=sched/builtin",
-            "JobCompType=jobcomp/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
-            "MpiDefault=none",
-            "ReturnToService=2",
-            "SlurmdTimeout=60",
-            "InactiveLimit=0",
-            "KillWait=5",
-            "MinJobAge=600",
-            f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN",
-            f"PartitionName=test Nodes={self.host} Default=YES MaxTime=INFINITE State=UP",
-        ]) + "\n")
+        self.conf.write_text(
+            "\n".join(
+                [
+                    "ClusterName=hallulogtest",
+                    f"SlurmctldHost={self.host}(127.0.0.1)",
+                    f"SlurmctldPort={self.ctld_port}",
+                    f"SlurmdPort={self.ctld_port + 1}",
+                    "AuthType=auth/munge",
+                    "CredType=cred/munge",
+                    f"AuthInfo=socket={self.socket}",
+                    "SlurmUser=root",
+                    "SlurmdUser=root",
+                    f"StateSaveLocation={d / 'state'}",
+                    f"SlurmdSpoolDir={d / 'spool'}",
+                    f"SlurmctldPidFile={d / 'slurmctld.pid'}",
+                    f"SlurmdPidFile={d / 'slurmd.pid'}",
+                    f"SlurmctldLogFile={d / 'slurmctld.log'}",
+                    f"SlurmdLogFile={d / 'slurmd.log'}",
+                    "ProctrackType=proctrack/linuxproc",
+                    "TaskPlugin=task/none",
+                    "SelectType=select/cons_tres",
+                    "SelectTypeParameters=CR_Core",
+                    "SchedulerType=sched/builtin",
+                    "JobCompType=jobcomp/none",
+                    "JobAcctGatherType=jobacct_gather/none",
+                    "AccountingStorageType=accounting_storage/none",
+                    "MpiDefault=none",
+                    "ReturnToService=2",
+                    "SlurmdTimeout=60",
+                    "InactiveLimit=0",
+                    "KillWait=5",
+                    "MinJobAge=600",
+                    f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN",
+                    f"PartitionName=test Nodes={self.host} Default=YES MaxTime=INFINITE State=UP",
+                ]
+            )
+            + "\n"
+        )
 
     def _spawn(self, name: str, cmd: list[str], log: bool = True) -> None:
         out = open(self.dir / f"{name}.out", "wb")
-        self.procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, env=self.env))
+        self.procs.append(
+            subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env
+            )
+        )
         out.close()
 
     def _wait_idle(self, timeout: float) -> None:
@@ -164,26 +192,43 @@ class SlurmCluster:
         while time.monotonic() < deadline:
             for proc in self.procs:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}:\n"
-                                       f"{self.log('slurmctld')}\n{self.log('slurmd')}")
-            run = subprocess.run([_bin("sinfo"), "-h", "-o", "%T"], env=self.env,
-                                 capture_output=True, text=True, timeout=30)
+                    raise RuntimeError(
+                        f"{proc.args[0]} exited with {proc.returncode}:\n"
+                        f"{self.log('slurmctld')}\n{self.log('slurmd')}"
+                    )
+            run = subprocess.run(
+                [_bin("sinfo"), "-h", "-o", "%T"],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             state = run.stdout.strip()
             if state.startswith("idle"):
                 return
             time.sleep(1.0)
-        raise RuntimeError(f"slurm node not idle after {timeout:.0f} s (state {state!r}):\n"
-                           f"{self.log('slurmctld')}\n{self.log('slurmd')}")
+        raise RuntimeError(
+            f"slurm node not idle after {timeout:.0f} s (state {state!r}):\n"
+            f"{self.log('slurmctld')}\n{self.log('slurmd')}"
+        )
 
     def job_state(self, job_id: str) -> str:
         """JobState of a job (of the first task that is not COMPLETED, for an array)."""
-        run = subprocess.run([_bin("scontrol"), "show", "job", "-o", job_id], env=self.env,
-                             capture_output=True, text=True, timeout=30)
-        states = [tok.split("=", 1)[1] for line in run.stdout.splitlines()
-                  for tok in line.split() if tok.startswith("JobState=")]
+        run = subprocess.run(
+            [_bin("scontrol"), "show", "job", "-o", job_id],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        states = [
+            tok.split("=", 1)[1]
+            for line in run.stdout.splitlines()
+            for tok in line.split()
+            if tok.startswith("JobState=")
+        ]
         pending = [s for s in states if s != "COMPLETED"]
         return (pending or states or ["UNKNOWN"])[0]
 
     def cancel(self, *job_ids: str) -> None:
-        subprocess.run([_bin("scancel"), *job_ids], env=self.env, capture_output=True,
-                       timeout=30)
+        subprocess.run([_bin("scancel"), *job_ids], env=self.env, capture_output=True, timeout=30)

@@ -26,7 +26,7 @@ def parse_hallulog(argv: list[str]):
     """``python -m orchestrator ARGS`` → the parsed namespace (SystemExit fails the test)."""
     i = argv.index("-m")
     assert argv[i + 1] == "orchestrator", argv
-    return build_parser().parse_args(argv[i + 2:])
+    return build_parser().parse_args(argv[i + 2 :])
 
 
 def _dockerfile(name: str) -> dict[str, list[str]]:
@@ -40,8 +40,9 @@ def _dockerfile(name: str) -> dict[str, list[str]]:
     return out
 
 
-@pytest.mark.parametrize("name, base", [("Dockerfile.gpu", "vllm/vllm-openai"),
-                                        ("Dockerfile.cpu", "python:3.11")])
+@pytest.mark.parametrize(
+    "name, base", [("Dockerfile.gpu", "vllm/vllm-openai"), ("Dockerfile.cpu", "python:3.11")]
+)
 def test_dockerfiles(name, base):
     d = _dockerfile(name)
     froms = d["FROM"]
@@ -73,23 +74,39 @@ def _stub(tmp_path: Path, name: str, body: str) -> Path:
 def _argv_of(script: str, tmp_path: Path, **env: str) -> list[str]:
     record = tmp_path / "argv"
     python = _stub(tmp_path, "python", f'printf "%s\\n" "$@" > {record}\n')
-    full = {"PATH": os.environ["PATH"], "PYTHON": str(python), "HALLULOG_DIR": str(REPO),
-            "OUT": str(tmp_path / "out"), **env}
-    proc = subprocess.run(["bash", str(DEPLOY / "slurm" / script)], env=full, capture_output=True,
-                          text=True, timeout=30)
+    full = {
+        "PATH": os.environ["PATH"],
+        "PYTHON": str(python),
+        "HALLULOG_DIR": str(REPO),
+        "OUT": str(tmp_path / "out"),
+        **env,
+    }
+    proc = subprocess.run(
+        ["bash", str(DEPLOY / "slurm" / script)],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 0, proc.stderr
     return record.read_text().splitlines()
 
 
 def test_slurm_shard_script_runs_one_shard(tmp_path):
-    argv = _argv_of("shard.sbatch", tmp_path, SLURM_ARRAY_TASK_ID="1", SHARDS="3",
-                    RUN_ARGS="--limit 6 --k-samples 1", BASE_PORT="9400", HALLULOG_GPUS="0,1")
+    argv = _argv_of(
+        "shard.sbatch",
+        tmp_path,
+        SLURM_ARRAY_TASK_ID="1",
+        SHARDS="3",
+        RUN_ARGS="--limit 6 --k-samples 1",
+        BASE_PORT="9400",
+        HALLULOG_GPUS="0,1",
+    )
     ns = parse_hallulog(argv)
     assert ns.command == "run" and ns.shard == "1/3" and ns.limit == 6 and ns.gpus == (0, 1)
     assert ns.artifact_root == tmp_path / "out" / "shard_1_of_3"
     assert ns.server_base_port == 9410
-    cpu = parse_hallulog(_argv_of("shard.sbatch", tmp_path, SLURM_ARRAY_TASK_ID="0",
-                                  SHARDS="3"))
+    cpu = parse_hallulog(_argv_of("shard.sbatch", tmp_path, SLURM_ARRAY_TASK_ID="0", SHARDS="3"))
     assert cpu.gpus is None and cpu.shard == "0/3"
 
 
@@ -102,12 +119,23 @@ def test_slurm_merge_script_merges_every_shard(tmp_path):
 @pytest.mark.parametrize("gpus", ["8", "0"])
 def test_slurm_submit_queues_the_array_then_the_merge_afterok(tmp_path, gpus):
     log = tmp_path / "sbatch.log"
-    sbatch = _stub(tmp_path, "sbatch",
-                   f'echo "$*" >> {log}\nn=$(wc -l < {log}); echo "$((41 + n));cluster"\n')
-    env = {"PATH": f"{sbatch.parent}:{os.environ['PATH']}", "SHARDS": "3", "GPUS_PER_NODE": gpus,
-           "OUT": str(tmp_path / "out"), "HALLULOG_DIR": str(REPO)}
-    proc = subprocess.run(["bash", str(DEPLOY / "slurm" / "submit.sh")], env=env,
-                          capture_output=True, text=True, timeout=30)
+    sbatch = _stub(
+        tmp_path, "sbatch", f'echo "$*" >> {log}\nn=$(wc -l < {log}); echo "$((41 + n));cluster"\n'
+    )
+    env = {
+        "PATH": f"{sbatch.parent}:{os.environ['PATH']}",
+        "SHARDS": "3",
+        "GPUS_PER_NODE": gpus,
+        "OUT": str(tmp_path / "out"),
+        "HALLULOG_DIR": str(REPO),
+    }
+    proc = subprocess.run(
+        ["bash", str(DEPLOY / "slurm" / "submit.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 0, proc.stderr
     array, merge = [shlex.split(line) for line in log.read_text().splitlines()]
     assert "--array=0-2" in array and array[-1].endswith("shard.sbatch")
@@ -117,8 +145,11 @@ def test_slurm_submit_queues_the_array_then_the_merge_afterok(tmp_path, gpus):
 
 
 def _sbatch_directives(script: str) -> list[str]:
-    return [line.split(None, 1)[1] for line in (DEPLOY / "slurm" / script).read_text().splitlines()
-            if line.startswith("#SBATCH")]
+    return [
+        line.split(None, 1)[1]
+        for line in (DEPLOY / "slurm" / script).read_text().splitlines()
+        if line.startswith("#SBATCH")
+    ]
 
 
 @pytest.mark.parametrize("script", ["shard.sbatch", "merge.sbatch", "submit.sh"])
@@ -145,14 +176,20 @@ def test_kuberay_rayjob():
     head = cluster["headGroupSpec"]
     assert isinstance(head["rayStartParams"], dict)
     groups = cluster["workerGroupSpecs"]
-    assert groups and all({"groupName", "replicas", "rayStartParams", "template"} <= set(g)
-                          for g in groups)
-    pvcs = {d["metadata"]["name"]: d for d in
-            yaml.safe_load_all((DEPLOY / "k8s" / "pvc.yaml").read_text())}
+    assert groups and all(
+        {"groupName", "replicas", "rayStartParams", "template"} <= set(g) for g in groups
+    )
+    pvcs = {
+        d["metadata"]["name"]: d
+        for d in yaml.safe_load_all((DEPLOY / "k8s" / "pvc.yaml").read_text())
+    }
     assert pvcs["hallulog-artifacts"]["spec"]["accessModes"] == ["ReadWriteMany"]
     for pod in [head["template"]["spec"]] + [g["template"]["spec"] for g in groups]:
-        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]
-                  if "persistentVolumeClaim" in v}
+        claims = {
+            v["name"]: v["persistentVolumeClaim"]["claimName"]
+            for v in pod["volumes"]
+            if "persistentVolumeClaim" in v
+        }
         assert set(claims.values()) <= set(pvcs)
         (container,) = pod["containers"]
         assert container["image"]

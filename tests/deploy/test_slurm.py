@@ -28,15 +28,28 @@ def test_slurm_array_of_shards_then_merge(tmp_path):
     out = tmp_path / "out"
     limit, k = 4, 1
     with SlurmCluster(ctld_port=9460) as cluster:
-        env = {**cluster.env, "SHARDS": "2", "GPUS_PER_NODE": "0", "CPUS_PER_TASK": "1",
-               "MERGE_CPUS": "1", "TIME_LIMIT": "00:30:00", "OUT": str(out),
-               "HALLULOG_DIR": str(REPO), "PYTHON": sys.executable, "BASE_PORT": "9470",
-               "RUN_ARGS": f"--limit {limit} --k-samples {k} --max-tokens 4 "
-                           "--storage-format npy --num-workers 1",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
-                                                           os.environ.get("PYTHONPATH")]))}
-        proc = subprocess.run(["bash", str(REPO / "deploy" / "slurm" / "submit.sh")], env=env,
-                              capture_output=True, text=True, timeout=60)
+        env = {
+            **cluster.env,
+            "SHARDS": "2",
+            "GPUS_PER_NODE": "0",
+            "CPUS_PER_TASK": "1",
+            "MERGE_CPUS": "1",
+            "TIME_LIMIT": "00:30:00",
+            "OUT": str(out),
+            "HALLULOG_DIR": str(REPO),
+            "PYTHON": sys.executable,
+            "BASE_PORT": "9470",
+            "RUN_ARGS": f"--limit {limit} --k-samples {k} --max-tokens 4 "
+            "--storage-format npy --num-workers 1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        }
+        proc = subprocess.run(
+            ["bash", str(REPO / "deploy" / "slurm" / "submit.sh")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 0, proc.stderr + cluster.log("slurmctld")
         words = proc.stdout.split()
         array_job, merge_job = words[words.index("shards:") + 2], words[words.index("merge:") + 2]
@@ -44,15 +57,24 @@ def test_slurm_array_of_shards_then_merge(tmp_path):
         state = ""
         while time.monotonic() < deadline:
             state = cluster.job_state(merge_job)
-            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+            if state in (
+                "COMPLETED",
+                "FAILED",
+                "CANCELLED",
+                "TIMEOUT",
+                "NODE_FAIL",
+                "OUT_OF_MEMORY",
+            ):
                 break
             if cluster.job_state(array_job) in ("FAILED", "CANCELLED", "TIMEOUT"):
                 break
             time.sleep(2)
         else:
             cluster.cancel(array_job, merge_job)
-        logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-                         for p in sorted((out / "slurm-logs").glob("*.out")))
+        logs = "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+            for p in sorted((out / "slurm-logs").glob("*.out"))
+        )
         assert state == "COMPLETED", f"merge job {merge_job}: {state}\n{logs}"
 
     for i in range(2):
@@ -62,8 +84,10 @@ def test_slurm_array_of_shards_then_merge(tmp_path):
     report = json.loads((merged / "consolidated" / "validation_report.json").read_text())
     assert report["ok"], report["problems"]
     expected = {g.prompt_id for g in load_task("triviaqa", limit=limit).groups}
-    rows = [json.loads(line) for line in
-            (merged / "consolidated" / "prompt_index.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for line in (merged / "consolidated" / "prompt_index.jsonl").read_text().splitlines()
+    ]
     assert sorted(r["prompt_id"] for r in rows) == sorted(expected)
     gens = (merged / "consolidated" / "generations.jsonl").read_text().splitlines()
     assert len(gens) == limit * (k + 1)

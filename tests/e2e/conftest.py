@@ -38,23 +38,42 @@ def free_port_block(size: int = 4) -> int:
 
 
 def orchestrator_cmd(root: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "orchestrator", "run", "--artifact-root", str(root),
-            "--server-base-port", str(free_port_block()), "--progress", "false", *args]
+    return [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "run",
+        "--artifact-root",
+        str(root),
+        "--server-base-port",
+        str(free_port_block()),
+        "--progress",
+        "false",
+        *args,
+    ]
 
 
 def run_orchestrator(root: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    proc = subprocess.run(orchestrator_cmd(root, *args), capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, env=dict(os.environ))
+    proc = subprocess.run(
+        orchestrator_cmd(root, *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env=dict(os.environ),
+    )
     return proc
 
 
-def run_with_saboteur(cmd: list[str], saboteur: Callable[[subprocess.Popen], None], *,
-                      timeout: float) -> tuple[int, str, str]:
+def run_with_saboteur(
+    cmd: list[str], saboteur: Callable[[subprocess.Popen], None], *, timeout: float
+) -> tuple[int, str, str]:
     """Run ``cmd`` (an orchestrator) while ``saboteur(proc)`` works on a thread beside it (it
     kills workers, servers or engines); the run is killed if it outlives ``timeout``.
     Returns ``(returncode, stdout, stderr)``."""
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     thread = threading.Thread(target=saboteur, args=(proc,), daemon=True)
     thread.start()
     try:
@@ -82,8 +101,20 @@ def worker_rows(root: Path, name: str) -> list[dict]:
 def small_run(tmp_path_factory) -> Path:
     """10 prompts, K=2, the integrated profile, npy store, on the embedded server."""
     root = tmp_path_factory.mktemp("run10")
-    proc = run_orchestrator(root, "--limit", "10", "--k-samples", "2", "--max-tokens", "24",
-                            "--num-workers", "2", "--groups-in-flight", "2",
-                            "--storage-format", "npy")
+    proc = run_orchestrator(
+        root,
+        "--limit",
+        "10",
+        "--k-samples",
+        "2",
+        "--max-tokens",
+        "24",
+        "--num-workers",
+        "2",
+        "--groups-in-flight",
+        "2",
+        "--storage-format",
+        "npy",
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return root

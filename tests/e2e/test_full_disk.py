@@ -1,4 +1,4 @@
-"""A full disk, kept real: the artifact root on a size-limited tmpfs (issue #15 item 2).
+"""A full disk, kept real: the artifact root on a size-limited tmpfs.
 
 The run must stop cleanly with one line naming the path, keep its checkpoint and committed work,
 and complete once space is freed; consolidation and exports on a full disk likewise. The tmpfs
@@ -26,11 +26,16 @@ BASE_PORT = "9310"
 def small_fs(tmp_path):
     mnt = tmp_path / "small"
     mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
-        pytest.skip(f"cannot mount a size-limited tmpfs ({proc.stderr.strip()}); a full "
-                    "filesystem cannot be made without it (RLIMIT_FSIZE caps one file only)")
+        pytest.skip(
+            f"cannot mount a size-limited tmpfs ({proc.stderr.strip()}); a full "
+            "filesystem cannot be made without it (RLIMIT_FSIZE caps one file only)"
+        )
     try:
         yield mnt
     finally:
@@ -48,7 +53,7 @@ def _fill(mnt: Path, leave: int) -> Path:
         todo = max(free - leave, 0)
         while todo > 0:
             try:
-                todo -= f.write(block[:min(len(block), todo)])
+                todo -= f.write(block[: min(len(block), todo)])
                 f.flush()
             except OSError:
                 break
@@ -57,10 +62,25 @@ def _fill(mnt: Path, leave: int) -> Path:
 
 def _orchestrator(root: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator", "run", "--artifact-root", str(root),
-         "--server-base-port", BASE_PORT, "--progress", "false", *args],
-        capture_output=True, text=True, timeout=900, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "run",
+            "--artifact-root",
+            str(root),
+            "--server-base-port",
+            BASE_PORT,
+            "--progress",
+            "false",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 def _error_line(proc: subprocess.CompletedProcess) -> str:
@@ -101,27 +121,52 @@ def test_consolidation_and_exports_on_a_full_disk(small_fs, tmp_path):
     """Generation done elsewhere; the consolidation runs on a disk with no space left."""
     src = tmp_path / "done"
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "run", "--artifact-root", str(src),
-         "--server-base-port", BASE_PORT, "--progress", "false", "--consolidate", "false",
-         *RUN], capture_output=True, text=True, timeout=900, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "run",
+            "--artifact-root",
+            str(src),
+            "--server-base-port",
+            BASE_PORT,
+            "--progress",
+            "false",
+            "--consolidate",
+            "false",
+            *RUN,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     root = small_fs / "run"
     subprocess.run(["cp", "-a", str(src), str(root)], check=True)
     for leave in (0, 16 << 10):  # nothing left, then a little: fails in another file
         filler = _fill(small_fs, leave=leave)
         full = subprocess.run(
-            [sys.executable, "-m", "orchestrator", "run", "--artifact-root", str(root),
-             "--consolidate-only"], capture_output=True, text=True, timeout=300, cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)})
+            [sys.executable, "-m", "orchestrator", "consolidate", "--artifact-root", str(root)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         assert full.returncode == 1, (leave, full.stdout, full.stderr[-3000:])
         line = _error_line(full)
         assert "No space left on device" in line and str(small_fs) in line, line
         filler.unlink()
     again = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "run", "--artifact-root", str(root),
-         "--consolidate-only"], capture_output=True, text=True, timeout=300, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
+        [sys.executable, "-m", "orchestrator", "consolidate", "--artifact-root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert again.returncode == 0, again.stdout + again.stderr[-3000:]
     prompts = read_jsonl(root / "consolidated" / "prompt_index.jsonl")
     assert len(prompts) == 3

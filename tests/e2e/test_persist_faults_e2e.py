@@ -1,4 +1,4 @@
-"""Faults injected into real worker processes during a real run (issue #15 item 1).
+"""Faults injected into real worker processes during a real run.
 
 ``HALLULOG_FAULTS`` (workers/_faults.py) makes a worker's n-th write under its directory fail:
 ``err=crash`` SIGKILLs the worker in the middle of a group's persist (the pool recovers the
@@ -20,8 +20,18 @@ import pytest
 from tests.e2e.conftest import REPO, read_jsonl, worker_rows
 
 pytestmark = pytest.mark.e2e
-RUN = ("--limit", "3", "--k-samples", "1", "--max-tokens", "6", "--storage-format", "packed",
-       "--progress", "false")
+RUN = (
+    "--limit",
+    "3",
+    "--k-samples",
+    "1",
+    "--max-tokens",
+    "6",
+    "--storage-format",
+    "packed",
+    "--progress",
+    "false",
+)
 
 
 def _run(root: Path, port: str, faults: str | None, *extra: str) -> subprocess.CompletedProcess:
@@ -29,9 +39,25 @@ def _run(root: Path, port: str, faults: str | None, *extra: str) -> subprocess.C
     env.pop("HALLULOG_FAULTS", None)
     if faults:
         env["HALLULOG_FAULTS"] = faults
-    return subprocess.run([sys.executable, "-m", "orchestrator", "run", "--artifact-root",
-                           str(root), "--server-base-port", port, *RUN, *extra],
-                          capture_output=True, text=True, timeout=1200, cwd=REPO, env=env)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "run",
+            "--artifact-root",
+            str(root),
+            "--server-base-port",
+            port,
+            *RUN,
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=REPO,
+        env=env,
+    )
 
 
 def _exactly_once(root: Path) -> None:
@@ -51,8 +77,9 @@ def test_worker_sigkilled_mid_persist_recovers_exactly_once(tmp_path):
     # task queue's get() would take the queue's lock with it (multiprocessing.Queue holds it
     # while blocking), and every restarted worker would wait forever -- the pool's channel
     # (runloop branch) has to fix that; here the kill lands while no get() is pending.
-    first = _run(root, "9320", "op=write,nth=10,err=crash,path=worker_0/",
-                 "--groups-in-flight", "1")
+    first = _run(
+        root, "9320", "op=write,nth=10,err=crash,path=worker_0/", "--groups-in-flight", "1"
+    )
     deaths = first.stderr.count("worker 0 died")
     assert deaths >= 1, first.stderr[-3000:]  # the fault really killed the worker mid-persist
     print(f"worker SIGKILLed mid-persist {deaths} time(s); exit {first.returncode}")
@@ -69,8 +96,9 @@ def test_eio_all_along_rolls_groups_back_in_place(tmp_path):
     first = _run(root, "9325", "op=write,every=9,err=EIO,path=worker_0/")
     assert first.returncode in (0, 3), first.stderr[-3000:]
     errors = worker_rows(root, "errors.jsonl")
-    assert any(e["error_type"] == "storage_error" and "injected" in e["error_message"]
-               for e in errors), errors
+    assert any(
+        e["error_type"] == "storage_error" and "injected" in e["error_message"] for e in errors
+    ), errors
     # a group of 7 writes, every 9th fails: groups commit after a failed (rolled back) one
     # -- the case where the failed group's samples used to poison the store
     assert worker_rows(root, "prompt_index.jsonl"), first.stderr[-3000:]

@@ -20,13 +20,24 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import (REPO, orchestrator_cmd, read_jsonl, run_with_saboteur,
-                                worker_rows)
+from tests.e2e.conftest import REPO, orchestrator_cmd, read_jsonl, run_with_saboteur, worker_rows
 
 pytestmark = pytest.mark.e2e
 
-ARGS = ["--gpus", "0,1", "--k-samples", "1", "--max-tokens", "4", "--groups-in-flight", "1",
-        "--log-level", "INFO", "--request-timeout", "300"]
+ARGS = [
+    "--gpus",
+    "0,1",
+    "--k-samples",
+    "1",
+    "--max-tokens",
+    "4",
+    "--groups-in-flight",
+    "1",
+    "--log-level",
+    "INFO",
+    "--request-timeout",
+    "300",
+]
 
 
 def _committed(root: Path) -> int:
@@ -51,8 +62,9 @@ def _worker_pids(orchestrator_pid: int) -> list[int]:
 
 
 def _generations_per_prompt(root: Path) -> collections.Counter:
-    return collections.Counter(g["prompt_id"] for g in
-                               read_jsonl(root / "consolidated" / "generations.jsonl"))
+    return collections.Counter(
+        g["prompt_id"] for g in read_jsonl(root / "consolidated" / "generations.jsonl")
+    )
 
 
 def _watch_spools(spool_root: Path, seen: set[str], proc) -> None:
@@ -78,8 +90,9 @@ def test_two_servers_share_the_work_and_sigkilled_workers_lose_nothing(tmp_path:
     own directory there is used and removed at the end, the artifact root gets no spool/."""
     prompts = 8
     shm = Path("/dev/shm")
-    spool_root = Path(tempfile.mkdtemp(prefix="hallulog-test-", dir=shm if shm.is_dir() else
-                                       tmp_path.parent))
+    spool_root = Path(
+        tempfile.mkdtemp(prefix="hallulog-test-", dir=shm if shm.is_dir() else tmp_path.parent)
+    )
     rng = random.Random(3)
     killed = []
 
@@ -102,14 +115,19 @@ def test_two_servers_share_the_work_and_sigkilled_workers_lose_nothing(tmp_path:
     spools_seen: set[str] = set()
 
     def saboteur(proc):
-        threading.Thread(target=_watch_spools, args=(spool_root, spools_seen, proc),
-                         daemon=True).start()
+        threading.Thread(
+            target=_watch_spools, args=(spool_root, spools_seen, proc), daemon=True
+        ).start()
         killer(proc)
 
     try:
         returncode, _, err = run_with_saboteur(
-            orchestrator_cmd(tmp_path, "--limit", str(prompts), "--spool-root",
-                             str(spool_root), *ARGS), saboteur, timeout=1500)
+            orchestrator_cmd(
+                tmp_path, "--limit", str(prompts), "--spool-root", str(spool_root), *ARGS
+            ),
+            saboteur,
+            timeout=1500,
+        )
         assert returncode == 0, err[-4000:]
         assert spools_seen == {"server_0", "server_1"}  # both servers spooled there
         assert not any(spool_root.iterdir())  # the run removed its directory
@@ -119,8 +137,9 @@ def test_two_servers_share_the_work_and_sigkilled_workers_lose_nothing(tmp_path:
     assert len(killed) == 2, err[-4000:]
     assert err.count("died (exit code -9)") == 2, err[-4000:]
     _assert_complete(tmp_path, prompts)
-    per_server = collections.Counter(r["worker_id"] for r in
-                                     worker_rows(tmp_path, "prompt_index.jsonl"))
+    per_server = collections.Counter(
+        r["worker_id"] for r in worker_rows(tmp_path, "prompt_index.jsonl")
+    )
     # worker i talks to server i: each served a fair share of the 8 prompts
     assert set(per_server) == {0, 1} and min(per_server.values()) >= 2, per_server
     manifest = json.loads((tmp_path / "run_manifest.json").read_text())
@@ -141,7 +160,8 @@ def test_server_dying_at_startup_is_retried_then_retired_and_the_run_finishes(tm
             except (OSError, ValueError):
                 pid = None
             if pid is not None and pid not in kills:
-                time.sleep(1.0)  # it is loading the model now
+                # at once: a server answers its health check only after loading the model,
+                # seconds after its pid file appears, so this kill lands in its start-up
                 try:
                     os.killpg(pid, signal.SIGKILL)
                     kills.append(pid)
@@ -150,8 +170,19 @@ def test_server_dying_at_startup_is_retried_then_retired_and_the_run_finishes(tm
             time.sleep(0.1)
 
     returncode, _, err = run_with_saboteur(
-        orchestrator_cmd(tmp_path, "--limit", str(prompts), *ARGS, "--server-max-restarts", "1",
-                         "--server-restart-backoff", "1"), killer, timeout=1500)
+        orchestrator_cmd(
+            tmp_path,
+            "--limit",
+            str(prompts),
+            *ARGS,
+            "--server-max-restarts",
+            "1",
+            "--server-restart-backoff",
+            "1",
+        ),
+        killer,
+        timeout=1500,
+    )
     assert returncode == 0, err[-4000:]
     assert len(kills) == 2, (kills, err[-4000:])
     assert "retiring server_1" in err, err[-4000:]
@@ -187,6 +218,19 @@ def _wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _group_stopped(pgid: int) -> bool:
+    """Every process in group ``pgid`` is stopped (state T in /proc/<pid>/stat)."""
+    states = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid:  # fields after the command: state, ppid, pgrp, ...
+            states.append(fields[0])
+    return bool(states) and all(state in "Tt" for state in states)
+
+
 def _server_pid(root: Path) -> int | None:
     try:  # "<group id> <url>", see orchestrator/run/servers.py
         return int((root / "servers" / "server_0.pid").read_text().split()[0])
@@ -201,22 +245,40 @@ def test_worker_killed_while_idle_in_receive_is_replaced_and_takes_work(tmp_path
 
     The server is SIGSTOPped while the workers are killed, so worker 0 cannot finish (and end
     the run) before the kills land; the watchdog's stall limit is far above the pause."""
-    proc = subprocess.Popen(orchestrator_cmd(tmp_path, "--limit", "1", "--k-samples", "1",
-                                             "--max-tokens", "4", "--num-workers", "2",
-                                             "--groups-in-flight", "2", "--log-level", "INFO",
-                                             "--watchdog-stall-seconds", "600"),
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        orchestrator_cmd(
+            tmp_path,
+            "--limit",
+            "1",
+            "--k-samples",
+            "1",
+            "--max-tokens",
+            "4",
+            "--num-workers",
+            "2",
+            "--groups-in-flight",
+            "2",
+            "--log-level",
+            "INFO",
+            "--watchdog-stall-seconds",
+            "600",
+        ),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     server = None
     try:
-        idle = _wait_for(lambda: proc.poll() is None and _worker_pid(proc.pid, 1), 900,
-                         "worker 1")
+        idle = _wait_for(lambda: proc.poll() is None and _worker_pid(proc.pid, 1), 900, "worker 1")
         busy = _wait_for(lambda: _worker_pid(proc.pid, 0), 60, "worker 0")
         server = _wait_for(lambda: _server_pid(tmp_path), 60, "server_0's pid file")
         os.killpg(server, signal.SIGSTOP)
-        time.sleep(1.0)
+        _wait_for(lambda: _group_stopped(server), 30, "server_0's processes to stop")
         os.kill(idle, signal.SIGKILL)
-        _wait_for(lambda: _worker_pid(proc.pid, 1) not in (None, idle), 120,
-                  "worker 1's replacement")
+        _wait_for(
+            lambda: _worker_pid(proc.pid, 1) not in (None, idle), 120, "worker 1's replacement"
+        )
         # Worker 0 may have committed in the instant before the server stopped; then only the
         # idle kill is exercised (the busy-worker path is covered by the two-server test above).
         busy_killed = _committed(tmp_path) == 0

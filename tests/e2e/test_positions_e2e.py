@@ -23,9 +23,21 @@ NUM_LAYERS = 30  # SmolLM2-135M
 @pytest.fixture(scope="module")
 def positions_run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("positions")
-    proc = run_orchestrator(root, "--positions", ",".join(NAMES), "--layers", "0,15,-1",
-                            "--limit", "4", "--k-samples", "1", "--max-tokens", "12",
-                            "--storage-format", "npy")
+    proc = run_orchestrator(
+        root,
+        "--positions",
+        ",".join(NAMES),
+        "--layers",
+        "0,15,-1",
+        "--limit",
+        "4",
+        "--k-samples",
+        "1",
+        "--max-tokens",
+        "12",
+        "--storage-format",
+        "npy",
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return root
 
@@ -52,17 +64,30 @@ def test_the_run_validates_clean_and_indexes_its_rows(positions_run: Path):
         span = row["exact_answer_span"]
         if span is not None:
             s, e = span["tokens"]
-            assert [at[j] for j in named["exact_answer"]] == [x for x in range(p + s, p + e)
-                                                              if x < p + r - 1]
+            assert [at[j] for j in named["exact_answer"]] == [
+                x for x in range(p + s, p + e) if x < p + r - 1
+            ]
         assert sorted({at[j] for idx in named.values() for j in idx}) == at
 
 
 def test_stored_rows_are_the_named_positions(positions_run: Path):
     """Layer 0 against the embeddings of every row (the deep audit), layers 15 and 30 against
     transformers run over the recorded ids."""
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "run", "--artifact-root",
-                           str(positions_run), "--validate-only", "--deep"],
-                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "validate",
+            "--artifact-root",
+            str(positions_run),
+            "--deep",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     audit = json.loads((positions_run / "consolidated" / "alignment_audit.json").read_text())
     assert audit["ok"] and audit["mode"] == "embedding" and audit["checked"] == 8
@@ -103,15 +128,35 @@ def test_exports_and_evaluate_read_rows_by_name(positions_run: Path, tmp_path: P
         assert geo["prompt_end_row"] == act["positions"]["tbg"][0]
         p = geo["prompt_end_position"] + 1
         assert [act["token_positions"][j] for j in geo["answer_token_rows"]] == [
-            x for x in act["token_positions"] if x >= p]
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "evaluate", "--artifact-root",
-                           str(positions_run), "--out", str(tmp_path / "ev"), "--no-embeddings",
-                           "--no-plots", "--bootstrap", "50", "--folds", "2"],
-                          capture_output=True, text=True, cwd=REPO, timeout=600)
+            x for x in act["token_positions"] if x >= p
+        ]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "evaluate",
+            "--artifact-root",
+            str(positions_run),
+            "--out",
+            str(tmp_path / "ev"),
+            "--no-embeddings",
+            "--no-plots",
+            "--bootstrap",
+            "50",
+            "--folds",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
     if "AUROC needs both classes" in proc.stderr:  # 4 prompts may all be graded alike
         pytest.skip("the 4 prompts have one label class only")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "ev" / "report.json").read_text())
     for probe in ("got_logistic_last", "sep_tbg", "sep_slt", "lkm_exact_answer"):
-        assert probe in report["methods"] or "needs" not in report["skipped"].get(probe, ""), \
+        assert probe in report["methods"] or "needs" not in report["skipped"].get(probe, ""), (
             report["skipped"]
+        )

@@ -1,4 +1,4 @@
-"""After the queue drains: consolidation, validation, repair, exports (issue 5 acceptance)."""
+"""After the queue drains: consolidation, validation, repair, exports."""
 
 from __future__ import annotations
 
@@ -61,8 +61,7 @@ def _fields_match_docs(exports: Path) -> None:
     doc = (REPO / "docs" / "exports.md").read_text()
     for path in exports.glob("*.jsonl"):
         section = doc.split(f"## `{path.name}`")[1].split("\n## ")[0]
-        documented = {line.split("`")[1] for line in section.splitlines()
-                      if line.startswith("| `")}
+        documented = {line.split("`")[1] for line in section.splitlines() if line.startswith("| `")}
         fields = set(read_jsonl(path)[0])
         assert fields == documented, (path.name, fields ^ documented)
 
@@ -79,8 +78,7 @@ def test_validation_names_problems_and_repairs_fix_them(small_run: Path, tmp_pat
     lines += [ln for ln in lines[:3]]
     (out / "generations.jsonl").write_text("".join(lines))
     prompts = (out / "prompt_index.jsonl").read_text().splitlines(keepends=True)
-    (out / "prompt_index.jsonl").write_text("".join(prompts + [p for p in prompts
-                                                               if dup_pid in p]))
+    (out / "prompt_index.jsonl").write_text("".join(prompts + [p for p in prompts if dup_pid in p]))
     # 3. a deleted activation file
     act = read_jsonl(out / "activation_index.jsonl")[7]
     (out / act["file_path"]).unlink()
@@ -93,11 +91,13 @@ def test_validation_names_problems_and_repairs_fix_them(small_run: Path, tmp_pat
         by_class.setdefault(p["class"], []).append(p)
     assert by_class["consolidated_malformed_line"][0]["file"] == "consolidated/generations.jsonl"
     assert by_class["consolidated_malformed_line"][0]["line"] == 5
-    assert any(p["file"] == "consolidated/prompt_index.jsonl" and p["line"] == 11
-               for p in by_class["duplicate_id"])
+    assert any(
+        p["file"] == "consolidated/prompt_index.jsonl" and p["line"] == 11
+        for p in by_class["duplicate_id"]
+    )
     missing = by_class["missing_activation_file"][0]
     assert missing["file"] == "consolidated/activation_index.jsonl" and missing["line"] == 8
-    assert "--consolidate-only" in report["repair"]["duplicate_id"]
+    assert "hallulog consolidate" in report["repair"]["duplicate_id"]
     assert "repair:" in proc.stdout
 
     fixed = _cli(root, "--consolidate-only")
@@ -105,33 +105,61 @@ def test_validation_names_problems_and_repairs_fix_them(small_run: Path, tmp_pat
     assert json.loads((out / "validation_report.json").read_text())["ok"]
 
 
-def test_injected_server_failures_then_retry_failed(tmp_path: Path):
-    """A proxy fails every request of one question; --retry-failed finishes the run."""
+def test_injected_server_failures_then_retry_failed(tmp_path: Path, monkeypatch):
+    """A proxy fails every request of one question; the group is queued again twice (run
+    .dispatch), then recorded as failed; --retry-failed finishes the run."""
+    monkeypatch.setenv("HALLULOG_GROUP_RETRIES", "2")
+    monkeypatch.setenv("HALLULOG_GROUP_RETRY_BACKOFF", "0.5")
     from serving.model_loader import default_model_dir
 
     model_dir = default_model_dir()
     port = free_port_block(1)
     spool = tmp_path / "spool"
-    server = subprocess.Popen([sys.executable, "-m", "serving", "--model", str(model_dir),
-                               "--port", str(port), "--spool-dir", str(spool)], cwd=REPO,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "serving",
+            "--model",
+            str(model_dir),
+            "--port",
+            str(port),
+            "--spool-dir",
+            str(spool),
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         from orchestrator.run.servers import wait_healthy
 
         wait_healthy(f"http://127.0.0.1:{port}", 300, process=server)
         root = tmp_path / "run"
-        args = ["--limit", "4", "--k-samples", "1", "--max-tokens", "12", "--manage-servers",
-                "false", "--model", str(model_dir)]
+        args = [
+            "--limit",
+            "4",
+            "--k-samples",
+            "1",
+            "--max-tokens",
+            "12",
+            "--manage-servers",
+            "false",
+            "--model",
+            str(model_dir),
+        ]
         from orchestrator.tasks import load_task
 
         victim = load_task("triviaqa", limit=4).groups[2]
         needle = victim.meta["question"][:30]
         with FaultyProxy(f"http://127.0.0.1:{port}", needle) as proxy:
             first = _cli(root, *args, "--server-urls", proxy.url)
-            assert proxy.failed == 3 * 2  # 3 attempts for each of the 2 requests
+            # 3 attempts for each of the 2 requests, 3 times (the first try, 2 re-queues)
+            assert proxy.failed == 3 * 2 * 3
         assert first.returncode == 3, first.stdout + first.stderr
         errors = read_jsonl(root / "worker_0" / "errors.jsonl")
         assert {e["prompt_id"] for e in errors} == {victim.prompt_id}
+        assert len(errors) == 3  # one line per attempt of the group
         assert errors[0]["error_type"] == "generation_failed" and errors[0]["stack_trace"]
         with FaultyProxy(f"http://127.0.0.1:{port}", None) as proxy:
             second = _cli(root, *args, "--server-urls", proxy.url, "--retry-failed")
@@ -147,8 +175,9 @@ def test_injected_server_failures_then_retry_failed(tmp_path: Path):
 def test_judge_task_is_labelled_after_the_run(tmp_path: Path):
     """A HalluLens task: the run's own server judges the answers before consolidation."""
     root = tmp_path / "run"
-    proc = _cli(root, "--task", "mixedentities", "--limit", "2", "--k-samples", "1",
-                "--max-tokens", "16")
+    proc = _cli(
+        root, "--task", "mixedentities", "--limit", "2", "--k-samples", "1", "--max-tokens", "16"
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     labels = read_jsonl(root / "labels.jsonl")
     assert len(labels) == 2 and all(row["judge_raw"] for row in labels)

@@ -27,15 +27,17 @@ ray = pytest.importorskip("ray", reason="--executor ray needs `pip install 'ray[
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
 LIMIT, K = 4, 1
-RUN = ("--limit", str(LIMIT), "--k-samples", str(K), "--max-tokens", "4",
-       "--storage-format", "npy")
+RUN = ("--limit", str(LIMIT), "--k-samples", str(K), "--max-tokens", "4", "--storage-format", "npy")
 
 
 @pytest.fixture(scope="module")
 def cluster():
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "gcs_server_port": 9490, "include_dashboard": False})
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "gcs_server_port": 9490, "include_dashboard": False},
+    )
     nodes = [c.add_node(num_cpus=1) for _ in range(2)]
     c.wait_for_nodes()
     c.worker_nodes_list = nodes
@@ -44,13 +46,22 @@ def cluster():
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
 
 
 def _committed(root: Path) -> list[str]:
-    return [r["prompt_id"] for w in sorted(root.glob("worker_*"))
-            for r in read_jsonl(w / "prompt_index.jsonl")] if root.exists() else []
+    return (
+        [
+            r["prompt_id"]
+            for w in sorted(root.glob("worker_*"))
+            for r in read_jsonl(w / "prompt_index.jsonl")
+        ]
+        if root.exists()
+        else []
+    )
 
 
 def test_ray_run_survives_a_node_loss_and_matches_the_local_run(cluster, tmp_path):
@@ -59,9 +70,27 @@ def test_ray_run_survives_a_node_loss_and_matches_the_local_run(cluster, tmp_pat
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     root = tmp_path / "ray"
-    cmd = [sys.executable, "-m", "orchestrator", "run", "--artifact-root", str(root),
-           "--progress", "false", "--executor", "ray", "--ray-address", cluster.address,
-           "--groups-in-flight", "1", "--ray-actors", "2", "--log-level", "INFO", *RUN]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "run",
+        "--artifact-root",
+        str(root),
+        "--progress",
+        "false",
+        "--executor",
+        "ray",
+        "--ray-address",
+        cluster.address,
+        "--groups-in-flight",
+        "1",
+        "--ray-actors",
+        "2",
+        "--log-level",
+        "INFO",
+        *RUN,
+    ]
     started = time.monotonic()
     with open(tmp_path / "ray.log", "w") as log:
         driver = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=log, text=True)
@@ -87,17 +116,20 @@ def test_ray_run_survives_a_node_loss_and_matches_the_local_run(cluster, tmp_pat
     committed = _committed(root)
     assert sorted(committed) == sorted(set(committed)) and len(committed) == LIMIT
     gens = read_jsonl(root / "consolidated" / "generations.jsonl")
-    per_prompt = {p: sorted(g["sample_id"] for g in gens if g["prompt_id"] == p)
-                  for p in committed}
+    per_prompt = {p: sorted(g["sample_id"] for g in gens if g["prompt_id"] == p) for p in committed}
     assert all(s == list(range(K + 1)) for s in per_prompt.values())
 
     # the same ids, greedy texts and labels as the one-node run
     def summary(r: Path):
-        prompts = {p["prompt_id"]: p["label"]
-                   for p in read_jsonl(r / "consolidated" / "prompt_index.jsonl")}
-        greedy = {g["prompt_id"]: g["text"]
-                  for g in read_jsonl(r / "consolidated" / "generations.jsonl")
-                  if g["sample_id"] == 0}
+        prompts = {
+            p["prompt_id"]: p["label"]
+            for p in read_jsonl(r / "consolidated" / "prompt_index.jsonl")
+        }
+        greedy = {
+            g["prompt_id"]: g["text"]
+            for g in read_jsonl(r / "consolidated" / "generations.jsonl")
+            if g["sample_id"] == 0
+        }
         return prompts, greedy
 
     assert summary(root) == summary(local)
@@ -105,17 +137,37 @@ def test_ray_run_survives_a_node_loss_and_matches_the_local_run(cluster, tmp_pat
 
 
 def test_bad_ray_inputs_are_one_line_errors(cluster, tmp_path):
-    proc = run_orchestrator(tmp_path / "a", "--executor", "ray", "--ray-address",
-                            "127.0.0.1:9499", *RUN, timeout=300)
+    proc = run_orchestrator(
+        tmp_path / "a", "--executor", "ray", "--ray-address", "127.0.0.1:9499", *RUN, timeout=300
+    )
     err = proc.stderr.strip().splitlines()[-1]  # after the startup messages: one line
-    assert proc.returncode == 1 and err.startswith("error: --ray-address 127.0.0.1:9499: no "
-                                                   "Ray cluster reachable there"), proc.stderr
-    proc = run_orchestrator(tmp_path / "b", "--executor", "ray", "--ray-address",
-                            cluster.address, "--gpus", "0", *RUN, timeout=300)
+    assert proc.returncode == 1 and err.startswith(
+        "error: --ray-address 127.0.0.1:9499: no Ray cluster reachable there"
+    ), proc.stderr
+    proc = run_orchestrator(
+        tmp_path / "b",
+        "--executor",
+        "ray",
+        "--ray-address",
+        cluster.address,
+        "--gpus",
+        "0",
+        *RUN,
+        timeout=300,
+    )
     err = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 1 and "has no GPUs" in err, proc.stderr[-2000:]
-    proc = run_orchestrator(tmp_path / "c", "--executor", "ray", "--ray-address",
-                            cluster.address, "--ray-actors", "5", *RUN, timeout=300)
+    proc = run_orchestrator(
+        tmp_path / "c",
+        "--executor",
+        "ray",
+        "--ray-address",
+        cluster.address,
+        "--ray-actors",
+        "5",
+        *RUN,
+        timeout=300,
+    )
     err = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 1 and "need 5 CPUs" in err, proc.stderr[-2000:]
 

@@ -1,4 +1,4 @@
-"""The run end to end on the embedded server with the real SmolLM2 model (issue 2 acceptance)."""
+"""The run end to end on the embedded server with the real SmolLM2 model."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import (REPO, orchestrator_cmd, read_jsonl, run_orchestrator,
-                                worker_rows)
+from tests.e2e.conftest import REPO, orchestrator_cmd, run_orchestrator, worker_rows
 
 pytestmark = pytest.mark.e2e
 
@@ -32,8 +31,9 @@ def test_every_prompt_has_all_artifacts(small_run: Path):
     for p in prompts:
         assert p["label"] in (0, 1) and p["label_grader"] == "alias_match"
         assert p["prompt_token_ids"] and p["reference_answer"]
-        mine = sorted((g for g in gens if g["prompt_id"] == p["prompt_id"]),
-                      key=lambda g: g["sample_id"])
+        mine = sorted(
+            (g for g in gens if g["prompt_id"] == p["prompt_id"]), key=lambda g: g["sample_id"]
+        )
         assert [g["sample_id"] for g in mine] == [0, 1, 2]
         assert mine[0]["role"] == "primary" and mine[0]["request_params"]["temperature"] == 0.0
         for g in mine:
@@ -76,7 +76,7 @@ def test_stored_activations_equal_transformers(small_run: Path):
         with torch.no_grad():
             out = model(torch.tensor([ids]), output_hidden_states=True)
         ref = [h[0] for h in out.hidden_states[:NUM_LAYERS]] + [pre_norm["x"][0]]
-        ref = torch.stack(ref).numpy()[:, row["row0_position"]:]  # (L, rows, H)
+        ref = torch.stack(ref).numpy()[:, row["row0_position"] :]  # (L, rows, H)
         stored = np.load(small_run / f"worker_{row['worker_id']}" / row["file_path"])
         assert stored.shape == ref.shape
         for layer in range(NUM_LAYERS + 1):
@@ -90,8 +90,9 @@ def test_stored_activations_equal_transformers(small_run: Path):
 def test_labels_are_alias_matches(small_run: Path):
     from contracts.answer_match import alias_match_label
 
-    gens = {(g["prompt_id"], g["sample_id"]): g for g in worker_rows(small_run,
-                                                                    "generations.jsonl")}
+    gens = {
+        (g["prompt_id"], g["sample_id"]): g for g in worker_rows(small_run, "generations.jsonl")
+    }
     for p in worker_rows(small_run, "prompt_index.jsonl"):
         primary = gens[(p["prompt_id"], 0)]
         assert p["label"] == alias_match_label(primary["text"], p["reference"]["aliases"])
@@ -112,13 +113,24 @@ def _committed(root: Path) -> int:
 
 def test_resume_after_sigkill(tmp_path: Path):
     """SIGKILL the orchestrator mid-run; the rerun completes with no prompt missing or doubled."""
-    args = ["--limit", "12", "--k-samples", "1", "--max-tokens", "16", "--checkpoint-every", "1",
-            "--groups-in-flight", "2"]
+    args = [
+        "--limit",
+        "12",
+        "--k-samples",
+        "1",
+        "--max-tokens",
+        "16",
+        "--checkpoint-every",
+        "1",
+        "--groups-in-flight",
+        "2",
+    ]
     cmd = orchestrator_cmd(tmp_path, *args)
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        _wait_for(lambda: _committed(tmp_path) >= 3 or proc.poll() is not None, 600,
-                  "3 committed prompts")
+        _wait_for(
+            lambda: _committed(tmp_path) >= 3 or proc.poll() is not None, 600, "3 committed prompts"
+        )
         assert proc.poll() is None, "run ended before it could be killed"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
@@ -158,9 +170,11 @@ def test_resume_after_sigkill(tmp_path: Path):
 
 def test_malformed_dataset_line_names_file_and_line(tmp_path: Path):
     bad = tmp_path / "bad-dev.json"
-    bad.write_text('{"Data": [\n  {"Question": "Q1?", "QuestionId": "q1",\n'
-                   '   "Answer": {"Value": "A", "Aliases": ["A"], "NormalizedAliases": ["a"]}},\n'
-                   '  {"Question": "Q2?", "QuestionId": "q2"}\n], "Split": "dev"}\n')
+    bad.write_text(
+        '{"Data": [\n  {"Question": "Q1?", "QuestionId": "q1",\n'
+        '   "Answer": {"Value": "A", "Aliases": ["A"], "NormalizedAliases": ["a"]}},\n'
+        '  {"Question": "Q2?", "QuestionId": "q2"}\n], "Split": "dev"}\n'
+    )
     proc = run_orchestrator(tmp_path / "out", "--task-path", str(bad), timeout=120)
     assert proc.returncode != 0
     assert f"{bad}:4" in proc.stderr, proc.stderr[-2000:]
@@ -175,14 +189,32 @@ def test_resume_with_other_config_is_refused(small_run: Path):
 
 def test_hung_server_is_restarted_and_the_run_completes(tmp_path: Path):
     """SIGSTOP the embedded server mid-run: the watchdog restarts it, the run completes."""
-    args = ["--limit", "6", "--k-samples", "1", "--max-tokens", "16", "--groups-in-flight", "1",
-            "--watchdog-stall-seconds", "8", "--request-timeout", "120"]
-    proc = subprocess.Popen(orchestrator_cmd(tmp_path, *args), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = [
+        "--limit",
+        "6",
+        "--k-samples",
+        "1",
+        "--max-tokens",
+        "16",
+        "--groups-in-flight",
+        "1",
+        "--watchdog-stall-seconds",
+        "8",
+        "--request-timeout",
+        "120",
+    ]
+    proc = subprocess.Popen(
+        orchestrator_cmd(tmp_path, *args),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     pidfile = tmp_path / "servers" / "server_0.pid"
     try:
-        _wait_for(lambda: _committed(tmp_path) >= 1 or proc.poll() is not None, 600,
-                  "a committed prompt")
+        _wait_for(
+            lambda: _committed(tmp_path) >= 1 or proc.poll() is not None, 600, "a committed prompt"
+        )
         assert proc.poll() is None
         server_pid = int(pidfile.read_text().split()[0])
         os.kill(server_pid, signal.SIGSTOP)

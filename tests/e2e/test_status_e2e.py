@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import time
@@ -12,17 +11,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.api import dashboard_browser as browser
 from tests.e2e.conftest import REPO, free_port_block, orchestrator_cmd
 
 pytestmark = pytest.mark.e2e
-
-
-def _dashboard_browser():
-    spec = importlib.util.spec_from_file_location("dashboard_browser",
-                                                  REPO / "tests" / "api" / "dashboard_browser.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _poll(url: str, predicate, timeout: float, proc: subprocess.Popen) -> dict:
@@ -40,17 +32,28 @@ def _poll(url: str, predicate, timeout: float, proc: subprocess.Popen) -> dict:
 
 
 def test_status_json_metrics_and_dashboard_during_a_real_run(tmp_path: Path):
-    browser = _dashboard_browser()
     if browser.missing_browser() is not None:  # before the run starts, never mid-test
         pytest.skip(browser.missing_browser())
     status_port = free_port_block(1)
     url = f"http://127.0.0.1:{status_port}"
-    cmd = orchestrator_cmd(tmp_path / "run", "--limit", "8", "--k-samples", "1", "--max-tokens",
-                           "12", "--groups-in-flight", "1", "--status-port", str(status_port))
+    cmd = orchestrator_cmd(
+        tmp_path / "run",
+        "--limit",
+        "8",
+        "--k-samples",
+        "1",
+        "--max-tokens",
+        "12",
+        "--groups-in-flight",
+        "1",
+        "--status-port",
+        str(status_port),
+    )
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        snap = _poll(url, lambda s: s["phase"] == "running" and s["prompts"]["done"] >= 1, 600,
-                     proc)
+        snap = _poll(
+            url, lambda s: s["phase"] == "running" and s["prompts"]["done"] >= 1, 600, proc
+        )
         assert snap["prompts"]["total"] == 8
         assert snap["config"]["k_samples"] == 1
         assert len(snap["fingerprint"]) == 64 and snap["run_id"]
@@ -68,8 +71,9 @@ def test_status_json_metrics_and_dashboard_during_a_real_run(tmp_path: Path):
 
         shot_dir = Path(os.environ.get("HALLULOG_SCREENSHOT_DIR", tmp_path))
         shot_dir.mkdir(parents=True, exist_ok=True)
-        seen = browser.watch_dashboard(url + "/", rises=2, timeout_s=300,
-                                   screenshot=shot_dir / "dashboard-real-run.png")
+        seen = browser.watch_dashboard(
+            url + "/", rises=2, timeout_s=300, screenshot=shot_dir / "dashboard-real-run.png"
+        )
         assert seen["values"][-1] >= seen["values"][0] + 2
         assert Path(seen["screenshot"]).stat().st_size > 10_000
         print(f"dashboard screenshot during a real run: {seen['screenshot']}")

@@ -18,11 +18,24 @@ from tests.e2e.conftest import REPO, free_port_block, read_jsonl
 
 pytestmark = pytest.mark.e2e
 
-PRESET_KINDS = {"nq_open": "aliases", "squad": "aliases", "hotpotqa": "aliases",
-                "popqa": "aliases", "truthfulqa": "judge", "sciq": "choice", "mmlu": "choice",
-                "gsm8k": "numeric", "svamp": "numeric", "bioasq": "aliases"}
-GRADERS = {"aliases": "alias_match", "choice": "choice_match", "numeric": "numeric_match",
-           "judge": "llm_judge"}
+PRESET_KINDS = {
+    "nq_open": "aliases",
+    "squad": "aliases",
+    "hotpotqa": "aliases",
+    "popqa": "aliases",
+    "truthfulqa": "judge",
+    "sciq": "choice",
+    "mmlu": "choice",
+    "gsm8k": "numeric",
+    "svamp": "numeric",
+    "bioasq": "aliases",
+}
+GRADERS = {
+    "aliases": "alias_match",
+    "choice": "choice_match",
+    "numeric": "numeric_match",
+    "judge": "llm_judge",
+}
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +45,22 @@ def server(tmp_path_factory) -> str:
 
     port = free_port_block(1)
     spool = tmp_path_factory.mktemp("spool")
-    proc = subprocess.Popen([sys.executable, "-m", "serving", "--model", str(default_model_dir()),
-                             "--port", str(port), "--spool-dir", str(spool)], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "serving",
+            "--model",
+            str(default_model_dir()),
+            "--port",
+            str(port),
+            "--spool-dir",
+            str(spool),
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, 300, process=proc)
@@ -44,14 +70,30 @@ def server(tmp_path_factory) -> str:
         proc.wait(timeout=30)
 
 
-def _run(server: str, root: Path, *args: str, command: str = "run"
-         ) -> subprocess.CompletedProcess:
+def _run(server: str, root: Path, *args: str, command: str = "run") -> subprocess.CompletedProcess:
     from serving.model_loader import default_model_dir
 
-    cmd = [sys.executable, "-m", "orchestrator", command, "--artifact-root", str(root),
-           "--manage-servers", "false", "--server-urls", server, "--model",
-           str(default_model_dir()), "--progress", "false", "--k-samples", "1",
-           "--max-tokens", "12", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        command,
+        "--artifact-root",
+        str(root),
+        "--manage-servers",
+        "false",
+        "--server-urls",
+        server,
+        "--model",
+        str(default_model_dir()),
+        "--progress",
+        "false",
+        "--k-samples",
+        "1",
+        "--max-tokens",
+        "12",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
 
 
@@ -83,8 +125,18 @@ def test_preset_runs_and_labels(server: str, tmp_path: Path, preset: str):
 
 def test_squad_with_context_and_a_system_prompt(server: str, tmp_path: Path):
     root = tmp_path / "squad-ctx"
-    proc = _run(server, root, "--task", "squad", "--limit", "2", "--with-context", "true",
-                "--system-prompt", "You answer in a few words.")
+    proc = _run(
+        server,
+        root,
+        "--task",
+        "squad",
+        "--limit",
+        "2",
+        "--with-context",
+        "true",
+        "--system-prompt",
+        "You answer in a few words.",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = _check_clean_run(root, "aliases", 2)
     for row in rows:
@@ -97,35 +149,91 @@ def test_generic_qa_csv_with_fewshot_completions_then_evaluate(server: str, tmp_
     (the completions route), and `evaluate` on the result."""
     data = tmp_path / "study.csv"
     lines = ["qid,query,gold,passage"]
-    facts = [("Paris", "France"), ("Rome", "Italy"), ("Madrid", "Spain"), ("Berlin", "Germany"),
-             ("Lisbon", "Portugal"), ("Vienna", "Austria"), ("Oslo", "Norway"),
-             ("Athens", "Greece"), ("Dublin", "Ireland"), ("Warsaw", "Poland")]
+    facts = [
+        ("Paris", "France"),
+        ("Rome", "Italy"),
+        ("Madrid", "Spain"),
+        ("Berlin", "Germany"),
+        ("Lisbon", "Portugal"),
+        ("Vienna", "Austria"),
+        ("Oslo", "Norway"),
+        ("Athens", "Greece"),
+        ("Dublin", "Ireland"),
+        ("Warsaw", "Poland"),
+    ]
     for i, (city, country) in enumerate(facts):
         # every third reference is a made-up city, so the labels hold both classes
         gold = "Zarnivek" if i % 3 == 2 else city
-        lines.append(f'q{i},What is the capital of {country}?,"[""{gold}""]",'
-                     f'{city} is the capital of {country}.')
+        lines.append(
+            f'q{i},What is the capital of {country}?,"[""{gold}""]",'
+            f"{city} is the capital of {country}."
+        )
     data.write_text("\n".join(lines) + "\n")
     shots = tmp_path / "shots.csv"
-    shots.write_text('qid,query,gold,passage\ns1,What is the capital of Japan?,Tokyo,x\n'
-                     's2,What is the capital of Peru?,Lima,x\n')
+    shots.write_text(
+        "qid,query,gold,passage\ns1,What is the capital of Japan?,Tokyo,x\n"
+        "s2,What is the capital of Peru?,Lima,x\n"
+    )
     template = tmp_path / "prompt.j2"
     template.write_text("Q: {{ question }}\nA:")
     root = tmp_path / "qa"
-    mapping = ["--task", "qa", "--question-field", "query", "--answers-field", "gold",
-               "--id-field", "qid", "--context-field", "passage"]
-    proc = _run(server, root, *mapping, "--task-path", str(data), "--prompt-template-file",
-                str(template), "--fewshot-path", str(shots), "--fewshot-k", "2", "--chat",
-                "false", "--k-samples", "2")
+    mapping = [
+        "--task",
+        "qa",
+        "--question-field",
+        "query",
+        "--answers-field",
+        "gold",
+        "--id-field",
+        "qid",
+        "--context-field",
+        "passage",
+    ]
+    proc = _run(
+        server,
+        root,
+        *mapping,
+        "--task-path",
+        str(data),
+        "--prompt-template-file",
+        str(template),
+        "--fewshot-path",
+        str(shots),
+        "--fewshot-k",
+        "2",
+        "--chat",
+        "false",
+        "--k-samples",
+        "2",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = _check_clean_run(root, "aliases", len(facts))
     assert rows[0]["messages"] == []
     assert rows[0]["prompt"].startswith("Q: What is the capital of Japan?\nA: Tokyo\n\n")
     # the same study resumed with another prompt is refused
-    other = _run(server, root, *mapping, "--task-path", str(data), "--prompt-template",
-                 "Question: {{ question }}\nAnswer:", "--fewshot-path", str(shots),
-                 "--fewshot-k", "2", "--chat", "false", "--k-samples", "2")
+    other = _run(
+        server,
+        root,
+        *mapping,
+        "--task-path",
+        str(data),
+        "--prompt-template",
+        "Question: {{ question }}\nAnswer:",
+        "--fewshot-path",
+        str(shots),
+        "--fewshot-k",
+        "2",
+        "--chat",
+        "false",
+        "--k-samples",
+        "2",
+    )
     assert other.returncode != 0 and "prompt_template_hash" in other.stderr, other.stderr
-    ev = subprocess.run([sys.executable, "-m", "orchestrator", "evaluate", "--artifact-root",
-                         str(root)], capture_output=True, text=True, timeout=600, cwd=REPO)
+    ev = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "evaluate", "--artifact-root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
     assert ev.returncode == 0, ev.stdout + ev.stderr

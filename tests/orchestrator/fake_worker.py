@@ -57,8 +57,13 @@ def fake_worker(spec: FakeSpec, conn) -> None:
             time.sleep(3600)
         time.sleep(meta.get("sleep", 0.3 if spec.server_url == "fake://slow" else 0.01))
         if meta.get("fail"):
-            send({"event": "failed", "prompt_id": group.prompt_id,
-                  "error": {"error_message": "asked to fail"}})
+            send(
+                {
+                    "event": "failed",
+                    "prompt_id": group.prompt_id,
+                    "error": {"error_message": "asked to fail"},
+                }
+            )
             return
         with lock:
             with open(out, "a") as f:

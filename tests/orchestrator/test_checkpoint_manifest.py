@@ -5,10 +5,10 @@ import threading
 
 import pytest
 
-from orchestrator.run.checkpoint import CheckpointWriter, load_completed, write_completed
 from orchestrator.config import RunConfig
 from orchestrator.errors import ArtifactError, ResumeRefused
 from orchestrator.manifest import build_manifest, check_resumable
+from orchestrator.run.checkpoint import CheckpointWriter, load_completed, write_completed
 
 
 def test_checkpoint_round_trip_and_atomicity(tmp_path):
@@ -50,20 +50,51 @@ def test_request_does_not_wait_for_a_slow_disk(tmp_path):
 
 
 def _manifest(**kw):
-    return build_manifest(RunConfig(**kw), run_id=None, model_name="m", model_path="/m",
-                          layer_ids=[0, 1], hidden_size=4, num_hidden_layers=1,
-                          dataset="triviaqa", split="dev", prompt_template="t", worker_count=1,
-                          total_prompts=3)
+    return build_manifest(
+        RunConfig(**kw),
+        run_id=None,
+        model_name="m",
+        model_path="/m",
+        layer_ids=[0, 1],
+        hidden_size=4,
+        num_hidden_layers=1,
+        dataset="triviaqa",
+        split="dev",
+        prompt_template="t",
+        worker_count=1,
+        total_prompts=3,
+    )
 
 
 def test_manifest_has_seed_003_fields():
     m = _manifest()
-    for key in ("run_id", "model", "dataset", "split", "timestamp", "prompt_template_hash",
-                "k_samples", "primary_temperature", "sample_temperature", "sample_top_p",
-                "max_tokens", "logging_profile", "target_layers", "sequence_mode",
-                "storage_format", "dtype", "artifact_root", "activations_subdir",
-                "worker_count", "model_revision", "tensor_parallel_size", "resumable",
-                "completed_prompt_ids", "config_fingerprint", "versions"):
+    for key in (
+        "run_id",
+        "model",
+        "dataset",
+        "split",
+        "timestamp",
+        "prompt_template_hash",
+        "k_samples",
+        "primary_temperature",
+        "sample_temperature",
+        "sample_top_p",
+        "max_tokens",
+        "logging_profile",
+        "target_layers",
+        "sequence_mode",
+        "storage_format",
+        "dtype",
+        "artifact_root",
+        "activations_subdir",
+        "worker_count",
+        "model_revision",
+        "tensor_parallel_size",
+        "resumable",
+        "completed_prompt_ids",
+        "config_fingerprint",
+        "versions",
+    ):
         assert key in m, key
 
 

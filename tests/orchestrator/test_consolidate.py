@@ -28,10 +28,12 @@ def test_complete_run_is_consolidated_once_each(tmp_path: Path, fmt: str):
     assert [p["prompt_id"] for p in prompts] == pids[0::2] + pids[1::2]
     gens = rows(out / layout.GENERATIONS)
     assert [(g["prompt_id"], g["sample_id"]) for g in gens] == [
-        (p["prompt_id"], s) for p in prompts for s in range(3)]
+        (p["prompt_id"], s) for p in prompts for s in range(3)
+    ]
     acts = rows(out / layout.ACTIVATION_INDEX)
-    assert [a["activation_key"] for a in acts] == [f"{g['prompt_id']}_{g['sample_id']}"
-                                                   for g in gens]
+    assert [a["activation_key"] for a in acts] == [
+        f"{g['prompt_id']}_{g['sample_id']}" for g in gens
+    ]
     assert all(a["label"] == int(pids.index(a["prompt_id"]) % 2) for a in acts)
     assert result["parquet"]["generations.parquet"] == 27
 
@@ -43,8 +45,8 @@ def test_latest_complete_commit_wins_and_partial_groups_are_dropped(tmp_path: Pa
     try:
         commit(w1, 0, pids[0], k=2, completed_at="2999-01-01")  # a retry: wins
         commit(w1, 2, pids[2], k=2, completed_at="1999-01-01")  # an older stamp: loses
-        commit(w0, 6, extra[0], k=2, samples=[0, 1])            # incomplete: never kept
-        commit(w0, 7, extra[1], k=2, no_acts=(1,))              # a capture failed: kept
+        commit(w0, 6, extra[0], k=2, samples=[0, 1])  # incomplete: never kept
+        commit(w0, 7, extra[1], k=2, no_acts=(1,))  # a capture failed: kept
     finally:
         w0.close()
         w1.close()
@@ -69,9 +71,20 @@ def test_latest_complete_commit_wins_and_partial_groups_are_dropped(tmp_path: Pa
 
 def test_judge_labels_are_joined(tmp_path: Path):
     pids = build_run(tmp_path, prompts=4, k=1, workers=1)
-    (tmp_path / layout.LABELS).write_text(json.dumps(
-        {"prompt_id": pids[0], "label": 1, "label_grader": "judge", "verdict": "wrong",
-         "abstained": False, "judge_model": "m", "judge_raw": "WRONG"}) + "\n")
+    (tmp_path / layout.LABELS).write_text(
+        json.dumps(
+            {
+                "prompt_id": pids[0],
+                "label": 1,
+                "label_grader": "judge",
+                "verdict": "wrong",
+                "abstained": False,
+                "judge_model": "m",
+                "judge_raw": "WRONG",
+            }
+        )
+        + "\n"
+    )
     consolidate(tmp_path)
     out = layout.consolidated_dir(tmp_path)
     first = rows(out / layout.PROMPT_INDEX)[0]

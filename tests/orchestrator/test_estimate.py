@@ -45,11 +45,25 @@ def backends(tmp_path_factory):
         if num_layer_ids not in started:
             port = _free_port()
             proc = subprocess.Popen(
-                [sys.executable, str(REPO / "bench" / "instant_backend.py"), "--port",
-                 str(port), "--spool-dir", str(base / f"spool{num_layer_ids}"),
-                 "--num-layer-ids", str(num_layer_ids), "--hidden-size", str(HIDDEN),
-                 "--answer-tokens", str(ANSWER_TOKENS), "--served-model-name", "fake-model"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                [
+                    sys.executable,
+                    str(REPO / "bench" / "instant_backend.py"),
+                    "--port",
+                    str(port),
+                    "--spool-dir",
+                    str(base / f"spool{num_layer_ids}"),
+                    "--num-layer-ids",
+                    str(num_layer_ids),
+                    "--hidden-size",
+                    str(HIDDEN),
+                    "--answer-tokens",
+                    str(ANSWER_TOKENS),
+                    "--served-model-name",
+                    "fake-model",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             url = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 60
             while True:
@@ -57,8 +71,9 @@ def backends(tmp_path_factory):
                     urllib.request.urlopen(f"{url}/health", timeout=1).close()
                     break
                 except OSError:
-                    assert time.monotonic() < deadline and proc.poll() is None, \
+                    assert time.monotonic() < deadline and proc.poll() is None, (
                         "instant backend did not start"
+                    )
                     time.sleep(0.1)
             started[num_layer_ids] = (proc, url)
         return started[num_layer_ids][1]
@@ -75,14 +90,23 @@ def study(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("study")
     model = base / "fake-model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({"num_hidden_layers": NUM_LAYERS,
-                                                   "hidden_size": HIDDEN}))
+    (model / "config.json").write_text(
+        json.dumps({"num_hidden_layers": NUM_LAYERS, "hidden_size": HIDDEN})
+    )
     task = base / "questions.jsonl"
     with open(task, "w") as f:
         for i in range(40):
             value = "Paris" if i % 2 else "Rome"
-            f.write(json.dumps({"QuestionId": f"q{i:04d}", "Question": f"Which city is {i}?",
-                                "Answer": {"Value": value, "Aliases": [value]}}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "QuestionId": f"q{i:04d}",
+                        "Question": f"Which city is {i}?",
+                        "Answer": {"Value": value, "Aliases": [value]},
+                    }
+                )
+                + "\n"
+            )
     return {"model": model, "task": task}
 
 
@@ -98,10 +122,27 @@ def _fresh_logging():
 
 
 def _flags(root: Path, study: dict[str, Path], url: str, *extra: str) -> list[str]:
-    return ["--artifact-root", str(root), "--task", "triviaqa", "--task-path",
-            str(study["task"]), "--model", str(study["model"]), "--manage-servers", "false",
-            "--server-urls", url, "--k-samples", "3", "--max-tokens", "16",
-            "--progress", "false", *extra]
+    return [
+        "--artifact-root",
+        str(root),
+        "--task",
+        "triviaqa",
+        "--task-path",
+        str(study["task"]),
+        "--model",
+        str(study["model"]),
+        "--manage-servers",
+        "false",
+        "--server-urls",
+        url,
+        "--k-samples",
+        "3",
+        "--max-tokens",
+        "16",
+        "--progress",
+        "false",
+        *extra,
+    ]
 
 
 def _estimate(capsys, *args: str) -> dict:
@@ -155,28 +196,66 @@ def test_response_mode_from_a_pilot_matches_the_run(tmp_path, study, backends, c
 
 
 def test_json_line_keys_and_model_shapes(capsys):
-    light = _estimate(capsys, "--model-shape", "32:4096", "--logging-profile", "light",
-                      "--limit", "10")
-    for key in ("bytes_per_generation", "total_bytes", "generations", "prompts", "layers",
-                "rows_per_generation", "basis", "upper_bound_bytes_per_generation",
-                "expected_bytes_per_generation", "metadata_bytes_per_generation",
-                "projected_bytes", "free_bytes", "fits", "seconds"):
+    light = _estimate(
+        capsys, "--model-shape", "32:4096", "--logging-profile", "light", "--limit", "10"
+    )
+    for key in (
+        "bytes_per_generation",
+        "total_bytes",
+        "generations",
+        "prompts",
+        "layers",
+        "rows_per_generation",
+        "basis",
+        "upper_bound_bytes_per_generation",
+        "expected_bytes_per_generation",
+        "metadata_bytes_per_generation",
+        "projected_bytes",
+        "free_bytes",
+        "fits",
+        "seconds",
+    ):
         assert key in light, key
     assert light["layers"] == 16 and light["basis"] == "exact"
     assert light["prompts"] == 10 and light["generations"] == 60
     assert light["bytes_per_generation"] == 16 * 4096 * 2 + light["overhead_bytes_per_generation"]
     assert light["total_bytes"] == 60 * light["bytes_per_generation"]
-    probes = _estimate(capsys, "--model-shape", "32:4096", "--layers", "8,16,24,-1",
-                       "--positions", "tbg,slt,exact_answer,last", "--limit", "10",
-                       "--mean-prompt-tokens", "40", "--mean-response-tokens", "64",
-                       "--mean-answer-tokens", "3", "--rate", "2")
+    probes = _estimate(
+        capsys,
+        "--model-shape",
+        "32:4096",
+        "--layers",
+        "8,16,24,-1",
+        "--positions",
+        "tbg,slt,exact_answer,last",
+        "--limit",
+        "10",
+        "--mean-prompt-tokens",
+        "40",
+        "--mean-response-tokens",
+        "64",
+        "--mean-answer-tokens",
+        "3",
+        "--rate",
+        "2",
+    )
     # generation capture: slt and last are the same row; tbg + 3 answer tokens + that row
     assert probes["rows_per_generation"] == {"upper_bound": 64, "expected": 5}
     assert probes["basis"] == "pilot" and probes["layer_ids"] == [8, 16, 24, 32]
     assert probes["seconds"] == 30.0
-    full = _estimate(capsys, "--model-shape", "30:576", "--logging-profile", "full",
-                     "--limit", "5", "--mean-prompt-tokens", "40",
-                     "--mean-response-tokens", "64")
+    full = _estimate(
+        capsys,
+        "--model-shape",
+        "30:576",
+        "--logging-profile",
+        "full",
+        "--limit",
+        "5",
+        "--mean-prompt-tokens",
+        "40",
+        "--mean-response-tokens",
+        "64",
+    )
     assert full["rows_per_generation"]["expected"] == 40 + 64 - 1
     assert full["lengths"]["prompt_mean"] == 40 and full["lengths"]["prompt_source"] == "bytes"
     assert full["rows_per_generation"]["upper_bound"] > 40 + 64 - 1  # the task's longest prompt
@@ -190,31 +269,43 @@ def test_selection_rows_by_name():
     assert sel.fixed and sel.rows(50, 64, 0) == 5 and sel.rows(50, 2, 0) == 2
     assert est_mod.Selection((1,), ("response",), "float16", "prefill").rows(50, 10, 0) == 11
     assert est_mod.Selection((1,), ("all",), "float16", "generation").rows_at_mean(
-        40.5, 10.0, 0) == pytest.approx(49.5)
+        40.5, 10.0, 0
+    ) == pytest.approx(49.5)
 
 
 def test_the_expected_range_comes_from_the_spread_between_prompts():
     sel = est_mod.Selection((0, 1), ("response",), "float16", "generation")
-    lengths = Lengths(samples=((9, 10, 0), (9, 10, 0), (9, 30, 0), (9, 30, 0)),
-                              prompt_of=(0, 0, 1, 1), source="pilot")
-    est = est_mod.project(sel, hidden_size=8, storage_format="packed", max_tokens=64,
-                          k_samples=1, prompts=1000, lengths=lengths)
+    lengths = Lengths(
+        samples=((9, 10, 0), (9, 10, 0), (9, 30, 0), (9, 30, 0)),
+        prompt_of=(0, 0, 1, 1),
+        source="pilot",
+    )
+    est = est_mod.project(
+        sel,
+        hidden_size=8,
+        storage_format="packed",
+        max_tokens=64,
+        k_samples=1,
+        prompts=1000,
+        lengths=lengths,
+    )
     assert est.rows_expected == 20 and est.pilot_prompts == 2
     # per-prompt means 10 and 30: sd 14.1 rows, two standard errors ~20 rows at k = 2
     lo, hi = est.expected_range
     assert lo < est.bytes_expected < hi
-    assert (hi - lo) / 2 == pytest.approx(2 * 14.142 * (1 / 2 + 1 / 1000) ** 0.5 * 2 * 8 * 2,
-                                          rel=1e-2)  # the commit line grows a digit
+    assert (hi - lo) / 2 == pytest.approx(
+        2 * 14.142 * (1 / 2 + 1 / 1000) ** 0.5 * 2 * 8 * 2, rel=1e-2
+    )  # the commit line grows a digit
     assert est.pilot_prompts_for_10_percent == 200  # (2 * 14.14 / 2.0) ** 2
 
 
-def test_run_refuses_a_projection_over_the_free_space(tmp_path, study, backends, capsys,
-                                                      monkeypatch):
+def test_run_refuses_a_projection_over_the_free_space(
+    tmp_path, study, backends, capsys, monkeypatch
+):
     url = backends(NUM_LAYERS + 1)
     root = tmp_path / "run"
     real = shutil.disk_usage
-    monkeypatch.setattr(shutil, "disk_usage",
-                        lambda p: real(p)._replace(free=100_000))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=100_000))
     capsys.readouterr()
     assert main(["run", *_flags(root, study, url, "--limit", "4")]) == 1
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error: ")]
@@ -222,12 +313,12 @@ def test_run_refuses_a_projection_over_the_free_space(tmp_path, study, backends,
     assert "not enough free space" in err[0] and "100 kB free" in err[0]
     assert "--check-free-space false" in err[0] and "upper bound" in err[0]
     assert not list(root.glob("worker_*"))  # nothing ran
-    assert main(["run", *_flags(root, study, url, "--limit", "4"),
-                 "--check-free-space", "false"]) == 0
+    assert (
+        main(["run", *_flags(root, study, url, "--limit", "4"), "--check-free-space", "false"]) == 0
+    )
 
 
-def test_storage_cap_stops_cleanly_and_resumes(tmp_path, study, backends, capsys,
-                                               monkeypatch):
+def test_storage_cap_stops_cleanly_and_resumes(tmp_path, study, backends, capsys, monkeypatch):
     url = backends(NUM_LAYERS + 1)
     monkeypatch.setattr(budget, "STORAGE_CHECK_SECONDS", 0.0)  # measure after every event
     root = tmp_path / "run"
@@ -245,10 +336,11 @@ def test_storage_cap_stops_cleanly_and_resumes(tmp_path, study, backends, capsys
     assert main(["run", *flags, "--max-storage-gb", "1"]) == 0
     out = capsys.readouterr().out
     assert "validation OK" in out and "40/40 prompts done" in out, out
-    keys = [json.loads(line)["activation_key"] for line in
-            (root / "consolidated" / "activation_index.jsonl").read_text().splitlines()]
-    assert len(keys) == 40 * 4 and not [k for k, n in collections.Counter(keys).items()
-                                        if n > 1]
+    keys = [
+        json.loads(line)["activation_key"]
+        for line in (root / "consolidated" / "activation_index.jsonl").read_text().splitlines()
+    ]
+    assert len(keys) == 40 * 4 and not [k for k, n in collections.Counter(keys).items() if n > 1]
 
 
 def test_storage_meter_walks_at_most_every_interval(tmp_path):

@@ -49,13 +49,19 @@ class Clock:
 def _fleet(servers, *, max_restarts=2, backoff=1.0):
     calls = []
     clock = Clock()
-    board = StatusBoard(run_id="r", config_summary={}, fingerprint="f", artifact_root="/x",
-                        total_prompts=1)
-    fleet = ServerFleet(servers, board=board, max_restarts=max_restarts, backoff=backoff,
-                        on_up=lambda url: calls.append(("up", url)),
-                        on_down=lambda url, why: calls.append(("down", url)),
-                        on_retired=lambda url, why: calls.append(("retired", url)),
-                        clock=clock)
+    board = StatusBoard(
+        run_id="r", config_summary={}, fingerprint="f", artifact_root="/x", total_prompts=1
+    )
+    fleet = ServerFleet(
+        servers,
+        board=board,
+        max_restarts=max_restarts,
+        backoff=backoff,
+        on_up=lambda url: calls.append(("up", url)),
+        on_down=lambda url, why: calls.append(("down", url)),
+        on_retired=lambda url, why: calls.append(("retired", url)),
+        clock=clock,
+    )
     return fleet, calls, clock, board
 
 

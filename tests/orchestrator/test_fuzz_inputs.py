@@ -37,8 +37,11 @@ def test_task_files(tmp_path, task, m):
     path = tmp_path / f"fuzz-{task}{bundled_path(task).suffix}"
     write_mutated(path, _small_sample(task), m)
     for strict in (False, True):
-        check_reader(lambda: load_task(task, path, strict=strict), names=[path.name],
-                     root=tmp_path)
+        check_reader(
+            lambda strict=strict: load_task(task, path, strict=strict),
+            names=[path.name],
+            root=tmp_path,
+        )
 
 
 ROWS = [{"prompt_id": f"{i:016x}", "sample_id": i, "text": "é ok", "n": [1, 2]} for i in range(4)]
@@ -54,8 +57,9 @@ def test_jsonl_files(tmp_path, m):
     if err is not None:
         assert getattr(err, "line", None), "a malformed line error names its line"
     skipped = []
-    check_reader(lambda: skipped.extend(iter_lines(path, malformed="skip")), names=[],
-                 root=tmp_path)  # skip mode never raises
+    check_reader(
+        lambda: skipped.extend(iter_lines(path, malformed="skip")), names=[], root=tmp_path
+    )  # skip mode never raises
     for line in skipped:
         assert isinstance(line.row, dict)
 
@@ -64,8 +68,9 @@ def test_jsonl_files(tmp_path, m):
 @given(m=mutations)
 def test_run_manifest(tmp_path, m):
     path = tmp_path / "run_manifest.json"
-    original = json.dumps({"run_id": "r", "config": {"k_samples": 2}, "k_samples": 2},
-                          indent=2).encode()
+    original = json.dumps(
+        {"run_id": "r", "config": {"k_samples": 2}, "k_samples": 2}, indent=2
+    ).encode()
     write_mutated(path, original, m)
     check_reader(lambda: load_manifest(tmp_path), names=[str(path)], root=tmp_path)
 

@@ -1,7 +1,7 @@
 """The field tables of docs/formats/worker-jsonl.md and consolidated-jsonl.md match what the code
 writes.
 
-A small run is built in-process with the real code and no server: ``workers.worker._Worker``
+A small run is built in-process with the real code and no server: ``workers.worker.GroupWorker``
 processes three prompt groups against a fake backend client (real capture files, one failed
 capture, one failed group), ``WorkerDir`` persists them into a real store, ``labels.jsonl`` gets
 a ``label_row``, ``consolidate`` merges, ``write_completed`` checkpoints. Every written row must
@@ -24,15 +24,17 @@ from safetensors.numpy import save_file
 from contracts import layout
 from contracts.jsonl import JsonlAppender, iter_rows
 from contracts.prompt_group import PromptGroup
+from contracts.rows import CONSOLIDATED_ROWS, WORKER_ROWS, RequestParams, TokenLogprob
 from orchestrator.config import RunConfig
 from orchestrator.manifest import build_manifest, write_manifest
 from orchestrator.postrun.consolidate import consolidate
 from orchestrator.postrun.labels import label_row
+from orchestrator.postrun.row_schemas import OPTIONAL
 from orchestrator.postrun.validate import SCHEMAS
 from orchestrator.run import checkpoint
 from orchestrator.tasks.verdict import JUDGE_GRADER, Verdict
 from workers.client import Completion, _token_logprob
-from workers.worker import WorkerSpec, _Worker
+from workers.worker import GroupWorker, WorkerSpec
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER_DOC = REPO / "docs" / "formats" / "worker-jsonl.md"
@@ -57,8 +59,9 @@ def tables(doc: Path) -> dict[str, dict[str, tuple[str, str, str]]]:
         if line.startswith("#"):
             name = None
         if name and line.startswith("| `"):
-            cells = [c.strip().replace("\\|", "|")
-                     for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+            cells = [
+                c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]
+            ]
             assert len(cells) == 4, f"{doc.name} table {name!r}: {line!r} is not 4 columns"
             field, typ, required, meaning = cells
             assert field.startswith("`") and field.endswith("`"), line
@@ -89,13 +92,24 @@ def check_rows(name: str, table: dict, rows: list[dict], fmt: str) -> None:
 
 # ---- a run built with the real code ------------------------------------------------------------
 
-TRIVIA = PromptGroup.create("triviaqa", "dev", 0, [{"role": "user", "content": "Capital of France?"}],
-                            reference={"value": "Paris", "aliases": ["Paris"]},
-                            meta={"question_type": "capital"})
-JUDGED = PromptGroup.create("precisewikiqa", "dev", 1, [{"role": "user", "content": "Who?"}],
-                            reference="Someone", meta={})
-BROKEN = PromptGroup.create("triviaqa", "dev", 2, [{"role": "user", "content": "Fails"}],
-                            reference={"value": "x", "aliases": ["x"]})
+TRIVIA = PromptGroup.create(
+    "triviaqa",
+    "dev",
+    0,
+    [{"role": "user", "content": "Capital of France?"}],
+    reference={"value": "Paris", "aliases": ["Paris"]},
+    meta={"question_type": "capital"},
+)
+JUDGED = PromptGroup.create(
+    "precisewikiqa", "dev", 1, [{"role": "user", "content": "Who?"}], reference="Someone", meta={}
+)
+BROKEN = PromptGroup.create(
+    "triviaqa",
+    "dev",
+    2,
+    [{"role": "user", "content": "Fails"}],
+    reference={"value": "x", "aliases": ["x"]},
+)
 
 
 class FakeBackend:
@@ -115,31 +129,57 @@ class FakeBackend:
         if prompt == TRIVIA.prompt_text and temperature > 0:
             captured = [9] * len(captured)
         rng = np.random.default_rng(seed)
-        save_file({"hidden_states": rng.standard_normal(
-                       (len(captured), len(LAYERS), HIDDEN)).astype(np.float32),
-                   "token_ids": np.array(captured, dtype=np.int64)}, str(path))
-        entries = [{"token": t, "logprob": -0.5, "top_logprobs": [{"token": t, "logprob": -0.5}]}
-                   for t in ("Par", "is", ".")]
+        save_file(
+            {
+                "hidden_states": rng.standard_normal((len(captured), len(LAYERS), HIDDEN)).astype(
+                    np.float32
+                ),
+                "token_ids": np.array(captured, dtype=np.int64),
+            },
+            str(path),
+        )
+        entries = [
+            {"token": t, "logprob": -0.5, "top_logprobs": [{"token": t, "logprob": -0.5}]}
+            for t in ("Par", "is", ".")
+        ]
         entries[0]["logit"] = 12.5
-        return Completion(text="Paris.", finish_reason="stop", prompt_token_ids=list(PROMPT_IDS),
-                          token_ids=list(RESPONSE_IDS),
-                          logprobs=[_token_logprob(e) for e in entries],
-                          usage={"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6},
-                          hidden_states_path=str(path), elapsed_ms=7)
+        return Completion(
+            text="Paris.",
+            finish_reason="stop",
+            prompt_token_ids=list(PROMPT_IDS),
+            token_ids=list(RESPONSE_IDS),
+            logprobs=[_token_logprob(e) for e in entries],
+            usage={"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6},
+            hidden_states_path=str(path),
+            elapsed_ms=7,
+        )
 
     async def close(self) -> None:
         pass
 
 
 def _run_worker(root: Path, fmt: str, positions: tuple[str, ...] | None = None) -> None:
-    spec = WorkerSpec(worker_id=0, server_url="http://127.0.0.1:1", model_name="fake-model",
-                      worker_dir=str(layout.worker_dir(root, 0)), storage_format=fmt,
-                      layer_ids=LAYERS, hidden_size=HIDDEN,
-                      sequence_mode="positions" if positions else "response",
-                      dtype="float16", capture_mode="generation", k_samples=K,
-                      primary_temperature=0.0, sample_temperature=0.7, sample_top_p=0.95,
-                      max_tokens=8, seed=0, groups_in_flight=1, request_timeout=5.0,
-                      positions=positions)
+    spec = WorkerSpec(
+        worker_id=0,
+        server_url="http://127.0.0.1:1",
+        model_name="fake-model",
+        worker_dir=str(layout.worker_dir(root, 0)),
+        storage_format=fmt,
+        layer_ids=LAYERS,
+        hidden_size=HIDDEN,
+        sequence_mode="positions" if positions else "response",
+        dtype="float16",
+        capture_mode="generation",
+        k_samples=K,
+        primary_temperature=0.0,
+        sample_temperature=0.7,
+        sample_top_p=0.95,
+        max_tokens=8,
+        seed=0,
+        groups_in_flight=1,
+        request_timeout=5.0,
+        positions=positions,
+    )
     events: list[dict] = []
 
     class Channel:  # the worker's end of its pipe, recording what it sends
@@ -147,7 +187,7 @@ def _run_worker(root: Path, fmt: str, positions: tuple[str, ...] | None = None) 
             events.append(event)
 
     async def main() -> None:
-        worker = _Worker(spec, Channel())  # type: ignore[arg-type]
+        worker = GroupWorker(spec, Channel())  # type: ignore[arg-type]
         await worker.client.close()
         worker.client = FakeBackend(layout.spool_dir(root, 0))  # type: ignore[assignment]
         try:
@@ -166,18 +206,38 @@ def run(request, tmp_path_factory) -> tuple[Path, str]:
     fmt, _, named = request.param.partition("+")
     positions = ("tbg", "slt", "exact_answer", "last") if named else None
     root = tmp_path_factory.mktemp(f"run_{fmt}")
-    config = RunConfig(artifact_root=root, k_samples=K, storage_format=fmt,
-                       positions=",".join(positions) if positions else None)
-    manifest = build_manifest(config, run_id=None, model_name="fake-model", model_path="fake",
-                              layer_ids=list(LAYERS), hidden_size=HIDDEN, num_hidden_layers=1,
-                              dataset="triviaqa", split="dev", prompt_template="{question}",
-                              worker_count=1, total_prompts=3)
+    config = RunConfig(
+        artifact_root=root,
+        k_samples=K,
+        storage_format=fmt,
+        positions=",".join(positions) if positions else None,
+    )
+    manifest = build_manifest(
+        config,
+        run_id=None,
+        model_name="fake-model",
+        model_path="fake",
+        layer_ids=list(LAYERS),
+        hidden_size=HIDDEN,
+        num_hidden_layers=1,
+        dataset="triviaqa",
+        split="dev",
+        prompt_template="{question}",
+        worker_count=1,
+        total_prompts=3,
+    )
     write_manifest(root, manifest)
     _run_worker(root, fmt, positions)
     with JsonlAppender(root / layout.LABELS) as labels:
-        labels.append([label_row(JUDGED.prompt_id,
-                                 Verdict(1, JUDGE_GRADER, "incorrect", False, "[judge] WRONG",
-                                         {"steps": 1}), "judge-model")])
+        labels.append(
+            [
+                label_row(
+                    JUDGED.prompt_id,
+                    Verdict(1, JUDGE_GRADER, "incorrect", False, "[judge] WRONG", {"steps": 1}),
+                    "judge-model",
+                )
+            ]
+        )
     consolidate(root)
     checkpoint.write_completed(root, {TRIVIA.prompt_id, JUDGED.prompt_id}, manifest["run_id"])
     return root, request.param
@@ -188,6 +248,7 @@ def rows(path: Path) -> list[dict]:
 
 
 # ---- the checks ----------------------------------------------------------------------------------
+
 
 def test_every_file_of_the_layout_has_a_table():
     worker, consolidated = tables(WORKER_DOC), tables(CONSOLIDATED_DOC)
@@ -207,8 +268,38 @@ def test_validator_schemas_are_documented_as_required():
             docs.append(consolidated[f"{layout.CONSOLIDATED}/{name}"])
         for table in docs:
             required = {f for f, (_, r, _) in table.items() if r == "yes"}
-            assert set(schema) <= required, f"{name}: validated but not documented as required: " \
-                f"{set(schema) - required}"
+            assert set(schema) <= required, (
+                f"{name}: validated but not documented as required: {set(schema) - required}"
+            )
+
+
+def test_row_types_match_the_tables():
+    """contracts/rows.py: a table's ``yes`` fields are the type's required keys, its other
+    fields (``no`` or a format tag) the type's optional keys."""
+    worker, consolidated = tables(WORKER_DOC), tables(CONSOLIDATED_DOC)
+    pairs = [(f"worker_{{i}}/{n}", worker[f"worker_{{i}}/{n}"], t) for n, t in WORKER_ROWS.items()]
+    pairs += [
+        (key, consolidated[key], t)
+        for n, t in CONSOLIDATED_ROWS.items()
+        for key in [n if n == layout.LABELS else f"{layout.CONSOLIDATED}/{n}"]
+    ]
+    pairs += [
+        ("logprobs[]", worker["logprobs[]"], TokenLogprob),
+        ("request_params", worker["request_params"], RequestParams),
+    ]
+    for name, table, row_type in pairs:
+        required = {f for f, (_, r, _) in table.items() if r == "yes"}
+        assert set(row_type.__required_keys__) == required, name
+        assert set(row_type.__optional_keys__) == set(table) - required, name
+
+
+def test_validator_checks_only_fields_of_the_row_types():
+    for name, schema in SCHEMAS.items():
+        row_type = WORKER_ROWS[name]
+        assert set(schema) <= row_type.__required_keys__, name
+        assert (
+            set(OPTIONAL.get(name, {})) <= row_type.__required_keys__ | row_type.__optional_keys__
+        )
 
 
 def test_worker_rows_match_the_tables(run):

@@ -10,31 +10,51 @@ import pytest
 
 from orchestrator.config import ConfigError, RunConfig
 from orchestrator.errors import HallulogError
-from orchestrator.run.checkpoint import (CheckpointWriter, CompletionLog, load_completed,
-                                         read_completion_log, write_completed)
+from orchestrator.run.checkpoint import (
+    CheckpointWriter,
+    CompletionLog,
+    load_completed,
+    read_completion_log,
+    write_completed,
+)
 from orchestrator.run.dispatch import Drive
 from orchestrator.run.loop import RunResult, _pending_groups, _prompt_ids, _reconcile
-from orchestrator.tasks import open_task
 from orchestrator.run.pool import WorkerPool
 from orchestrator.run.progress import Progress
 from orchestrator.run.status import StatusBoard
+from orchestrator.tasks import open_task
 from tests.orchestrator.fake_worker import FakeSpec, committed, fake_worker
 from tests.orchestrator.test_pool import _groups
 
 
 def _drive(tmp_path: Path, urls: list[str], groups, *, max_restarts=5, **config) -> Drive:
     specs = [FakeSpec(i, url, str(tmp_path / f"worker_{i}")) for i, url in enumerate(urls)]
-    pool = WorkerPool(specs, committed_in=lambda wid: set(committed(specs[wid].worker_dir)),
-                      target=fake_worker, max_restarts=max_restarts)
+    pool = WorkerPool(
+        specs,
+        committed_in=lambda wid: set(committed(specs[wid].worker_dir)),
+        target=fake_worker,
+        max_restarts=max_restarts,
+    )
     pool.submit(groups)
     pool.start()
-    board = StatusBoard(run_id="r", config_summary={}, fingerprint="f",
-                        artifact_root=str(tmp_path), total_prompts=len(groups))
-    return Drive(pool=pool, config=RunConfig(artifact_root=tmp_path, k_samples=2, **config),
-                 board=board, progress=Progress(len(groups), enabled=False),
-                 completions=CompletionLog(tmp_path), snapshots=CheckpointWriter(tmp_path, "r"),
-                 completed=set(), result=RunResult(tmp_path, total=len(groups), done_before=0),
-                 tick_seconds=0.1)
+    board = StatusBoard(
+        run_id="r",
+        config_summary={},
+        fingerprint="f",
+        artifact_root=str(tmp_path),
+        total_prompts=len(groups),
+    )
+    return Drive(
+        pool=pool,
+        config=RunConfig(artifact_root=tmp_path, k_samples=2, **config),
+        board=board,
+        progress=Progress(len(groups), enabled=False),
+        completions=CompletionLog(tmp_path),
+        snapshots=CheckpointWriter(tmp_path, "r"),
+        completed=set(),
+        result=RunResult(tmp_path, total=len(groups), done_before=0),
+        tick_seconds=0.1,
+    )
 
 
 def _finish(drive: Drive) -> None:
@@ -137,8 +157,11 @@ def test_run_fails_naming_the_reasons_when_every_server_is_retired(tmp_path):
     drive.pool.retire_workers([0], "server retired")
     drive.fleet = _RetiredFleet()
     try:
-        with pytest.raises(HallulogError, match=r"every server is retired.*2 remaining.*"
-                                                r"server_0 \(http://x\): exited with code -9"):
+        with pytest.raises(
+            HallulogError,
+            match=r"every server is retired.*2 remaining.*"
+            r"server_0 \(http://x\): exited with code -9",
+        ):
             drive.run()
     finally:
         _finish(drive)

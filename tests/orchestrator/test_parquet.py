@@ -64,13 +64,16 @@ def test_values_match_the_jsonl_rows(run: Path):
         assert list(rec["token_ids"]) == row["token_ids"]
         assert list(rec["tokens"]) == [t["token"] for t in row["logprobs"]]
         assert [list(x) for x in rec["top_logprob_tokens"]] == [
-            [a["token"] for a in t["top_logprobs"]] for t in row["logprobs"]]
+            [a["token"] for a in t["top_logprobs"]] for t in row["logprobs"]
+        ]
         assert [v for x in rec["top_logprobs"] for v in x] == pytest.approx(
-            [a["logprob"] for t in row["logprobs"] for a in t["top_logprobs"]])
+            [a["logprob"] for t in row["logprobs"] for a in t["top_logprobs"]]
+        )
         assert json.loads(rec["extra_json"])["request_params"]["model"] == "m"
     prompts = pq.read_table(out / "prompts.parquet").to_pylist()
     assert [p["prompt_id"] for p in prompts] == [
-        json.loads(x)["prompt_id"] for x in (out / layout.PROMPT_INDEX).read_text().splitlines()]
+        json.loads(x)["prompt_id"] for x in (out / layout.PROMPT_INDEX).read_text().splitlines()
+    ]
     labels = pq.read_table(out / "labels.parquet").to_pylist()
     assert [x["label"] for x in labels] == [p["label"] for p in prompts]
     acts = pq.read_table(out / "activation_index.parquet").to_pylist()
@@ -80,15 +83,17 @@ def test_values_match_the_jsonl_rows(run: Path):
 def test_loads_in_duckdb_polars_and_datasets(run: Path):
     out = layout.consolidated_dir(run)
     duckdb = pytest.importorskip("duckdb")
-    n, = duckdb.sql(f"SELECT count(*) FROM '{out / 'generations.parquet'}' "
-                    "WHERE sample_id = 0").fetchall()[0]
+    (n,) = duckdb.sql(
+        f"SELECT count(*) FROM '{out / 'generations.parquet'}' WHERE sample_id = 0"
+    ).fetchall()[0]
     assert n == 5
     pl = pytest.importorskip("polars")
     df = pl.read_parquet(out / "activation_index.parquet")
     assert df.height == 15 and df["layers"].to_list()[0] == [3, 4]
     datasets = pytest.importorskip("datasets")
-    ds = datasets.load_dataset("parquet", data_files=str(out / "labels.parquet"),
-                               cache_dir=str(run.parent / "hf-cache"))["train"]
+    ds = datasets.load_dataset(
+        "parquet", data_files=str(out / "labels.parquet"), cache_dir=str(run.parent / "hf-cache")
+    )["train"]
     assert len(ds) == 5 and set(ds.column_names) == {f.name for f in SCHEMAS["labels.parquet"]}
 
 
@@ -107,5 +112,6 @@ def test_a_value_of_another_type_is_null_not_a_failed_consolidation(tmp_path: Pa
     assert gens[1]["token_logprobs"][1] is None and gens[1]["token_logprobs"][0] is not None
     # the exports step fails as it did before, on its own, after the consolidation
     from orchestrator.postrun.exports import write_exports
+
     with pytest.raises(TypeError):
         write_exports(tmp_path)

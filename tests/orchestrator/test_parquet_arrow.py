@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from contracts.jsonl import encode_line
-from pathlib import Path
-
 from orchestrator.postrun import parquet, parquet_rows
 from orchestrator.postrun.parquet_arrow import activation_table, generation_table
 from tests.orchestrator.postrun_fixtures import generation_row
@@ -33,10 +33,12 @@ def python_generations(rows: list[dict[str, Any]]) -> pa.Table:
     return builder.build()
 
 
-def arrow_generations(rows: list[dict[str, Any]],
-                      encode: Callable[[dict], bytes] = encode_line) -> pa.Table | None:
-    return generation_table(b"".join(encode(r) for r in rows),
-                            [parquet_rows.generation_extra(r) for r in rows], GENS)
+def arrow_generations(
+    rows: list[dict[str, Any]], encode: Callable[[dict], bytes] = encode_line
+) -> pa.Table | None:
+    return generation_table(
+        b"".join(encode(r) for r in rows), [parquet_rows.generation_extra(r) for r in rows], GENS
+    )
 
 
 def edit(row: dict[str, Any], change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
@@ -89,7 +91,7 @@ HAND_OVER = {
     "null entry": lambda r: r["logprobs"].__setitem__(0, None),
     "null top entry": lambda r: r["logprobs"][0]["top_logprobs"].__setitem__(0, None),
     "int beyond float32": lambda r: r["logprobs"][0].update(logprob=16777217),
-    "sample id out of int32": lambda r: r.update(sample_id=2 ** 31),
+    "sample id out of int32": lambda r: r.update(sample_id=2**31),
     "float sample id": lambda r: r.update(sample_id=1.0),
     "bool label": lambda r: r.update(label=True),
     "number text": lambda r: r.update(text=5),
@@ -116,21 +118,41 @@ def test_duplicate_key_hands_over():
 
 
 def activation_row(sid: int) -> dict[str, Any]:
-    return {"prompt_id": "0123456789abcdef", "sample_id": sid,
-            "activation_key": f"0123456789abcdef_{sid}", "layers": [3, 4],
-            "sequence_mode": "response", "capture_mode": "generation",
-            "prompt_token_count": 20, "response_token_count": 12, "row0_position": 19,
-            "num_rows": 2, "prompt_rows": 1, "response_rows": 1,
-            "file_path": "activations/shard_000000.bin", "byte_offset": 64 * sid,
-            "shape": [2, 2, 8], "dtype": "float16", "size_bytes": 64, "worker_id": 0,
-            "commit_id": "c" * 32, "label": -1}
+    return {
+        "prompt_id": "0123456789abcdef",
+        "sample_id": sid,
+        "activation_key": f"0123456789abcdef_{sid}",
+        "layers": [3, 4],
+        "sequence_mode": "response",
+        "capture_mode": "generation",
+        "prompt_token_count": 20,
+        "response_token_count": 12,
+        "row0_position": 19,
+        "num_rows": 2,
+        "prompt_rows": 1,
+        "response_rows": 1,
+        "file_path": "activations/shard_000000.bin",
+        "byte_offset": 64 * sid,
+        "shape": [2, 2, 8],
+        "dtype": "float16",
+        "size_bytes": 64,
+        "worker_id": 0,
+        "commit_id": "c" * 32,
+        "label": -1,
+    }
 
 
 def test_activation_rows_equal_python_rows():
-    rows = [activation_row(0), activation_row(1), {**activation_row(2), "more": {"x": 1}},
-            {**activation_row(3), "layers": None, "byte_offset": None}]
+    rows = [
+        activation_row(0),
+        activation_row(1),
+        {**activation_row(2), "more": {"x": 1}},
+        {**activation_row(3), "layers": None, "byte_offset": None},
+    ]
     extras = [parquet_rows.extra_json(r, parquet_rows.ACTIVATION_KNOWN) for r in rows]
-    expected = parquet_rows.tuples_table([parquet_rows.activation_columns(r) for r in rows], ACTS, "t")
+    expected = parquet_rows.tuples_table(
+        [parquet_rows.activation_columns(r) for r in rows], ACTS, "t"
+    )
     got = activation_table(b"".join(_spaced_line(r) for r in rows), extras, ACTS)
     assert got is not None and got.equals(expected)
     odd = [activation_row(0), {**activation_row(1), "layers": "3,4"}]

@@ -20,14 +20,20 @@ from tests.orchestrator.fake_worker import FakeSpec, committed, fake_worker
 
 
 def _groups(n: int, **meta) -> list[PromptGroup]:
-    return [PromptGroup.create("t", "dev", i, [{"role": "user", "content": f"q{i}"}], meta=meta)
-            for i in range(n)]
+    return [
+        PromptGroup.create("t", "dev", i, [{"role": "user", "content": f"q{i}"}], meta=meta)
+        for i in range(n)
+    ]
 
 
 def _pool(tmp_path: Path, urls: list[str], slots: int = 2, **kw) -> WorkerPool:
     specs = [FakeSpec(i, url, str(tmp_path / f"worker_{i}"), slots) for i, url in enumerate(urls)]
-    return WorkerPool(specs, committed_in=lambda wid: set(committed(specs[wid].worker_dir)),
-                      target=fake_worker, **kw)
+    return WorkerPool(
+        specs,
+        committed_in=lambda wid: set(committed(specs[wid].worker_dir)),
+        target=fake_worker,
+        **kw,
+    )
 
 
 def _drain(pool: WorkerPool, timeout: float = 60.0, on_events=None) -> list[dict]:
@@ -46,8 +52,9 @@ def _drain(pool: WorkerPool, timeout: float = 60.0, on_events=None) -> list[dict
 
 
 def _resolved(events) -> collections.Counter:
-    return collections.Counter(e["prompt_id"] for e in events
-                               if e["event"] in ("done", "failed", "recovered"))
+    return collections.Counter(
+        e["prompt_id"] for e in events if e["event"] in ("done", "failed", "recovered")
+    )
 
 
 def _all_committed(tmp_path: Path) -> collections.Counter:
@@ -74,7 +81,10 @@ def test_worker_killed_while_blocked_in_receive_is_replaced(tmp_path):
     pool = _pool(tmp_path, ["fake://fast"])
     pool.start()
     try:
-        time.sleep(1.0)  # the worker is up and blocked in conn.recv()
+        deadline = time.monotonic() + 30
+        while not pool.workers[0].ready:  # it says "ready", then blocks in conn.recv()
+            assert time.monotonic() < deadline, "the worker never said ready"
+            pool.next_events(0.2)
         first = pool.workers[0].proc
         os.kill(first.pid, signal.SIGKILL)
         groups = _groups(6)
@@ -120,8 +130,11 @@ def test_group_committed_by_a_worker_that_then_died_is_recovered_not_redone(tmp_
         events = _drain(pool, timeout=30)
     finally:
         pool.close()
-    assert [e["event"] for e in events if e["prompt_id" if "prompt_id" in e else "event"]
-            == group.prompt_id] == ["dispatched", "recovered"]
+    assert [
+        e["event"]
+        for e in events
+        if e["prompt_id" if "prompt_id" in e else "event"] == group.prompt_id
+    ] == ["dispatched", "recovered"]
     assert committed(tmp_path / "worker_0") == [group.prompt_id]
 
 

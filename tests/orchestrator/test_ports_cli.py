@@ -1,4 +1,4 @@
-"""Ports and identity of managed servers, and the CLI's one-line errors (issue #15 items 3-4).
+"""Ports and identity of managed servers, and the CLI's one-line errors.
 
 A foreign OpenAI-protocol server (a few lines of ``http.server``) answers on a port in this
 suite's range (9300-9399) in its own session, like another user's server would.
@@ -17,7 +17,13 @@ import httpx
 import pytest
 
 from orchestrator.errors import BackendStartError
-from orchestrator.run.ports import check_owner, choose_ports, listening_pids, port_free
+from orchestrator.run.ports import (
+    check_owner,
+    choose_ports,
+    listening_pids,
+    port_free,
+    release_port,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 FOREIGN = textwrap.dedent("""
@@ -66,7 +72,11 @@ def test_a_taken_base_port_is_an_error_naming_it(foreign_server):
 
 def test_without_a_base_port_taken_ports_are_skipped():
     ports = choose_ports(2, None)
-    assert len(set(ports)) == 2 and all(port_free(p) for p in ports)
+    try:
+        assert len(set(ports)) == 2 and all(port_free(p) for p in ports)
+    finally:
+        for port in ports:
+            release_port(port)
 
 
 def test_the_listening_process_must_be_the_one_started(foreign_server):
@@ -78,9 +88,14 @@ def test_the_listening_process_must_be_the_one_started(foreign_server):
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 def _one_line_error(proc: subprocess.CompletedProcess) -> str:
@@ -91,8 +106,15 @@ def _one_line_error(proc: subprocess.CompletedProcess) -> str:
 
 
 def test_missing_task_file_is_one_line(tmp_path):
-    proc = _cli("run", "--artifact-root", str(tmp_path / "r"), "--task-path",
-                str(tmp_path / "nope.jsonl"), "--limit", "1")
+    proc = _cli(
+        "run",
+        "--artifact-root",
+        str(tmp_path / "r"),
+        "--task-path",
+        str(tmp_path / "nope.jsonl"),
+        "--limit",
+        "1",
+    )
     assert proc.returncode == 1
     assert "nope.jsonl" in _one_line_error(proc)
 
@@ -122,9 +144,22 @@ def test_run_refuses_a_foreign_server_on_its_port(foreign_server, tmp_path):
     """The reported bug: a foreign server on the base port was taken as the managed one (every
     capture failed, yet '0 failed' and 'validation OK')."""
     port, proc = foreign_server
-    run = _cli("run", "--artifact-root", str(tmp_path / "r"), "--limit", "3", "--k-samples",
-               "1", "--max-tokens", "4", "--server-base-port", str(port), "--progress", "false",
-               timeout=600)
+    run = _cli(
+        "run",
+        "--artifact-root",
+        str(tmp_path / "r"),
+        "--limit",
+        "3",
+        "--k-samples",
+        "1",
+        "--max-tokens",
+        "4",
+        "--server-base-port",
+        str(port),
+        "--progress",
+        "false",
+        timeout=600,
+    )
     assert run.returncode == 1, run.stderr[-3000:]
     line = _one_line_error(run)
     assert f"port {port}" in line and "already in use" in line
@@ -139,8 +174,9 @@ def test_servers_left_by_a_sigkilled_run_are_stopped_by_the_rerun(tmp_path, fore
 
     port = _free_in_range(9380)
     # stands in for `python -m serving ...` (the name kill_stale_servers checks)
-    left = subprocess.Popen([sys.executable, "-c", FOREIGN, str(port), "serving"],
-                            start_new_session=True)
+    left = subprocess.Popen(
+        [sys.executable, "-c", FOREIGN, str(port), "serving"], start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 20
         while port_free(port):
@@ -163,8 +199,9 @@ def test_servers_left_by_a_sigkilled_run_are_stopped_by_the_rerun(tmp_path, fore
             left.wait()
 
 
-@pytest.mark.parametrize("argv", [["run", "--k-samples", "abc"], ["run", "--sample-top-p", "2"],
-                                  ["bogus"]])
+@pytest.mark.parametrize(
+    "argv", [["run", "--k-samples", "abc"], ["run", "--sample-top-p", "2"], ["bogus"]]
+)
 def test_a_bad_flag_is_one_line_and_exit_2(tmp_path, argv):
     proc = _cli(*argv, "--artifact-root", str(tmp_path)) if argv[0] == "run" else _cli(*argv)
     assert proc.returncode == 2

@@ -48,21 +48,41 @@ def test_the_probes_profile():
 def test_layers_override_the_profile_and_are_checked_against_the_model():
     config = RunConfig(layers="0,15,-1", target_layers="first_half")
     assert config.layer_ids(30) == [0, 15, 30]
-    with pytest.raises(ConfigError, match=r"--layers: layer 40 is out of range for a model "
-                                          r"with 30 layers \(ids 0\.\.30\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--layers: layer 40 is out of range for a model "
+        r"with 30 layers \(ids 0\.\.30\)",
+    ):
         RunConfig(layers="0,40").layer_ids(30)
     with pytest.raises(ConfigError, match="--layers: cannot read"):
         RunConfig(layers="0,x")
 
 
 def test_a_bad_layer_stops_the_run_before_any_server(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "run", "--artifact-root",
-                           str(tmp_path / "run"), "--layers", "0,99", "--limit", "1",
-                           "--progress", "false"],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "run",
+            "--artifact-root",
+            str(tmp_path / "run"),
+            "--layers",
+            "0,99",
+            "--limit",
+            "1",
+            "--progress",
+            "false",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    assert lines == ["error: --layers: layer 99 is out of range for a model with 30 layers "
-                     "(ids 0..30)"], proc.stderr[-2000:]
+    assert lines == [
+        "error: --layers: layer 99 is out of range for a model with 30 layers (ids 0..30)"
+    ], proc.stderr[-2000:]
     assert "starting server" not in proc.stdout + proc.stderr
     assert not (tmp_path / "run" / "run_manifest.json").exists()

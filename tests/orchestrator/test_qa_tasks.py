@@ -10,14 +10,33 @@ import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.tasks.base import DatasetFormatError, MalformedCollector
-from orchestrator.tasks.presets import (CHOICE_TEMPLATE, NUMERIC_TEMPLATE, PRESETS,
-                                        SHORT_CONTEXT_TEMPLATE, SHORT_TEMPLATE,
-                                        iter_preset_records)
+from orchestrator.tasks.presets import (
+    CHOICE_TEMPLATE,
+    NUMERIC_TEMPLATE,
+    PRESETS,
+    SHORT_CONTEXT_TEMPLATE,
+    SHORT_TEMPLATE,
+    iter_preset_records,
+)
 from orchestrator.tasks.presets.closed_form import sciq_order
-from orchestrator.tasks.qa import (FieldMapping, QAOptions, QARecord, format_number,
-                                   iter_qa_records, parse_aliases, parse_number, resolve_choice)
-from orchestrator.tasks.records import (RecordAt, describe_where, detect_format, get_field,
-                                        iter_parquet, iter_records)
+from orchestrator.tasks.qa import (
+    FieldMapping,
+    QAOptions,
+    QARecord,
+    format_number,
+    iter_qa_records,
+    parse_aliases,
+    parse_number,
+    resolve_choice,
+)
+from orchestrator.tasks.records import (
+    RecordAt,
+    describe_where,
+    detect_format,
+    get_field,
+    iter_parquet,
+    iter_records,
+)
 
 RELEASED = Path(__file__).parent / "data" / "released"
 
@@ -34,29 +53,42 @@ def _read(path, **kw):
 def _qa(path, strict=False, limit=None, **opts):
     mapping = opts.pop("mapping", FieldMapping())
     c = _collector(path, strict)
-    return list(iter_qa_records(path, QAOptions(mapping=mapping, **opts), limit=limit,
-                                collector=c)), c
+    return list(
+        iter_qa_records(path, QAOptions(mapping=mapping, **opts), limit=limit, collector=c)
+    ), c
 
 
 def _preset(name, path=None, **kw):
     c = _collector(path or name)
     kw.setdefault("with_context", False)
     kw.setdefault("numeric_tolerance", 1e-6)
-    return list(iter_preset_records(name, path, split=kw.pop("split", None),
-                                    limit=kw.pop("limit", None), collector=c, **kw)), c
+    return list(
+        iter_preset_records(
+            name, path, split=kw.pop("split", None), limit=kw.pop("limit", None), collector=c, **kw
+        )
+    ), c
 
 
 def _write_jsonl(path: Path, lines) -> Path:
-    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines),
-                    encoding="utf-8")
+    path.write_text(
+        "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines),
+        encoding="utf-8",
+    )
     return path
 
 
 # ============================================================================= records.py
 
+
 def test_detect_format(tmp_path):
-    for name, fmt in (("a.jsonl", "jsonl"), ("a.NDJSON", "jsonl"), ("a.json", "json"),
-                      ("a.csv", "csv"), ("a.tsv", "tsv"), ("a.parquet", "parquet")):
+    for name, fmt in (
+        ("a.jsonl", "jsonl"),
+        ("a.NDJSON", "jsonl"),
+        ("a.json", "json"),
+        ("a.csv", "csv"),
+        ("a.tsv", "tsv"),
+        ("a.parquet", "parquet"),
+    ):
         (tmp_path / name).write_text("", encoding="utf-8")
         assert detect_format(tmp_path / name) == fmt
     assert detect_format(tmp_path) == "hf"
@@ -88,8 +120,10 @@ def test_jsonl_records_lines_and_malformed(tmp_path):
     p = _write_jsonl(tmp_path / "d.jsonl", [{"q": 1}, "", "{broken", "[1, 2]", {"q": 2}])
     recs, c = _read(p)
     assert recs == [RecordAt(1, 0, {"q": 1}), RecordAt(5, 3, {"q": 2})]
-    assert [(m.line, m.message.split(":")[0]) for m in c.items] == \
-        [(3, "invalid JSON"), (4, "expected a JSON object, got list")]
+    assert [(m.line, m.message.split(":")[0]) for m in c.items] == [
+        (3, "invalid JSON"),
+        (4, "expected a JSON object, got list"),
+    ]
 
 
 def _json_lines(text: str, needle: str) -> int:
@@ -134,10 +168,12 @@ def test_json_records_key_default_dotted_and_errors(tmp_path):
 
 def test_json_unparseable_documents(tmp_path):
     p = tmp_path / "d.json"
-    for text, line, what in (("", 1, "empty file"),
-                             ("[\n{\"q\": 1},\n{\"q\": }\n]", 3, "invalid JSON"),
-                             ("[{\"q\": 1}] [", 1, "unexpected data"),
-                             ("42", 1, "expected a JSON list")):
+    for text, line, what in (
+        ("", 1, "empty file"),
+        ('[\n{"q": 1},\n{"q": }\n]', 3, "invalid JSON"),
+        ('[{"q": 1}] [', 1, "unexpected data"),
+        ("42", 1, "expected a JSON list"),
+    ):
         p.write_text(text, encoding="utf-8")
         with pytest.raises(DatasetFormatError, match=what) as exc:
             _read(p)
@@ -160,12 +196,16 @@ def test_csv_and_tsv_records(tmp_path):
     p = tmp_path / "d.csv"
     p.write_text("a,b\n1,2\n\n3\n4,5,6\n7,8\n", encoding="utf-8")
     recs, c = _read(p)
-    assert [(r.line, r.index, r.record) for r in recs] == [(2, 0, {"a": "1", "b": "2"}),
-                                                          (6, 3, {"a": "7", "b": "8"})]
-    assert [(m.line, m.message) for m in c.items] == [(4, "expected 2 fields (a, b), got 1"),
-                                                      (5, "expected 2 fields (a, b), got 3")]
+    assert [(r.line, r.index, r.record) for r in recs] == [
+        (2, 0, {"a": "1", "b": "2"}),
+        (6, 3, {"a": "7", "b": "8"}),
+    ]
+    assert [(m.line, m.message) for m in c.items] == [
+        (4, "expected 2 fields (a, b), got 1"),
+        (5, "expected 2 fields (a, b), got 3"),
+    ]
     t = tmp_path / "d.tsv"
-    t.write_text("a\tb\nx, y\t\"[\"\"z\"\"]\"\n", encoding="utf-8")
+    t.write_text('a\tb\nx, y\t"[""z""]"\n', encoding="utf-8")
     assert _read(t)[0][0].record == {"a": "x, y", "b": '["z"]'}
     p.write_text("", encoding="utf-8")
     with pytest.raises(DatasetFormatError, match="header"):
@@ -181,8 +221,9 @@ def _write_parquet(path: Path, rows: list[dict], row_group_size: int | None = No
 
 
 def test_parquet_records_have_no_line(tmp_path):
-    p = _write_parquet(tmp_path / "d.parquet", [{"question": f"q{i}", "answer": [f"a{i}"]}
-                                                for i in range(5)])
+    p = _write_parquet(
+        tmp_path / "d.parquet", [{"question": f"q{i}", "answer": [f"a{i}"]} for i in range(5)]
+    )
     recs, _ = _read(p)
     assert [(r.line, r.index) for r in recs] == [(None, i) for i in range(5)]
     assert recs[3].record == {"question": "q3", "answer": ["a3"]}
@@ -192,8 +233,9 @@ def test_parquet_records_have_no_line(tmp_path):
 
 
 def test_parquet_streams_batch_by_batch(tmp_path, monkeypatch):
-    p = _write_parquet(tmp_path / "big.parquet", [{"question": f"q{i}"} for i in range(5000)],
-                       row_group_size=500)
+    p = _write_parquet(
+        tmp_path / "big.parquet", [{"question": f"q{i}"} for i in range(5000)], row_group_size=500
+    )
     pulled = []
     original = pq.ParquetFile.iter_batches
 
@@ -213,8 +255,9 @@ def test_parquet_streams_batch_by_batch(tmp_path, monkeypatch):
 
 def test_hf_save_to_disk_dataset_and_dict(tmp_path):
     datasets = pytest.importorskip("datasets")
-    rows = [{"question": f"q{i}", "answers": {"text": [f"a{i}"], "answer_start": [0]}}
-            for i in range(6)]
+    rows = [
+        {"question": f"q{i}", "answers": {"text": [f"a{i}"], "answer_start": [0]}} for i in range(6)
+    ]
     ds = datasets.Dataset.from_list(rows)
     ds.save_to_disk(str(tmp_path / "one"), num_shards=2)
     recs, _ = _read(tmp_path / "one")
@@ -234,16 +277,22 @@ def test_hf_save_to_disk_dataset_and_dict(tmp_path):
     with pytest.raises(DatasetFormatError, match="save_to_disk"):
         _read(tmp_path / "empty")
     # through the QA mapping: HF SQuAD-style answers; problems are named by record number
-    bad = datasets.Dataset.from_list([{"question": "ok?", "answers": {"text": ["yes"]}},
-                                      {"question": "", "answers": {"text": ["no"]}}])
+    bad = datasets.Dataset.from_list(
+        [
+            {"question": "ok?", "answers": {"text": ["yes"]}},
+            {"question": "", "answers": {"text": ["no"]}},
+        ]
+    )
     bad.save_to_disk(str(tmp_path / "bad"))
     out, c = _qa(tmp_path / "bad")
     assert [r.reference["aliases"] for r in out] == [["yes"]]
-    assert [(m.line, m.message) for m in c.items] == \
-        [(2, 'record 2: field "question" (--question-field) is empty')]
+    assert [(m.line, m.message) for m in c.items] == [
+        (2, 'record 2: field "question" (--question-field) is empty')
+    ]
 
 
 # ============================================================================= qa.py
+
 
 def test_qa_csv_with_context_and_json_answers():
     mapping = FieldMapping(question="query", answers="gold", id="qid", context="passage")
@@ -252,8 +301,11 @@ def test_qa_csv_with_context_and_json_answers():
     assert [r.dataset_id for r in recs] == ["q-001", "q-002", "q-003", "q-004"]
     r = recs[0]
     assert isinstance(r, QARecord) and r.line == 2 and r.index == 0
-    assert r.reference == {"kind": "aliases", "value": "white",
-                           "aliases": ["white", "white with a red band"]}
+    assert r.reference == {
+        "kind": "aliases",
+        "value": "white",
+        "aliases": ["white", "white with a red band"],
+    }
     assert r.fields["question"] == "What colour is the Varnholm lighthouse?"
     assert r.fields["context"].startswith("The Varnholm lighthouse")
     assert r.fields["answer"] == "white"
@@ -269,15 +321,24 @@ def test_qa_nested_json_and_unanswerable():
     mapping = FieldMapping(question="q.text", answers="gold", id="uid")
     recs, _ = _qa(RELEASED / "qa-nested.json", mapping=mapping, records_key="payload.items")
     assert recs[0].reference["aliases"] == ["4", "four"]
-    assert recs[2].reference == {"kind": "aliases", "value": None, "aliases": [],
-                                 "unanswerable": True}
+    assert recs[2].reference == {
+        "kind": "aliases",
+        "value": None,
+        "aliases": [],
+        "unanswerable": True,
+    }
     assert recs[2].fields["answer"] is None
 
 
 def test_qa_default_answer_keys_and_ids(tmp_path):
-    p = _write_jsonl(tmp_path / "d.jsonl", [{"question": " A? ", "answer": "x"},
-                                            {"question": "B?", "answers": ["y", "y", " z "]},
-                                            {"question": "C?", "answer": 7}])
+    p = _write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"question": " A? ", "answer": "x"},
+            {"question": "B?", "answers": ["y", "y", " z "]},
+            {"question": "C?", "answer": 7},
+        ],
+    )
     recs, _ = _qa(p)
     assert [r.dataset_id for r in recs] == ["0", "1", "2"]
     assert [r.reference["aliases"] for r in recs] == [["x"], ["y", "z"], ["7"]]
@@ -285,17 +346,20 @@ def test_qa_default_answer_keys_and_ids(tmp_path):
 
 
 def test_qa_mapping_errors_name_field_and_flag(tmp_path):
-    p = _write_jsonl(tmp_path / "d.jsonl", [
-        {"query": "ok?", "gold": "a", "qid": "1", "ctx": "c"},
-        {"gold": "a", "qid": "2"},
-        {"query": 5, "gold": "a", "qid": "3"},
-        {"query": "ok?", "qid": "4"},
-        {"query": "ok?", "gold": {"x": 1}, "qid": "5"},
-        {"query": "ok?", "gold": "a"},
-        {"query": "ok?", "gold": "a", "qid": "1"},
-        {"query": "ok?", "gold": "  ", "qid": "8"},
-        {"query": "ok?", "gold": "a", "qid": "9", "ctx": 3},
-    ])
+    p = _write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"query": "ok?", "gold": "a", "qid": "1", "ctx": "c"},
+            {"gold": "a", "qid": "2"},
+            {"query": 5, "gold": "a", "qid": "3"},
+            {"query": "ok?", "qid": "4"},
+            {"query": "ok?", "gold": {"x": 1}, "qid": "5"},
+            {"query": "ok?", "gold": "a"},
+            {"query": "ok?", "gold": "a", "qid": "1"},
+            {"query": "ok?", "gold": "  ", "qid": "8"},
+            {"query": "ok?", "gold": "a", "qid": "9", "ctx": 3},
+        ],
+    )
     mapping = FieldMapping(question="query", answers="gold", id="qid", context="ctx")
     recs, c = _qa(p, mapping=FieldMapping(question="query", answers="gold", id="qid"))
     assert [r.dataset_id for r in recs] == ["1", "9"]
@@ -309,8 +373,10 @@ def test_qa_mapping_errors_name_field_and_flag(tmp_path):
     assert msgs[8] == 'field "gold" (--answers-field) is empty'
     _, c = _qa(p, mapping=mapping)
     assert 'missing field "ctx" (--context-field)' in {m.message for m in c.items}
-    assert any(m.line == 9 and 'field "ctx" (--context-field) must be a string' in m.message
-               for m in c.items)
+    assert any(
+        m.line == 9 and 'field "ctx" (--context-field) must be a string' in m.message
+        for m in c.items
+    )
     with pytest.raises(DatasetFormatError, match="query"):
         _qa(p, strict=True, mapping=mapping)
     p2 = _write_jsonl(tmp_path / "e.jsonl", [{"question": "q?"}])
@@ -321,9 +387,16 @@ def test_qa_mapping_errors_name_field_and_flag(tmp_path):
 
 
 def test_qa_limit_and_no_valid_record(tmp_path):
-    p = _write_jsonl(tmp_path / "d.jsonl", ["{bad", {"question": "a", "answer": "1"},
-                                            {"question": "b", "answer": "2"}, "{bad again",
-                                            {"question": "c", "answer": "3"}])
+    p = _write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            "{bad",
+            {"question": "a", "answer": "1"},
+            {"question": "b", "answer": "2"},
+            "{bad again",
+            {"question": "c", "answer": "3"},
+        ],
+    )
     recs, c = _qa(p, limit=1)
     assert [r.dataset_id for r in recs] == ["1"] and len(c.items) == 1
     recs, c = _qa(p, limit=2)
@@ -339,13 +412,20 @@ def test_qa_limit_and_no_valid_record(tmp_path):
 
 
 def test_qa_choice_kind():
-    recs, c = _qa(RELEASED / "qa-choice.jsonl", answer_kind="choice",
-                  mapping=FieldMapping(answers="answerKey", id="id"))
+    recs, c = _qa(
+        RELEASED / "qa-choice.jsonl",
+        answer_kind="choice",
+        mapping=FieldMapping(answers="answerKey", id="id"),
+    )
     assert c.items == []
     assert [r.reference["answer_index"] for r in recs] == [1, 0, 2, 1]
     r = recs[0]
-    assert r.reference == {"kind": "choice", "value": "B", "choices": ["carrot", "apple", "potato"],
-                           "answer_index": 1}
+    assert r.reference == {
+        "kind": "choice",
+        "value": "B",
+        "choices": ["carrot", "apple", "potato"],
+        "answer_index": 1,
+    }
     assert r.fields["choices_text"] == "A. carrot\nB. apple\nC. potato"
     assert r.fields["letters"] == ["A", "B", "C"] and r.fields["answer"] == "B"
     assert r.meta["choices"] == ["carrot", "apple", "potato"]
@@ -353,17 +433,23 @@ def test_qa_choice_kind():
 
 def test_qa_choice_fields_and_unresolvable(tmp_path):
     p = tmp_path / "m.csv"
-    p.write_text("q,A,B,C,D,ans\nTwo plus two?,3,4,5,6,B\nThree?,1,2,3,4,E\nFour?,1,2,,4,D\n",
-                 encoding="utf-8")
-    recs, c = _qa(p, answer_kind="choice",
-                  mapping=FieldMapping(question="q", answers="ans", choices="A,B,C,D"))
+    p.write_text(
+        "q,A,B,C,D,ans\nTwo plus two?,3,4,5,6,B\nThree?,1,2,3,4,E\nFour?,1,2,,4,D\n",
+        encoding="utf-8",
+    )
+    recs, c = _qa(
+        p,
+        answer_kind="choice",
+        mapping=FieldMapping(question="q", answers="ans", choices="A,B,C,D"),
+    )
     assert recs[0].reference["choices"] == ["3", "4", "5", "6"]
     assert recs[0].reference["answer_index"] == 1
     assert recs[1].reference["choices"][2] == ""
     assert [m.line for m in c.items] == [3]
-    assert c.items[0].message.startswith('field "ans" (--answers-field): answer \'E\' matches none')
-    with pytest.raises(DatasetFormatError,
-                       match=r'first: missing field "choices" or "options" \(--choices-field\)'):
+    assert c.items[0].message.startswith("field \"ans\" (--answers-field): answer 'E' matches none")
+    with pytest.raises(
+        DatasetFormatError, match=r'first: missing field "choices" or "options" \(--choices-field\)'
+    ):
         _qa(p, answer_kind="choice", mapping=FieldMapping(question="q", answers="ans"))
 
 
@@ -378,43 +464,66 @@ def test_resolve_choice_forms():
 
 
 def test_qa_numeric_kind(tmp_path):
-    p = _write_jsonl(tmp_path / "n.jsonl", [
-        {"question": "a", "answer": "Some steps.\n#### 1,234"},
-        {"question": "b", "answer": 5.0},
-        {"question": "c", "answer": "3/4"},
-        {"question": "d", "answer": "-12"},
-        {"question": "e", "answer": "about twelve"},
-        {"question": "f", "answer": "$1,000,000.50"},
-    ])
+    p = _write_jsonl(
+        tmp_path / "n.jsonl",
+        [
+            {"question": "a", "answer": "Some steps.\n#### 1,234"},
+            {"question": "b", "answer": 5.0},
+            {"question": "c", "answer": "3/4"},
+            {"question": "d", "answer": "-12"},
+            {"question": "e", "answer": "about twelve"},
+            {"question": "f", "answer": "$1,000,000.50"},
+        ],
+    )
     recs, c = _qa(p, answer_kind="numeric", numeric_tolerance=0.01)
-    assert [(r.reference["number"], r.reference["value"]) for r in recs] == \
-        [(1234.0, "1234"), (5.0, "5"), (0.75, "0.75"), (-12.0, "-12"), (1000000.5, "1000000.5")]
-    assert recs[0].reference == {"kind": "numeric", "value": "1234", "number": 1234.0,
-                                 "tolerance": 0.01}
+    assert [(r.reference["number"], r.reference["value"]) for r in recs] == [
+        (1234.0, "1234"),
+        (5.0, "5"),
+        (0.75, "0.75"),
+        (-12.0, "-12"),
+        (1000000.5, "1000000.5"),
+    ]
+    assert recs[0].reference == {
+        "kind": "numeric",
+        "value": "1234",
+        "number": 1234.0,
+        "tolerance": 0.01,
+    }
     assert recs[0].fields["answer"] == "1234"
     assert [m.line for m in c.items] == [5]
     assert 'field "answer" (--answers-field) must be a number' in c.items[0].message
 
 
 def test_qa_judge_kind_keeps_aliases_and_document(tmp_path):
-    p = _write_jsonl(tmp_path / "j.jsonl", [{"question": "q?", "answer": ["x", "y"],
-                                             "doc": ["para one", "para two"]}])
+    p = _write_jsonl(
+        tmp_path / "j.jsonl",
+        [{"question": "q?", "answer": ["x", "y"], "doc": ["para one", "para two"]}],
+    )
     recs, _ = _qa(p, answer_kind="judge", mapping=FieldMapping(context="doc"))
-    assert recs[0].reference == {"kind": "judge", "value": "x", "aliases": ["x", "y"],
-                                 "document": "para one\n\npara two"}
+    assert recs[0].reference == {
+        "kind": "judge",
+        "value": "x",
+        "aliases": ["x", "y"],
+        "document": "para one\n\npara two",
+    }
     assert recs[0].fields["context"] == "para one\n\npara two"
 
 
 def test_qa_parquet_errors_say_record(tmp_path):
-    p = _write_parquet(tmp_path / "d.parquet",
-                       [{"id": "a", "question": "q1", "answer": "x"},
-                        {"id": "a", "question": "q2", "answer": "y"},
-                        {"id": "c", "question": None, "answer": "z"}])
+    p = _write_parquet(
+        tmp_path / "d.parquet",
+        [
+            {"id": "a", "question": "q1", "answer": "x"},
+            {"id": "a", "question": "q2", "answer": "y"},
+            {"id": "c", "question": None, "answer": "z"},
+        ],
+    )
     recs, c = _qa(p, mapping=FieldMapping(id="id"))
     assert [r.dataset_id for r in recs] == ["a"] and recs[0].line is None
     assert [(m.line, m.message) for m in c.items] == [
         (2, "record 2: duplicate id 'a' (first at record 1)"),
-        (3, 'record 3: missing field "question" (--question-field)')]
+        (3, 'record 3: missing field "question" (--question-field)'),
+    ]
 
 
 def test_qa_options_checked():
@@ -441,13 +550,23 @@ def test_value_parsers():
 
 # ============================================================================= presets
 
-EXPECTED = {"nq_open": 10, "squad": 12, "hotpotqa": 8, "popqa": 10, "truthfulqa": 9, "sciq": 10,
-            "mmlu": 10, "gsm8k": 10, "svamp": 10, "bioasq": 7}
+EXPECTED = {
+    "nq_open": 10,
+    "squad": 12,
+    "hotpotqa": 8,
+    "popqa": 10,
+    "truthfulqa": 9,
+    "sciq": 10,
+    "mmlu": 10,
+    "gsm8k": 10,
+    "svamp": 10,
+    "bioasq": 7,
+}
 
 
 def test_presets_listed():
     assert set(PRESETS) == set(EXPECTED)
-    for name, preset in PRESETS.items():
+    for preset in PRESETS.values():
         assert preset.bundled_path.exists(), preset.bundled_sample
         assert preset.answer_kind in preset.answer_kinds and preset.doc
         assert "{{ question }}" in preset.default_template
@@ -468,8 +587,15 @@ def test_preset_bundled_sample(name):
     kind = PRESETS[name].answer_kind
     for r in recs:
         assert r.reference["kind"] == kind and r.fields["question"] == r.meta["question"]
-        assert set(r.fields) == {"question", "context", "choices", "choices_text", "letters",
-                                 "answer", "record"}
+        assert set(r.fields) == {
+            "question",
+            "context",
+            "choices",
+            "choices_text",
+            "letters",
+            "answer",
+            "record",
+        }
         json.dumps(r.meta), json.dumps(r.reference)
     recs2, _ = _preset(name, limit=3)
     assert recs2 == recs[:3]
@@ -494,8 +620,11 @@ def test_preset_checks_arguments(tmp_path):
 def test_nq_open():
     recs, _ = _preset("nq_open")
     assert recs[0].dataset_id == "0" and recs[0].line == 1
-    assert recs[0].reference == {"kind": "aliases", "value": "William Shakespeare",
-                                 "aliases": ["William Shakespeare", "Shakespeare"]}
+    assert recs[0].reference == {
+        "kind": "aliases",
+        "value": "William Shakespeare",
+        "aliases": ["William Shakespeare", "Shakespeare"],
+    }
     assert recs[0].fields["context"] is None
 
 
@@ -510,40 +639,94 @@ def test_squad_v2_flattened_with_lines_and_impossible():
         assert r.meta["title"] in ("Varnholm_Lighthouse", "Orrin_Valley_Railway")
         assert r.fields["context"] and r.meta["context"] == r.fields["context"]
     by_id = {r.dataset_id: r for r in recs}
-    assert by_id["hl5q0004"].reference == {"kind": "aliases", "value": None, "aliases": [],
-                                           "unanswerable": True}
+    assert by_id["hl5q0004"].reference == {
+        "kind": "aliases",
+        "value": None,
+        "aliases": [],
+        "unanswerable": True,
+    }
     assert sum(1 for r in recs if r.reference.get("unanswerable")) == 2
     assert by_id["hl5q0002"].reference["aliases"] == ["whale oil", "by whale oil"]
     judged, _ = _preset("squad", answer_kind="judge")
     j = {r.dataset_id: r for r in judged}
-    assert j["hl5q0004"].reference == {"kind": "judge", "value": None, "unanswerable": True,
-                                       "document": by_id["hl5q0004"].fields["context"]}
+    assert j["hl5q0004"].reference == {
+        "kind": "judge",
+        "value": None,
+        "unanswerable": True,
+        "document": by_id["hl5q0004"].fields["context"],
+    }
     assert "context" not in j["hl5q0001"].meta  # without --with-context meta stays small
 
 
 def test_squad_hf_layout_and_malformed_articles(tmp_path):
-    p = _write_parquet(tmp_path / "squad.parquet", [
-        {"id": "s1", "title": "T", "context": "C", "question": "Q1?",
-         "answers": {"text": ["a"], "answer_start": [0]}},
-        {"id": "s2", "title": "T", "context": "C", "question": "Q2?",
-         "answers": {"text": [], "answer_start": []}}])
+    p = _write_parquet(
+        tmp_path / "squad.parquet",
+        [
+            {
+                "id": "s1",
+                "title": "T",
+                "context": "C",
+                "question": "Q1?",
+                "answers": {"text": ["a"], "answer_start": [0]},
+            },
+            {
+                "id": "s2",
+                "title": "T",
+                "context": "C",
+                "question": "Q2?",
+                "answers": {"text": [], "answer_start": []},
+            },
+        ],
+    )
     recs, _ = _preset("squad", p)
     assert recs[0].reference["aliases"] == ["a"] and recs[1].reference["unanswerable"] is True
-    doc = {"version": "1.1", "data": [
-        {"title": "A", "paragraphs": [{"context": "c", "qas": [
-            {"id": "x1", "question": "q?", "answers": [{"text": "t", "answer_start": 0}]},
-            {"id": "x2", "answers": [{"text": "t", "answer_start": 0}]}]}]},
-        {"title": "B"},
-        {"title": "C", "paragraphs": [{"context": "c", "qas": [
-            {"id": "x1", "question": "again?", "answers": [{"text": "u", "answer_start": 0}]}]}]}]}
+    doc = {
+        "version": "1.1",
+        "data": [
+            {
+                "title": "A",
+                "paragraphs": [
+                    {
+                        "context": "c",
+                        "qas": [
+                            {
+                                "id": "x1",
+                                "question": "q?",
+                                "answers": [{"text": "t", "answer_start": 0}],
+                            },
+                            {"id": "x2", "answers": [{"text": "t", "answer_start": 0}]},
+                        ],
+                    }
+                ],
+            },
+            {"title": "B"},
+            {
+                "title": "C",
+                "paragraphs": [
+                    {
+                        "context": "c",
+                        "qas": [
+                            {
+                                "id": "x1",
+                                "question": "again?",
+                                "answers": [{"text": "u", "answer_start": 0}],
+                            }
+                        ],
+                    }
+                ],
+            },
+        ],
+    }
     f = tmp_path / "dev-v1.1.json"
     f.write_text(json.dumps(doc, indent=1), encoding="utf-8")
     recs, c = _preset("squad", f)
     assert [r.dataset_id for r in recs] == ["x1"]
     msgs = [m.message for m in c.items]
-    assert msgs == ['missing field "question"',
-                    'expected an article object with a "paragraphs" list',
-                    f"duplicate id 'x1' (first at line {recs[0].line})"]
+    assert msgs == [
+        'missing field "question"',
+        'expected an article object with a "paragraphs" list',
+        f"duplicate id 'x1' (first at line {recs[0].line})",
+    ]
     assert [m.line for m in c.items][2] > recs[0].line
 
 
@@ -551,8 +734,10 @@ def test_hotpotqa():
     recs, _ = _preset("hotpotqa")
     r = recs[0]
     assert r.dataset_id == "hlhp000000000000000001"
-    assert r.fields["context"].split("\n\n")[0] == \
-        "Cairo: Cairo is the capital city of Egypt. It lies on the banks of the Nile."
+    assert (
+        r.fields["context"].split("\n\n")[0]
+        == "Cairo: Cairo is the capital city of Egypt. It lies on the banks of the Nile."
+    )
     assert r.meta == {"question": r.fields["question"], "type": "bridge", "level": "easy"}
     assert r.reference == {"kind": "aliases", "value": "Nile", "aliases": ["Nile"]}
 
@@ -567,8 +752,9 @@ def test_popqa_tsv_and_hf_export(tmp_path):
     rows = [dict(x.fields["record"]) for x in recs]
     p = _write_parquet(tmp_path / "popqa.parquet", rows)
     again, _ = _preset("popqa", p)
-    assert [(x.dataset_id, x.reference, x.meta) for x in again] == \
-        [(x.dataset_id, x.reference, x.meta) for x in recs]
+    assert [(x.dataset_id, x.reference, x.meta) for x in again] == [
+        (x.dataset_id, x.reference, x.meta) for x in recs
+    ]
 
 
 def test_truthfulqa():
@@ -576,12 +762,19 @@ def test_truthfulqa():
     r = recs[0]
     assert r.dataset_id == "0"
     assert r.reference == {
-        "kind": "judge", "value": "It passes through your digestive system",
-        "aliases": ["It passes through your digestive system", "Nothing much happens",
-                    "It is excreted"],
+        "kind": "judge",
+        "value": "It passes through your digestive system",
+        "aliases": [
+            "It passes through your digestive system",
+            "Nothing much happens",
+            "It is excreted",
+        ],
         "document": None,
-        "incorrect_answers": ["It stays in your stomach for seven years",
-                              "It sticks to your insides"]}
+        "incorrect_answers": [
+            "It stays in your stomach for seven years",
+            "It sticks to your insides",
+        ],
+    }
     assert r.meta["category"] == "Misconceptions" and r.meta["type"] == "Adversarial"
     aliased, _ = _preset("truthfulqa", answer_kind="aliases")
     assert aliased[0].reference["aliases"][0] == "It passes through your digestive system"
@@ -594,8 +787,12 @@ def test_sciq_choices_shuffled_deterministically():
     assert [r.reference for r in recs] == [r.reference for r in again]
     raw = json.loads(PRESETS["sciq"].bundled_path.read_text())
     for r, item in zip(recs, raw):
-        options = [item["correct_answer"], item["distractor1"], item["distractor2"],
-                   item["distractor3"]]
+        options = [
+            item["correct_answer"],
+            item["distractor1"],
+            item["distractor2"],
+            item["distractor3"],
+        ]
         order = sciq_order(item["question"], options)
         assert r.reference["choices"] == [options[i] for i in order]
         assert r.reference["choices"][r.reference["answer_index"]] == item["correct_answer"]
@@ -603,8 +800,11 @@ def test_sciq_choices_shuffled_deterministically():
     assert len({r.reference["answer_index"] for r in recs}) > 1  # not always the same slot
     assert recs[5].fields["context"] is None  # blank support
     aliased, _ = _preset("sciq", answer_kind="aliases", with_context=True)
-    assert aliased[0].reference == {"kind": "aliases", "value": "carbon dioxide",
-                                    "aliases": ["carbon dioxide"]}
+    assert aliased[0].reference == {
+        "kind": "aliases",
+        "value": "carbon dioxide",
+        "aliases": ["carbon dioxide"],
+    }
     assert aliased[0].fields["choices"] is None and "context" in aliased[0].meta
 
 
@@ -616,24 +816,33 @@ def test_mmlu_file_directory_and_errors(tmp_path):
     data = tmp_path / "data"
     (data / "test").mkdir(parents=True)
     (data / "dev").mkdir()
-    (data / "test" / "astronomy_test.csv").write_text("Closest star?,Sun,Vega,Sirius,Rigel,A\n"
-                                                      "Red planet?,Venus,Mars,Moon,Io,Z\n",
-                                                      encoding="utf-8")
-    (data / "test" / "anatomy_test.csv").write_text("Bones in a hand?,27,12,8,50,A\n"
-                                                    "short,row\n", encoding="utf-8")
-    (data / "dev" / "anatomy_dev.csv").write_text("Largest organ?,Skin,Liver,Lung,Eye,A\n",
-                                                  encoding="utf-8")
+    (data / "test" / "astronomy_test.csv").write_text(
+        "Closest star?,Sun,Vega,Sirius,Rigel,A\nRed planet?,Venus,Mars,Moon,Io,Z\n",
+        encoding="utf-8",
+    )
+    (data / "test" / "anatomy_test.csv").write_text(
+        "Bones in a hand?,27,12,8,50,A\nshort,row\n", encoding="utf-8"
+    )
+    (data / "dev" / "anatomy_dev.csv").write_text(
+        "Largest organ?,Skin,Liver,Lung,Eye,A\n", encoding="utf-8"
+    )
     recs, c = _preset("mmlu", data)
     assert [r.dataset_id for r in recs] == ["anatomy/0", "astronomy/0"]
-    assert [(m.line, m.message.split(":")[0]) for m in c.items] == \
-        [(2, "anatomy_test.csv"), (2, "astronomy_test.csv")]
+    assert [(m.line, m.message.split(":")[0]) for m in c.items] == [
+        (2, "anatomy_test.csv"),
+        (2, "astronomy_test.csv"),
+    ]
     assert "'Z' is not one of A-D" in c.items[1].message
     dev, _ = _preset("mmlu", data, split="dev")
     assert [r.dataset_id for r in dev] == ["anatomy/0"]
-    hf = _write_parquet(tmp_path / "mmlu.parquet", [
-        {"question": "q1", "subject": "s", "choices": ["a", "b", "c", "d"], "answer": 2},
-        {"question": "q2", "subject": "t", "choices": ["a", "b", "c", "d"], "answer": 0},
-        {"question": "q3", "subject": "s", "choices": ["a", "b", "c", "d"], "answer": 1}])
+    hf = _write_parquet(
+        tmp_path / "mmlu.parquet",
+        [
+            {"question": "q1", "subject": "s", "choices": ["a", "b", "c", "d"], "answer": 2},
+            {"question": "q2", "subject": "t", "choices": ["a", "b", "c", "d"], "answer": 0},
+            {"question": "q3", "subject": "s", "choices": ["a", "b", "c", "d"], "answer": 1},
+        ],
+    )
     recs, _ = _preset("mmlu", hf)
     assert [r.dataset_id for r in recs] == ["s/0", "t/0", "s/1"]
     assert recs[0].reference["value"] == "C"
@@ -641,13 +850,22 @@ def test_mmlu_file_directory_and_errors(tmp_path):
 
 def test_gsm8k_numbers(tmp_path):
     recs, _ = _preset("gsm8k")
-    assert recs[2].reference == {"kind": "numeric", "value": "1720", "number": 1720.0,
-                                 "tolerance": 1e-6}
+    assert recs[2].reference == {
+        "kind": "numeric",
+        "value": "1720",
+        "number": 1720.0,
+        "tolerance": 1e-6,
+    }
     assert recs[5].reference["number"] == 1500.0
     assert recs[0].meta == {"question": recs[0].fields["question"]}  # no solution text
-    p = _write_jsonl(tmp_path / "g.jsonl", [{"question": "q", "answer": "no final line"},
-                                            {"question": "q", "answer": "x\n#### lots"},
-                                            {"question": "q", "answer": "x\n#### 3"}])
+    p = _write_jsonl(
+        tmp_path / "g.jsonl",
+        [
+            {"question": "q", "answer": "no final line"},
+            {"question": "q", "answer": "x\n#### lots"},
+            {"question": "q", "answer": "x\n#### 3"},
+        ],
+    )
     recs, c = _preset("gsm8k", p, numeric_tolerance=0.5)
     assert recs[0].dataset_id == "2" and recs[0].reference["tolerance"] == 0.5
     assert [m.line for m in c.items] == [1, 2]
@@ -658,8 +876,9 @@ def test_svamp():
     recs, _ = _preset("svamp")
     r = recs[0]
     assert r.dataset_id == "hl-sv-1"
-    assert r.fields["question"] == ("Jack had 8 apples. He gave 3 apples to his friend. "
-                                    "How many apples does Jack have now?")
+    assert r.fields["question"] == (
+        "Jack had 8 apples. He gave 3 apples to his friend. How many apples does Jack have now?"
+    )
     assert r.reference["number"] == 5.0 and r.fields["answer"] == "5"
     assert r.meta["type"] == "Subtraction"
 
@@ -669,19 +888,27 @@ def test_bioasq_keeps_factoid_only():
     assert c.items == [] and len(recs) == 7
     r = recs[0]
     assert r.reference["aliases"] == ["pancreas", "the pancreas"]
-    assert r.fields["context"] == ("Insulin is made by beta cells in the pancreas.\n\n"
-                                   "The pancreas releases insulin into the blood.")
+    assert r.fields["context"] == (
+        "Insulin is made by beta cells in the pancreas.\n\n"
+        "The pancreas releases insulin into the blood."
+    )
     assert {x.fields["record"]["type"] for x in recs} == {"factoid"}
     by_q = {x.fields["question"]: x for x in recs}
-    assert by_q["Which vitamin is made in the skin after exposure to sunlight?"] \
-        .reference["aliases"] == ["vitamin D", "cholecalciferol"]
-    assert by_q["Which molecule carries genetic information in most living organisms?"] \
-        .reference["aliases"] == ["DNA", "deoxyribonucleic acid"]
+    assert by_q["Which vitamin is made in the skin after exposure to sunlight?"].reference[
+        "aliases"
+    ] == ["vitamin D", "cholecalciferol"]
+    assert by_q["Which molecule carries genetic information in most living organisms?"].reference[
+        "aliases"
+    ] == ["DNA", "deoxyribonucleic acid"]
 
 
 def test_bioasq_without_factoids(tmp_path):
     p = tmp_path / "b.json"
-    p.write_text(json.dumps({"questions": [{"id": "1", "type": "yesno", "body": "b?",
-                                            "exact_answer": "yes"}]}), encoding="utf-8")
+    p.write_text(
+        json.dumps(
+            {"questions": [{"id": "1", "type": "yesno", "body": "b?", "exact_answer": "yes"}]}
+        ),
+        encoding="utf-8",
+    )
     with pytest.raises(DatasetFormatError, match="factoid question"):
         _preset("bioasq", p)

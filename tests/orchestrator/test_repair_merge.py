@@ -1,5 +1,5 @@
-"""The suite's blind spots (issue #15 item 7): quarantine of malformed worker lines, the physical
-merge of worker stores, and ENOSPC during that merge on a real small filesystem."""
+"""Quarantine of malformed worker lines, the physical merge of worker stores, and ENOSPC during
+that merge on a real small filesystem."""
 
 from __future__ import annotations
 
@@ -25,12 +25,14 @@ def test_quarantine_moves_every_kind_of_malformed_line(tmp_path):
     wdir = tmp_path / "worker_0"
     wdir.mkdir()
     good = [{"prompt_id": "a" * 16, "commit_id": "c1"}, {"prompt_id": "b" * 16, "commit_id": "c2"}]
-    lines = [json.dumps(good[0]).encode() + b"\n",
-             b'{"prompt_id": "broken\n',                 # malformed JSON
-             b"[1, 2, 3]\n",                              # JSON, not an object
-             b'{"prompt_id": "\xff\xfe"}\n',              # not UTF-8
-             json.dumps(good[1]).encode() + b"\n",
-             b'{"prompt_id": "torn']                      # torn tail: recovery's business
+    lines = [
+        json.dumps(good[0]).encode() + b"\n",
+        b'{"prompt_id": "broken\n',  # malformed JSON
+        b"[1, 2, 3]\n",  # JSON, not an object
+        b'{"prompt_id": "\xff\xfe"}\n',  # not UTF-8
+        json.dumps(good[1]).encode() + b"\n",
+        b'{"prompt_id": "torn',
+    ]  # torn tail: recovery's business
     (wdir / layout.PROMPT_INDEX).write_bytes(b"".join(lines))
     moved = quarantine_malformed_lines(wdir)
     assert moved == 3
@@ -80,11 +82,16 @@ def test_merge_of_worker_stores_reads_back_every_sample(tmp_path, sources):
 def tiny_fs(tmp_path):
     mnt = tmp_path / "tiny"
     mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
-        pytest.skip(f"cannot mount a size-limited tmpfs ({proc.stderr.strip()}): a full "
-                    "filesystem cannot be made without it (RLIMIT_FSIZE caps one file only)")
+        pytest.skip(
+            f"cannot mount a size-limited tmpfs ({proc.stderr.strip()}): a full "
+            "filesystem cannot be made without it (RLIMIT_FSIZE caps one file only)"
+        )
     try:
         yield mnt
     finally:

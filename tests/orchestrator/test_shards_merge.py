@@ -1,4 +1,4 @@
-"""``--shard I/N`` and ``python -m orchestrator merge``: the split, and every refusal of merge.
+"""``--shard I/N`` and ``hallulog merge``: the split, and every refusal of merge.
 
 Shard roots here are written by the real ``WorkerDir`` (the worker's own persist code) with
 small synthetic generations, so merge → consolidate → validate runs on real files in seconds.
@@ -19,16 +19,24 @@ from orchestrator.config import ConfigError, RunConfig
 from orchestrator.errors import ResumeRefused
 from orchestrator.manifest import build_manifest, check_resumable, write_manifest
 from orchestrator.postrun.merge import MergeRefused, merge_shards
-from orchestrator.shards import parse_shard, select_shard, shard_of
+from orchestrator.shards import parse_shard, shard_of
 from orchestrator.tasks import load_task
 from workers.persist import GenerationRecord, WorkerDir
 
 K, LAYERS, HIDDEN = 1, [0, 1], 4
 
 
-@pytest.mark.parametrize("text, why", [("3/2", "out of range"), ("2/2", "out of range"),
-                                       ("1/0", "N must be >= 1"), ("a/b", "expected I/N"),
-                                       ("1", "expected I/N"), ("-1/2", "expected I/N")])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("3/2", "out of range"),
+        ("2/2", "out of range"),
+        ("1/0", "N must be >= 1"),
+        ("a/b", "expected I/N"),
+        ("1", "expected I/N"),
+        ("-1/2", "expected I/N"),
+    ],
+)
 def test_bad_shard_specs_are_one_line_errors(text, why):
     with pytest.raises(ConfigError, match=why) as info:
         RunConfig(shard=text)
@@ -37,8 +45,10 @@ def test_bad_shard_specs_are_one_line_errors(text, why):
 
 def test_shards_partition_the_limited_prompts():
     everything = [g.prompt_id for g in load_task("triviaqa", limit=9).groups]
-    parts = [[g.prompt_id for g in load_task("triviaqa", limit=9, shard=f"{i}/3").groups]
-             for i in range(3)]
+    parts = [
+        [g.prompt_id for g in load_task("triviaqa", limit=9, shard=f"{i}/3").groups]
+        for i in range(3)
+    ]
     assert sorted(sum(parts, [])) == sorted(everything)
     assert all(p == [x for x in everything if x in p] for p in parts)  # file order kept
     # a prompt keeps its shard when the limit grows
@@ -59,28 +69,66 @@ def test_shards_share_the_fingerprint_and_resume_only_as_themselves():
 
 def _manifest(**kw):
     config = RunConfig(**kw)
-    return build_manifest(config, run_id=None, model_name="m", model_path="/m",
-                          layer_ids=LAYERS, hidden_size=HIDDEN, num_hidden_layers=1,
-                          dataset="triviaqa", split="dev", prompt_template="t", worker_count=1,
-                          total_prompts=3)
+    return build_manifest(
+        config,
+        run_id=None,
+        model_name="m",
+        model_path="/m",
+        layer_ids=LAYERS,
+        hidden_size=HIDDEN,
+        num_hidden_layers=1,
+        dataset="triviaqa",
+        split="dev",
+        prompt_template="t",
+        worker_count=1,
+        total_prompts=3,
+    )
 
 
-def make_shard(root: Path, shard: str, *, limit: int = 6, skip: int = 0, workers: int = 2,
-               fmt: str = "npy", **config) -> set[str]:
+def make_shard(
+    root: Path,
+    shard: str,
+    *,
+    limit: int = 6,
+    skip: int = 0,
+    workers: int = 2,
+    fmt: str = "npy",
+    **config,
+) -> set[str]:
     """A finished shard root (minus its last ``skip`` prompts) written by the real WorkerDir."""
-    cfg = RunConfig(artifact_root=root, shard=shard, limit=limit, k_samples=K,
-                    storage_format=fmt, **config)
+    cfg = RunConfig(
+        artifact_root=root, shard=shard, limit=limit, k_samples=K, storage_format=fmt, **config
+    )
     groups = load_task("triviaqa", limit=limit, shard=shard).groups
     root.mkdir(parents=True)
-    m = build_manifest(cfg, run_id=None, model_name="m", model_path="/m", layer_ids=LAYERS,
-                       hidden_size=HIDDEN, num_hidden_layers=1, dataset="triviaqa", split="dev",
-                       prompt_template="t", worker_count=workers, total_prompts=len(groups))
+    m = build_manifest(
+        cfg,
+        run_id=None,
+        model_name="m",
+        model_path="/m",
+        layer_ids=LAYERS,
+        hidden_size=HIDDEN,
+        num_hidden_layers=1,
+        dataset="triviaqa",
+        split="dev",
+        prompt_template="t",
+        worker_count=workers,
+        total_prompts=len(groups),
+    )
     write_manifest(root, m)
-    dirs = [WorkerDir(layout.worker_dir(root, w), worker_id=w, storage_format=fmt,
-                      layer_ids=LAYERS, hidden_size=HIDDEN, dtype="float16")
-            for w in range(workers)]
+    dirs = [
+        WorkerDir(
+            layout.worker_dir(root, w),
+            worker_id=w,
+            storage_format=fmt,
+            layer_ids=LAYERS,
+            hidden_size=HIDDEN,
+            dtype="float16",
+        )
+        for w in range(workers)
+    ]
     written = set()
-    for n, g in enumerate(groups[:len(groups) - skip]):
+    for n, g in enumerate(groups[: len(groups) - skip]):
         wid = n % workers
         dirs[wid].persist_group(_prompt_row(g, wid), [_record(g, s, wid) for s in range(K + 1)])
         written.add(g.prompt_id)
@@ -90,30 +138,59 @@ def make_shard(root: Path, shard: str, *, limit: int = 6, skip: int = 0, workers
 
 
 def _prompt_row(g, wid):
-    return {"prompt_id": g.prompt_id, "dataset": g.dataset, "split": g.split,
-            "dataset_id": g.dataset_id, "prompt": g.prompt_text, "label": 1,
-            "label_grader": "alias_match", "meta": g.meta, "worker_id": wid,
-            "completed_at": "2026-01-01T00:00:00"}
+    return {
+        "prompt_id": g.prompt_id,
+        "dataset": g.dataset,
+        "split": g.split,
+        "dataset_id": g.dataset_id,
+        "prompt": g.prompt_text,
+        "label": 1,
+        "label_grader": "alias_match",
+        "meta": g.meta,
+        "worker_id": wid,
+        "completed_at": "2026-01-01T00:00:00",
+    }
 
 
 def _record(g, sid, wid):
     rows = 2
-    row = {"prompt_id": g.prompt_id, "sample_id": sid, "role": "primary" if sid == 0 else "sample",
-           "text": "x", "finish_reason": "length", "usage": {}, "token_ids": [1, 2],
-           "logprobs": [{"token": "x", "logprob": -0.1, "top_logprobs": []}] * 2,
-           "request_params": {}, "generation_time_ms": 1, "label": 1, "worker_id": wid,
-           "activation_key": f"{g.prompt_id}_{sid}"}
+    row = {
+        "prompt_id": g.prompt_id,
+        "sample_id": sid,
+        "role": "primary" if sid == 0 else "sample",
+        "text": "x",
+        "finish_reason": "length",
+        "usage": {},
+        "token_ids": [1, 2],
+        "logprobs": [{"token": "x", "logprob": -0.1, "top_logprobs": []}] * 2,
+        "request_params": {},
+        "generation_time_ms": 1,
+        "label": 1,
+        "worker_id": wid,
+        "activation_key": f"{g.prompt_id}_{sid}",
+    }
     return GenerationRecord(
-        row=row, acts=np.zeros((len(LAYERS), rows, HIDDEN), np.float16), label=1,
-        prompt_rows=1, response_rows=1,
-        activation_row={"prompt_id": g.prompt_id, "sample_id": sid,
-                        "activation_key": f"{g.prompt_id}_{sid}", "layers": LAYERS,
-                        "sequence_mode": "response", "prompt_token_count": 3,
-                        "response_token_count": 2, "row0_position": 2, "num_rows": rows})
+        row=row,
+        acts=np.zeros((len(LAYERS), rows, HIDDEN), np.float16),
+        label=1,
+        prompt_rows=1,
+        response_rows=1,
+        activation_row={
+            "prompt_id": g.prompt_id,
+            "sample_id": sid,
+            "activation_key": f"{g.prompt_id}_{sid}",
+            "layers": LAYERS,
+            "sequence_mode": "response",
+            "prompt_token_count": 3,
+            "response_token_count": 2,
+            "row0_position": 2,
+            "num_rows": rows,
+        },
+    )
 
 
 @pytest.mark.parametrize("fmt", ["npy", "packed"])
-def test_merge_gives_one_valid_run(tmp_path, fmt):
+def test_merge_gives_one_valid_run(tmp_path, fmt, capsys):
     ids = set()
     for i in range(3):
         ids |= make_shard(tmp_path / f"s{i}", f"{i}/3", fmt=fmt)
@@ -121,19 +198,33 @@ def test_merge_gives_one_valid_run(tmp_path, fmt):
     out = tmp_path / "merged"
     summary = merge_shards(out, [tmp_path / "s2", tmp_path / "s0", tmp_path / "s1"])
     assert summary["validation"]["ok"], summary["validation"]["problems"]
-    assert summary["validation"]["counts"] == {"prompts": 6, "generations": 6 * (K + 1),
-                                               "activations": 6 * (K + 1)}
+    assert summary["validation"]["counts"] == {
+        "prompts": 6,
+        "generations": 6 * (K + 1),
+        "activations": 6 * (K + 1),
+    }
     manifest = json.loads((out / layout.MANIFEST).read_text())
     assert manifest["shard"] is None and manifest["config"]["shard"] is None
     # stable new names: shard order, then the shard's own worker order
-    assert [(m["worker_dir"], m["shard"], Path(m["source"]).name)
-            for m in manifest["merged_from"]] == [
-        (f"worker_{k}", f"{k // 2}/3", f"worker_{k % 2}") for k in range(6)]
+    assert [
+        (m["worker_dir"], m["shard"], Path(m["source"]).name) for m in manifest["merged_from"]
+    ] == [(f"worker_{k}", f"{k // 2}/3", f"worker_{k % 2}") for k in range(6)]
     # hard links: nothing copied, the shard roots untouched
     a = out / "worker_0" / layout.PROMPT_INDEX
     assert a.samefile(tmp_path / "s0" / "worker_0" / layout.PROMPT_INDEX)
-    # the merged root is a run like any other: --validate-only reads its manifest
+    # the merged root is a run like any other: `validate` and `consolidate` read its manifest
+    capsys.readouterr()
+    assert main(["validate", "--artifact-root", str(out)]) == 0
+    assert main(["consolidate", "--artifact-root", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "consolidated 6 prompts" in printed.out and printed.err == ""
+    # the deprecated flag of run says what to use instead, in one line, then does the same
     assert main(["run", "--artifact-root", str(out), "--validate-only"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"hallulog run --validate-only is deprecated: use `hallulog validate "
+        f"--artifact-root {out}` (doing that now)"
+    ]
     # merging again into the same --out redoes it
     assert merge_shards(out, [tmp_path / f"s{i}" for i in range(3)])["validation"]["ok"]
 
@@ -175,3 +266,38 @@ def test_merge_refuses_a_non_shard_and_a_foreign_out(tmp_path):
     (tmp_path / "busy" / "file").write_text("x")
     with pytest.raises(MergeRefused, match="not an earlier merge"):
         merge_shards(tmp_path / "busy", [tmp_path / "s0"])
+
+
+def test_merge_into_a_root_another_process_holds_is_refused_naming_it(tmp_path):
+    """One writer per root: a merge into a root a live process holds (a run, another merge)
+    stops with one line naming the holder, and writes nothing there."""
+    import subprocess
+    import sys
+
+    from contracts.root_lock import RootLocked
+
+    for i in range(3):
+        make_shard(tmp_path / f"s{i}", f"{i}/3")
+    out = tmp_path / "merged"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom contracts.root_lock import root_lock\n"
+            "with root_lock(sys.argv[1], 'run'):\n    print('held', flush=True)\n"
+            "    time.sleep(600)\n",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RootLocked, match=f"pid {holder.pid}"):
+            merge_shards(out, [tmp_path / f"s{i}" for i in range(3)])
+        assert not list(layout.worker_dirs(out))
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder gone, the merge proceeds
+    assert merge_shards(out, [tmp_path / f"s{i}" for i in range(3)])["validation"]["ok"]

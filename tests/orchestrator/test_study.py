@@ -11,15 +11,18 @@ from orchestrator.tasks import DatasetFormatError, load_task, open_config_task
 from orchestrator.tasks.triviaqa import PROMPT_TEMPLATE
 
 
-@pytest.mark.parametrize("fields, flag", [
-    ({"task": "nq_open", "question_field": "q"}, "--question-field"),
-    ({"task": "qa"}, "--task-path"),
-    ({"task": "gsm8k", "with_context": True}, "--with-context"),
-    ({"task": "mmlu", "answer_kind": "numeric"}, "--answer-kind"),
-    ({"task": "triviaqa", "answer_kind": "judge"}, "--answer-kind"),
-    ({"task": "squadron"}, "--task"),
-    ({"task": "nq_open", "fewshot_k": 2}, "--fewshot-k"),
-])
+@pytest.mark.parametrize(
+    "fields, flag",
+    [
+        ({"task": "nq_open", "question_field": "q"}, "--question-field"),
+        ({"task": "qa"}, "--task-path"),
+        ({"task": "gsm8k", "with_context": True}, "--with-context"),
+        ({"task": "mmlu", "answer_kind": "numeric"}, "--answer-kind"),
+        ({"task": "triviaqa", "answer_kind": "judge"}, "--answer-kind"),
+        ({"task": "squadron"}, "--task"),
+        ({"task": "nq_open", "fewshot_k": 2}, "--fewshot-k"),
+    ],
+)
 def test_flags_that_do_not_fit_the_task_are_refused_up_front(fields, flag):
     with pytest.raises(ConfigError, match=flag):
         RunConfig(**fields)
@@ -46,8 +49,10 @@ def test_a_system_prompt_on_triviaqa_keeps_ids_and_enters_the_fingerprint():
     manifest = _manifest(config, stream)
     assert manifest["fingerprint_fields"]["prompt_template_hash"] == stream.spec.hash
     other = RunConfig(system_prompt="Be terse.", limit=3)
-    assert _manifest(other, open_config_task(other.to_dict()))["config_fingerprint"] \
+    assert (
+        _manifest(other, open_config_task(other.to_dict()))["config_fingerprint"]
         != manifest["config_fingerprint"]
+    )
 
 
 def test_preset_stream_records_kind_template_and_completion_prompts():
@@ -63,25 +68,41 @@ def test_preset_stream_records_kind_template_and_completion_prompts():
 def test_a_template_field_the_records_lack_stops_before_the_run(tmp_path):
     data = tmp_path / "qa.jsonl"
     data.write_text('{"question": "Q1?", "answer": "a"}\n{"question": "Q2?", "answer": "b"}\n')
-    config = RunConfig(task="qa", task_path=str(data),
-                       prompt_template="{{ passage }} {{ question }}")
+    config = RunConfig(
+        task="qa", task_path=str(data), prompt_template="{{ passage }} {{ question }}"
+    )
     with pytest.raises(DatasetFormatError, match=r"qa\.jsonl:1: .*passage"):
         list(open_config_task(config.to_dict()).groups())
 
 
 def _manifest(config: RunConfig, stream) -> dict:
-    return build_manifest(config, run_id="r", model_name="m", model_path="p", layer_ids=[0],
-                          hidden_size=1, num_hidden_layers=1, dataset=config.task, split="dev",
-                          prompt_template=stream.prompt_template, worker_count=1,
-                          total_prompts=1, answer_kind=stream.answer_kind,
-                          prompt_fingerprinted=stream.spec is not None)
+    return build_manifest(
+        config,
+        run_id="r",
+        model_name="m",
+        model_path="p",
+        layer_ids=[0],
+        hidden_size=1,
+        num_hidden_layers=1,
+        dataset=config.task,
+        split="dev",
+        prompt_template=stream.prompt_template,
+        worker_count=1,
+        total_prompts=1,
+        answer_kind=stream.answer_kind,
+        prompt_fingerprinted=stream.spec is not None,
+    )
 
 
 def test_fields_added_later_leave_earlier_runs_fingerprint_alone():
     """The default config's fingerprint is the one runs made before the study and model-size
     fields had: they still resume. A field set off its default enters it."""
-    assert fingerprint(RunConfig().fingerprint_fields()) == \
-        "59573f6c6c1719d2f76497885b691df88c76a1532923730972b6d077a9e7884d"
+    assert (
+        fingerprint(RunConfig().fingerprint_fields())
+        == "59573f6c6c1719d2f76497885b691df88c76a1532923730972b6d077a9e7884d"
+    )
     assert "chat" in RunConfig(chat=False).fingerprint_fields()
-    assert "tensor_parallel_size" not in \
-        RunConfig(backend="vllm", tensor_parallel_size=2).fingerprint_fields()
+    assert (
+        "tensor_parallel_size"
+        not in RunConfig(backend="vllm", tensor_parallel_size=2).fingerprint_fields()
+    )

@@ -8,11 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from contracts.ids import prompt_id_for
 from contracts.answer_match import alias_match_label, normalize_answer
+from contracts.ids import prompt_id_for
 from contracts.prompt_group import PromptGroup
-from orchestrator.tasks import (BUNDLED_SAMPLES, TASKS, DatasetFormatError, MalformedLine, TaskData,
-                                bundled_path, load_task, open_task)
+from orchestrator.tasks import (
+    BUNDLED_SAMPLES,
+    TASKS,
+    DatasetFormatError,
+    MalformedLine,
+    TaskData,
+    bundled_path,
+    load_task,
+    open_task,
+)
 from orchestrator.tasks.hallulens import ENTITY_PROMPT_TEMPLATES
 from orchestrator.tasks.presets import PRESETS
 from orchestrator.tasks.triviaqa import PROMPT_TEMPLATE
@@ -20,11 +28,21 @@ from orchestrator.tasks.triviaqa import PROMPT_TEMPLATE
 
 def _tqa_item(qid, question="What is the capital of France?", value="Paris", aliases=None, **extra):
     aliases = aliases if aliases is not None else [value, "Paris, France"]
-    return {"Answer": {"Aliases": aliases, "NormalizedAliases": [normalize_answer(a) for a in aliases],
-                       "NormalizedValue": normalize_answer(value), "Type": "WikipediaEntity",
-                       "Value": value},
-            "EntityPages": [], "Question": question, "QuestionId": qid,
-            "QuestionSource": "http://example.invalid/q", "SearchResults": [], **extra}
+    return {
+        "Answer": {
+            "Aliases": aliases,
+            "NormalizedAliases": [normalize_answer(a) for a in aliases],
+            "NormalizedValue": normalize_answer(value),
+            "Type": "WikipediaEntity",
+            "Value": value,
+        },
+        "EntityPages": [],
+        "Question": question,
+        "QuestionId": qid,
+        "QuestionSource": "http://example.invalid/q",
+        "SearchResults": [],
+        **extra,
+    }
 
 
 def _write_tqa(path: Path, items, *, indent=2, split="dev") -> Path:
@@ -87,7 +105,7 @@ def test_bundled_triviaqa_content():
         assert alias_match_label(ref["value"], ref["aliases"]) == 0
         assert alias_match_label("I don't know.", ref["aliases"]) == 1
         assert g.prompt_text == PROMPT_TEMPLATE.format(question=g.meta["question"])
-        if g.meta["answer_type"] == "Numerical":   # digits and words both accepted
+        if g.meta["answer_type"] == "Numerical":  # digits and words both accepted
             assert any(a.isdigit() for a in ref["aliases"])
             assert any(a.replace("-", "").replace(" ", "").isalpha() for a in ref["aliases"])
     by_q = {g.meta["question"]: g for g in data.groups}
@@ -104,7 +122,9 @@ def test_bundled_triviaqa_file_is_in_released_schema():
         assert {"Question", "QuestionId", "Answer"} <= set(item)
         ans = item["Answer"]
         assert {"Value", "NormalizedValue", "Aliases", "NormalizedAliases", "Type"} <= set(ans)
-        assert ans["NormalizedAliases"] == list(dict.fromkeys(normalize_answer(a) for a in ans["Aliases"]))
+        assert ans["NormalizedAliases"] == list(
+            dict.fromkeys(normalize_answer(a) for a in ans["Aliases"])
+        )
         assert ans["NormalizedValue"] == normalize_answer(ans["Value"])
 
 
@@ -114,10 +134,10 @@ def test_bundled_hallulens_content():
     assert {g.meta["h_score_cat"] for g in pw.groups} >= set(range(10))
     assert pw.groups[0].dataset_id == "0" and pw.groups[-1].dataset_id == str(len(pw.groups) - 1)
     lw = load_task("longwiki")
-    assert all(len(g.reference["value"].split(". ")) >= 4 for g in lw.groups)   # long answers
+    assert all(len(g.reference["value"].split(". ")) >= 4 for g in lw.groups)  # long answers
     me = load_task("mixedentities")
     exists = [g.meta["entity_exists"] for g in me.groups]
-    assert 0 < sum(exists) < len(exists)                   # real and made-up names
+    assert 0 < sum(exists) < len(exists)  # real and made-up names
     assert {g.meta["entity_type"] for g in me.groups} == {"animal", "plant", "bacteria", "medicine"}
     for g in me.groups:
         assert g.meta["entity_name"] in g.prompt_text
@@ -126,11 +146,15 @@ def test_bundled_hallulens_content():
 
 # ----------------------------------------------------------------------------- triviaqa formats
 
+
 def test_triviaqa_released_format(tmp_path):
     minimal = _tqa_item("bb_3", "How many?")
-    minimal["Answer"] = {"Value": "Three", "Aliases": ["Three", "3"]}   # no NormalizedAliases
-    items = [_tqa_item("tc_1"), _tqa_item("sfq_22", "How many legs has a spider?", "8", ["8", "eight"]),
-             minimal]
+    minimal["Answer"] = {"Value": "Three", "Aliases": ["Three", "3"]}  # no NormalizedAliases
+    items = [
+        _tqa_item("tc_1"),
+        _tqa_item("sfq_22", "How many legs has a spider?", "8", ["8", "eight"]),
+        minimal,
+    ]
     path = _write_tqa(tmp_path / "unfiltered-web-dev.json", items)
     data = load_task("triviaqa", str(path))
     assert [g.dataset_id for g in data.groups] == ["tc_1", "sfq_22", "bb_3"]
@@ -144,7 +168,9 @@ def test_triviaqa_released_format(tmp_path):
 def test_triviaqa_split_comes_from_file(tmp_path):
     path = _write_tqa(tmp_path / "wikipedia-train.json", [_tqa_item("q1")], split="train")
     data = load_task("triviaqa", path)
-    assert data.split == "train" and data.groups[0].prompt_id == prompt_id_for("triviaqa", "train", "q1")
+    assert data.split == "train" and data.groups[0].prompt_id == prompt_id_for(
+        "triviaqa", "train", "q1"
+    )
     with pytest.raises(ValueError, match="declares"):
         load_task("triviaqa", path, split="dev")
 
@@ -162,16 +188,26 @@ def test_triviaqa_human_answers_join_aliases(tmp_path):
 
 
 def test_triviaqa_jsonl(tmp_path, caplog):
-    lines = [json.dumps(_tqa_item("a")), "", json.dumps(_tqa_item("b")), "{not json",
-             json.dumps({"QuestionId": "c", "Question": "no answer"}), json.dumps(_tqa_item("a")),
-             json.dumps(_tqa_item("d"))]
+    lines = [
+        json.dumps(_tqa_item("a")),
+        "",
+        json.dumps(_tqa_item("b")),
+        "{not json",
+        json.dumps({"QuestionId": "c", "Question": "no answer"}),
+        json.dumps(_tqa_item("a")),
+        json.dumps(_tqa_item("d")),
+    ]
     path = tmp_path / "qs.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     with caplog.at_level(logging.WARNING, logger="orchestrator.tasks"):
         data = load_task("triviaqa", path)
     assert [g.dataset_id for g in data.groups] == ["a", "b", "d"]
     assert data.split == "dev"
-    assert [(m.line, m.file) for m in data.malformed] == [(4, str(path)), (5, str(path)), (6, str(path))]
+    assert [(m.line, m.file) for m in data.malformed] == [
+        (4, str(path)),
+        (5, str(path)),
+        (6, str(path)),
+    ]
     assert "invalid JSON" in data.malformed[0].message
     assert "Answer" in data.malformed[1].message
     assert "duplicate QuestionId 'a'" in data.malformed[2].message
@@ -182,6 +218,7 @@ def test_triviaqa_jsonl(tmp_path, caplog):
 
 
 # ----------------------------------------------------------------------------- malformed JSON
+
 
 def _lines_of(path: Path, needle: str) -> int:
     for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
@@ -203,15 +240,18 @@ def test_triviaqa_syntax_error_names_file_and_line(tmp_path):
     assert isinstance(err.value, ValueError)
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda it: it.pop("Question"), "missing or empty \"Question\""),
-    (lambda it: it.update(Question="  "), "missing or empty \"Question\""),
-    (lambda it: it.pop("Answer"), "missing \"Answer\" object"),
-    (lambda it: it["Answer"].pop("Value"), "Answer.Value"),
-    (lambda it: it["Answer"].update(Aliases="Paris"), "Answer.Aliases"),
-    (lambda it: it["Answer"].update(NormalizedAliases=[1]), "Answer.NormalizedAliases"),
-    (lambda it: it.pop("QuestionId"), "QuestionId"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda it: it.pop("Question"), 'missing or empty "Question"'),
+        (lambda it: it.update(Question="  "), 'missing or empty "Question"'),
+        (lambda it: it.pop("Answer"), 'missing "Answer" object'),
+        (lambda it: it["Answer"].pop("Value"), "Answer.Value"),
+        (lambda it: it["Answer"].update(Aliases="Paris"), "Answer.Aliases"),
+        (lambda it: it["Answer"].update(NormalizedAliases=[1]), "Answer.NormalizedAliases"),
+        (lambda it: it.pop("QuestionId"), "QuestionId"),
+    ],
+)
 def test_triviaqa_invalid_item_names_its_line(tmp_path, mutate, message):
     items = [_tqa_item(f"q{i}") for i in range(5)]
     mutate(items[3])
@@ -228,22 +268,29 @@ def test_triviaqa_invalid_item_names_its_line(tmp_path, mutate, message):
 
 
 def test_triviaqa_duplicate_question_id_is_an_error(tmp_path):
-    path = _write_tqa(tmp_path / "dup.json", [_tqa_item("x"), _tqa_item("y"), _tqa_item("x")], indent=None)
-    path.write_text(path.read_text().replace("}, {\"Answer\"", "},\n{\"Answer\""))
-    with pytest.raises(DatasetFormatError, match=r"dup.json:3: duplicate QuestionId 'x' \(first on line 1\)"):
+    path = _write_tqa(
+        tmp_path / "dup.json", [_tqa_item("x"), _tqa_item("y"), _tqa_item("x")], indent=None
+    )
+    path.write_text(path.read_text().replace('}, {"Answer"', '},\n{"Answer"'))
+    with pytest.raises(
+        DatasetFormatError, match=r"dup.json:3: duplicate QuestionId 'x' \(first on line 1\)"
+    ):
         load_task("triviaqa", path)
 
 
-@pytest.mark.parametrize("content, line, message", [
-    ("", 1, "empty file"),
-    ("   \n", 1, "empty file"),
-    ('{"Domain": "Web", "Split": "dev"}', 1, "no \"Data\" list"),
-    ('{"Data": []}', 1, "no questions"),
-    ('"just a string"', 1, "expected a JSON object"),
-    ('{"Data": [\n{"a": 1}\n] }\n{"more": 1}', 4, "unexpected data"),
-    ('{"Data": [\n\n', 3, "invalid JSON"),
-    ('{"Data": {"x": 1}}', 1, "expected '['"),
-])
+@pytest.mark.parametrize(
+    "content, line, message",
+    [
+        ("", 1, "empty file"),
+        ("   \n", 1, "empty file"),
+        ('{"Domain": "Web", "Split": "dev"}', 1, 'no "Data" list'),
+        ('{"Data": []}', 1, "no questions"),
+        ('"just a string"', 1, "expected a JSON object"),
+        ('{"Data": [\n{"a": 1}\n] }\n{"more": 1}', 4, "unexpected data"),
+        ('{"Data": [\n\n', 3, "invalid JSON"),
+        ('{"Data": {"x": 1}}', 1, "expected '['"),
+    ],
+)
 def test_triviaqa_unparseable_files(tmp_path, content, line, message):
     path = tmp_path / "x.json"
     path.write_text(content, encoding="utf-8")
@@ -262,12 +309,16 @@ def test_not_utf8_names_line(tmp_path):
 
 # ----------------------------------------------------------------------------- streaming
 
+
 @pytest.mark.parametrize("name", ["triviaqa", "precisewikiqa", "mixedentities"])
 def test_open_task_streams_the_same_groups_as_load_task(name):
     stream = open_task(name, limit=25, shard="1/2")
     first, again = list(stream.groups()), list(stream.groups())
-    assert [g.prompt_id for g in first] == [g.prompt_id for g in again] \
+    assert (
+        [g.prompt_id for g in first]
+        == [g.prompt_id for g in again]
         == [g.prompt_id for g in load_task(name, limit=25, shard="1/2").groups]
+    )
     assert first == again and 0 < len(first) < 25
 
 
@@ -287,27 +338,46 @@ def test_open_task_reads_a_jsonl_file_lazily(tmp_path):
 def test_a_bom_and_crlf_are_read_as_before(tmp_path):
     path = tmp_path / "qa.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + json.dumps(_tqa_item("q0")).encode() + b"\r\n")
-    assert [g.meta["question"] for g in open_task("triviaqa", path).groups()] \
-        == ["What is the capital of France?"]
+    assert [g.meta["question"] for g in open_task("triviaqa", path).groups()] == [
+        "What is the capital of France?"
+    ]
 
 
 # ----------------------------------------------------------------------------- HalluLens formats
 
+
 def _jsonl(path: Path, rows) -> Path:
-    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n",
-                    encoding="utf-8")
+    path.write_text(
+        "\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n", encoding="utf-8"
+    )
     return path
 
 
 def test_precisewikiqa_malformed_lines_skipped_counted_named(tmp_path, caplog):
-    good = {"title": "T", "h_score_cat": 3, "pageid": 12, "revid": 34, "description": "d",
-            "categories": ["c"], "reference": "ref text", "prompt": "Q?", "answer": "A"}
-    rows = [good, good | {"prompt": "Q2?"}, "{broken", good | {"answer": ""}, [1, 2],
-            good | {"prompt": None, "question": "Raw generator field?"}, good | {"answer": 5}]
+    good = {
+        "title": "T",
+        "h_score_cat": 3,
+        "pageid": 12,
+        "revid": 34,
+        "description": "d",
+        "categories": ["c"],
+        "reference": "ref text",
+        "prompt": "Q?",
+        "answer": "A",
+    }
+    rows = [
+        good,
+        good | {"prompt": "Q2?"},
+        "{broken",
+        good | {"answer": ""},
+        [1, 2],
+        good | {"prompt": None, "question": "Raw generator field?"},
+        good | {"answer": 5},
+    ]
     path = _jsonl(tmp_path / "qa.jsonl", rows)
     with caplog.at_level(logging.WARNING, logger="orchestrator.tasks"):
         data = load_task("precisewikiqa", path)
-    assert [g.dataset_id for g in data.groups] == ["0", "1", "5"]     # line index, not renumbered
+    assert [g.dataset_id for g in data.groups] == ["0", "1", "5"]  # line index, not renumbered
     assert data.groups[2].prompt_text == "Raw generator field?"
     assert [m.line for m in data.malformed] == [3, 4, 5, 7]
     for m in data.malformed:
@@ -315,14 +385,18 @@ def test_precisewikiqa_malformed_lines_skipped_counted_named(tmp_path, caplog):
         assert str(m).startswith(f"{path}:{m.line}: ")
     assert "1 malformed" not in caplog.text and "4 malformed line(s) skipped" in caplog.text
     g = data.groups[0]
-    assert g.reference == {"value": "A", "document": "ref text"}   # no aliases: judge-graded
+    assert g.reference == {"value": "A", "document": "ref text"}  # no aliases: judge-graded
     assert g.meta["pageid"] == 12 and g.meta["categories"] == ["c"] and g.meta["title"] == "T"
     assert g.split == "test" and g.prompt_id == prompt_id_for("precisewikiqa", "test", "0")
 
 
 def test_hallulens_id_field_used_and_duplicates_skipped(tmp_path):
-    rows = [{"id": "pw-7", "prompt": "Q?", "answer": "A"}, {"id": "pw-7", "prompt": "Q2?", "answer": "B"},
-            {"id": 9, "prompt": "Q3?", "answer": "C"}, {"id": "", "prompt": "Q4?", "answer": "D"}]
+    rows = [
+        {"id": "pw-7", "prompt": "Q?", "answer": "A"},
+        {"id": "pw-7", "prompt": "Q2?", "answer": "B"},
+        {"id": 9, "prompt": "Q3?", "answer": "C"},
+        {"id": "", "prompt": "Q4?", "answer": "D"},
+    ]
     data = load_task("precisewikiqa", _jsonl(tmp_path / "qa.jsonl", rows), split="custom")
     assert [g.dataset_id for g in data.groups] == ["pw-7", "9"]
     assert data.groups[0].prompt_id == prompt_id_for("precisewikiqa", "custom", "pw-7")
@@ -350,32 +424,43 @@ def test_mixedentities_csv_as_hallulens_writes_it(tmp_path):
     path.write_text(
         "prompt,name,type\n"
         "What can be said about the animal Foo bar?,Foo bar,animal\n"
-        "\"Tell me, please, about the medicine Zyx\",Zyx,medicine\n"
+        '"Tell me, please, about the medicine Zyx",Zyx,medicine\n'
         "only,two\n"
         ",Baz qux,plant\n"
-        "\"multi\nline prompt about Q r\",Q r,bacteria\n"
-        "Describe the plant X,,plant\n", encoding="utf-8")
+        '"multi\nline prompt about Q r",Q r,bacteria\n'
+        "Describe the plant X,,plant\n",
+        encoding="utf-8",
+    )
     data = load_task("mixedentities", path)
     assert [g.dataset_id for g in data.groups] == ["0", "1", "3", "4"]
     assert data.groups[1].prompt_text == "Tell me, please, about the medicine Zyx"
-    assert data.groups[2].prompt_text == ENTITY_PROMPT_TEMPLATES[3].format(type="plant", name="Baz qux")
+    assert data.groups[2].prompt_text == ENTITY_PROMPT_TEMPLATES[3].format(
+        type="plant", name="Baz qux"
+    )
     assert data.groups[2].meta["prompt_from_template"] is True
-    assert all(g.meta["entity_exists"] is False for g in data.groups)   # HalluLens: all made up
+    assert all(g.meta["entity_exists"] is False for g in data.groups)  # HalluLens: all made up
     assert [(m.line, m.message.split(" (")[0]) for m in data.malformed] == [
-        (4, "expected 3 fields"), (8, "missing or empty \"name\"")]
+        (4, "expected 3 fields"),
+        (8, 'missing or empty "name"'),
+    ]
 
 
 def test_mixedentities_exists_column(tmp_path):
-    rows = [{"name": "Panthera leo", "type": "animal", "exists": True},
-            {"name": "Felis nox", "type": "animal", "exists": "false"},
-            {"name": "X", "type": "plant", "exists": "maybe"},
-            {"name": "Y", "type_": "plant", "exists": 1}]
+    rows = [
+        {"name": "Panthera leo", "type": "animal", "exists": True},
+        {"name": "Felis nox", "type": "animal", "exists": "false"},
+        {"name": "X", "type": "plant", "exists": "maybe"},
+        {"name": "Y", "type_": "plant", "exists": 1},
+    ]
     data = load_task("mixedentities", _jsonl(tmp_path / "me.jsonl", rows))
     assert [g.meta["entity_exists"] for g in data.groups] == [True, False, True]
     assert data.malformed[0].line == 3 and "exists" in data.malformed[0].message
     csv_path = tmp_path / "me.csv"
     csv_path.write_text("name,type,exists\nPanthera leo,animal,true\nFoo,plant,\n")
-    assert [g.reference["exists"] for g in load_task("mixedentities", csv_path).groups] == [True, False]
+    assert [g.reference["exists"] for g in load_task("mixedentities", csv_path).groups] == [
+        True,
+        False,
+    ]
 
 
 def test_mixedentities_csv_without_header_columns(tmp_path):
@@ -386,6 +471,7 @@ def test_mixedentities_csv_without_header_columns(tmp_path):
 
 
 # ----------------------------------------------------------------------------- limit, api
+
 
 @pytest.mark.parametrize("name", SAMPLED)
 def test_limit_keeps_first_items(name):

@@ -33,8 +33,8 @@ def test_problems_are_named_with_file_and_line(tmp_path: Path):
     consolidate(tmp_path)
     out = layout.consolidated_dir(tmp_path)
     gens = (out / layout.GENERATIONS).read_text().splitlines(keepends=True)
-    gens.insert(7, gens[1])                       # duplicate generation, line 8
-    del gens[12]                                  # a missing sample
+    gens.insert(7, gens[1])  # duplicate generation, line 8
+    del gens[12]  # a missing sample
     (out / layout.GENERATIONS).write_text("".join(gens))
     acts = (out / layout.ACTIVATION_INDEX).read_text().splitlines(keepends=True)
     orphan = {**json.loads(acts[0]), "sample_id": 7, "activation_key": f"{pids[0]}_7"}
@@ -67,12 +67,13 @@ def test_malformed_line_in_the_middle_of_a_worker_file(tmp_path: Path):
     report = validate(tmp_path)
     bad = _by_class(report)["malformed_line"]
     assert (bad[0]["file"], bad[0]["line"]) == ("worker_0/generations.jsonl", 4)
-    assert not report["ok"] and "--retry-failed" in report["repair"]["malformed_line"]
+    assert not report["ok"] and "hallulog retry" in report["repair"]["malformed_line"]
     assert {p: p.read_bytes() for p in before} == before  # nothing deleted or rewritten
 
 
 def _per_field_ok(name: str, row: dict) -> bool:
     from orchestrator.postrun.row_schemas import SCHEMAS as FIELDS
+
     return all(key in row and ok(row[key]) for key, ok in FIELDS[name].items())
 
 
@@ -80,19 +81,49 @@ def _per_field_ok(name: str, row: dict) -> bool:
 def test_one_call_row_checks_equal_the_per_field_checks(name: str):
     import copy
 
-    from orchestrator.postrun.row_schemas import _ROW_OK, SCHEMAS as FIELDS
+    from orchestrator.postrun.row_schemas import _ROW_OK
+    from orchestrator.postrun.row_schemas import SCHEMAS as FIELDS
     from tests.orchestrator.postrun_fixtures import generation_row
 
-    good = (generation_row("0123456789abcdef", 1, 0) if name == layout.GENERATIONS else
-            {"prompt_id": "0123456789abcdef", "sample_id": 1, "activation_key": "k",
-             "layers": [3, 4], "sequence_mode": "response", "prompt_token_count": 20,
-             "response_token_count": 12, "shape": [2, 2, 8], "dtype": "float16",
-             "size_bytes": 64, "worker_id": 0})
-    odd_values = [None, True, 1, -1, 4096, 1.5, "x", "all", "primary", "float16", "last", [],
-                  [1, 2, 3], [1, True, 3], {}, "0123456789ABCDEF",
-                  [{"token": "a", "logprob": None, "top_logprobs": []}],
-                  [{"token": "a", "logprob": "x", "top_logprobs": []}],
-                  [{"token": "a", "top_logprobs": []}], [None]]
+    good = (
+        generation_row("0123456789abcdef", 1, 0)
+        if name == layout.GENERATIONS
+        else {
+            "prompt_id": "0123456789abcdef",
+            "sample_id": 1,
+            "activation_key": "k",
+            "layers": [3, 4],
+            "sequence_mode": "response",
+            "prompt_token_count": 20,
+            "response_token_count": 12,
+            "shape": [2, 2, 8],
+            "dtype": "float16",
+            "size_bytes": 64,
+            "worker_id": 0,
+        }
+    )
+    odd_values = [
+        None,
+        True,
+        1,
+        -1,
+        4096,
+        1.5,
+        "x",
+        "all",
+        "primary",
+        "float16",
+        "last",
+        [],
+        [1, 2, 3],
+        [1, True, 3],
+        {},
+        "0123456789ABCDEF",
+        [{"token": "a", "logprob": None, "top_logprobs": []}],
+        [{"token": "a", "logprob": "x", "top_logprobs": []}],
+        [{"token": "a", "top_logprobs": []}],
+        [None],
+    ]
     rows = [good]
     for key in FIELDS[name]:
         rows.append({k: v for k, v in good.items() if k != key})
@@ -110,16 +141,28 @@ def test_optional_label_fields_are_checked_when_present():
     from tests.orchestrator.postrun_fixtures import generation_row
 
     good = generation_row("0123456789abcdef", 1, 0)
-    assert schema_errors(layout.GENERATIONS, good) == []          # older rows: no such fields
+    assert schema_errors(layout.GENERATIONS, good) == []  # older rows: no such fields
     ok = {**good, "label_status": "unparsed", "answer_span": [3, 7]}
     assert schema_errors(layout.GENERATIONS, ok) == []
-    assert schema_errors(layout.GENERATIONS, {**ok, "label_status": None,
-                                              "answer_span": None}) == []
-    for key, value in (("label_status", "maybe"), ("answer_span", [7, 3]),
-                       ("answer_span", [1]), ("answer_span", "1-2")):
+    assert (
+        schema_errors(layout.GENERATIONS, {**ok, "label_status": None, "answer_span": None}) == []
+    )
+    for key, value in (
+        ("label_status", "maybe"),
+        ("answer_span", [7, 3]),
+        ("answer_span", [1]),
+        ("answer_span", "1-2"),
+    ):
         errs = schema_errors(layout.GENERATIONS, {**ok, key: value})
         assert len(errs) == 1 and repr(key) in errs[0], (key, value)
-    prompt = {"prompt_id": "0123456789abcdef", "dataset_id": "0", "prompt": "Q", "label": 1,
-              "meta": {}, "label_status": "bogus"}
-    assert schema_errors(layout.PROMPT_INDEX, prompt) == \
-        ["field 'label_status' has an invalid value 'bogus'"]
+    prompt = {
+        "prompt_id": "0123456789abcdef",
+        "dataset_id": "0",
+        "prompt": "Q",
+        "label": 1,
+        "meta": {},
+        "label_status": "bogus",
+    }
+    assert schema_errors(layout.PROMPT_INDEX, prompt) == [
+        "field 'label_status' has an invalid value 'bogus'"
+    ]

@@ -1,5 +1,5 @@
-"""Validation fails, naming the cause, when too many generations lack activations (issue #15
-item 3: a foreign server on the port made every capture fail, yet the run said 'validation OK')."""
+"""Validation fails, naming the cause, when too many generations lack activations (a
+foreign server on the port made every capture fail, yet the run said 'validation OK')."""
 
 from __future__ import annotations
 
@@ -18,21 +18,46 @@ def _write(path: Path, rows) -> None:
 def _root(tmp_path: Path, n: int, with_acts: int) -> Path:
     root = tmp_path / "run"
     root.mkdir()
-    (root / "run_manifest.json").write_text(json.dumps({"k_samples": 0,
-                                                        "storage_format": "npy"}))
+    (root / "run_manifest.json").write_text(json.dumps({"k_samples": 0, "storage_format": "npy"}))
     out = layout.consolidated_dir(root)
     pids = [f"{i:016x}" for i in range(n)]
-    _write(out / layout.PROMPT_INDEX, [{"prompt_id": p, "dataset_id": p, "prompt": "q?",
-                                        "label": 0, "meta": {}} for p in pids])
-    _write(out / layout.GENERATIONS, [
-        {"prompt_id": p, "sample_id": 0, "role": "primary", "text": "a", "finish_reason": None,
-         "usage": {}, "logprobs": [], "token_ids": [1], "request_params": {},
-         "generation_time_ms": 1} for p in pids])
+    _write(
+        out / layout.PROMPT_INDEX,
+        [{"prompt_id": p, "dataset_id": p, "prompt": "q?", "label": 0, "meta": {}} for p in pids],
+    )
+    _write(
+        out / layout.GENERATIONS,
+        [
+            {
+                "prompt_id": p,
+                "sample_id": 0,
+                "role": "primary",
+                "text": "a",
+                "finish_reason": None,
+                "usage": {},
+                "logprobs": [],
+                "token_ids": [1],
+                "request_params": {},
+                "generation_time_ms": 1,
+            }
+            for p in pids
+        ],
+    )
     _write(out / layout.ACTIVATION_INDEX, [])
-    _write(root / "worker_0" / layout.ERRORS, [
-        {"timestamp": "t", "error_type": "capture_failed", "prompt_id": p, "sample_id": 0,
-         "stack_trace": "", "error_message": "CaptureError: backend returned no kv_transfer_params"}
-        for p in pids[with_acts:]])
+    _write(
+        root / "worker_0" / layout.ERRORS,
+        [
+            {
+                "timestamp": "t",
+                "error_type": "capture_failed",
+                "prompt_id": p,
+                "sample_id": 0,
+                "stack_trace": "",
+                "error_message": "CaptureError: backend returned no kv_transfer_params",
+            }
+            for p in pids[with_acts:]
+        ],
+    )
     return root
 
 

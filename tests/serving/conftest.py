@@ -23,7 +23,9 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, base_url: str, spool: pathlib.Path, proc: subprocess.Popen, log: pathlib.Path):
+    def __init__(
+        self, base_url: str, spool: pathlib.Path, proc: subprocess.Popen, log: pathlib.Path
+    ):
         self.base_url = base_url
         self.spool = spool
         self.proc = proc
@@ -44,10 +46,29 @@ def server(tmp_path_factory) -> ServerProcess:
     root = tmp_path_factory.mktemp("serving")
     spool, log = root / "spool", root / "server.log"
     port = free_port()
-    cmd = [sys.executable, "-m", "serving", "--model", "default", "--port", str(port),
-           "--spool-dir", str(spool), "--max-batch-size", "8", "--batch-wait-ms", "30",
-           "--num-threads", os.environ.get("HALLULOG_TEST_THREADS", "1"), "--log-level", "warning"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    cmd = [
+        sys.executable,
+        "-m",
+        "serving",
+        "--model",
+        "default",
+        "--port",
+        str(port),
+        "--spool-dir",
+        str(spool),
+        "--max-batch-size",
+        "8",
+        "--batch-wait-ms",
+        "30",
+        "--num-threads",
+        os.environ.get("HALLULOG_TEST_THREADS", "1"),
+        "--log-level",
+        "warning",
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -55,15 +76,18 @@ def server(tmp_path_factory) -> ServerProcess:
     try:
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
+                )
             try:
                 if httpx.get(base + "/health", timeout=2).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n"
-                                   f"{log.read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{log.read_text()[-3000:]}"
+                )
             time.sleep(0.5)
         yield ServerProcess(base, spool, proc, log)
     finally:

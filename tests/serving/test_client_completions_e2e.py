@@ -12,8 +12,9 @@ from workers.client import BackendClient
 pytestmark = pytest.mark.e2e
 
 MODEL = "smollm2-135m-instruct"
-PROMPT = ("Answer briefly.\n\nQuestion: What is 2+2?\nAnswer: 4\n\n"
-          "Question: Capital of France?\nAnswer:")
+PROMPT = (
+    "Answer briefly.\n\nQuestion: What is 2+2?\nAnswer: 4\n\nQuestion: Capital of France?\nAnswer:"
+)
 
 
 def test_complete_a_text_prompt_with_logprobs_token_ids_and_capture(server, reference):
@@ -22,8 +23,9 @@ def test_complete_a_text_prompt_with_logprobs_token_ids_and_capture(server, refe
     async def go():
         client = BackendClient(server.base_url, MODEL, timeout=120, attempts=1)
         try:
-            return await client.complete(PROMPT, temperature=0.0, top_p=1.0, max_tokens=6,
-                                         seed=0, capture=True)
+            return await client.complete(
+                PROMPT, temperature=0.0, top_p=1.0, max_tokens=6, seed=0, capture=True
+            )
         finally:
             await client.close()
 

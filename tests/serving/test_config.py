@@ -12,15 +12,33 @@ def test_defaults():
 
 
 def test_flags():
-    cfg = parse_args(["--model", "/m", "--port", "9", "--spool-dir", "/s", "--dtype", "bfloat16",
-                      "--max-batch-size", "4", "--batch-wait-ms", "2.5", "--capture-layers", "0,3"])
+    cfg = parse_args(
+        [
+            "--model",
+            "/m",
+            "--port",
+            "9",
+            "--spool-dir",
+            "/s",
+            "--dtype",
+            "bfloat16",
+            "--max-batch-size",
+            "4",
+            "--batch-wait-ms",
+            "2.5",
+            "--capture-layers",
+            "0,3",
+        ]
+    )
     assert (cfg.port, cfg.max_batch_size, cfg.batch_wait_ms) == (9, 4, 2.5)
     assert cfg.model_name == "/m" and cfg.capture_layers == "0,3" and cfg.spool_dir == "/s"
     assert parse_args(["--served-model-name", "x"]).model_name == "x"
 
 
-@pytest.mark.parametrize("argv", [["--dtype", "int8"], ["--port", "x"], ["--max-batch-size", "0"],
-                                  ["--batch-wait-ms", "-1"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["--dtype", "int8"], ["--port", "x"], ["--max-batch-size", "0"], ["--batch-wait-ms", "-1"]],
+)
 def test_bad_flags_exit_with_usage(argv, capsys):
     with pytest.raises(SystemExit) as info:
         parse_args(argv)

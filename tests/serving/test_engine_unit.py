@@ -15,8 +15,11 @@ PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [20], [30, 31, 32, 33]]
 def make_engine(tmp_path=None, **kw):
     spool = SpoolWriter(tmp_path / "spool") if tmp_path is not None else None
     engine = Engine(
-        tiny_loaded(eos=frozenset({63})), spool=spool,
-        capture_layers=[0, 1, 2] if spool else None, metrics=ServingMetrics("tiny"), **kw,
+        tiny_loaded(eos=frozenset({63})),
+        spool=spool,
+        capture_layers=[0, 1, 2] if spool else None,
+        metrics=ServingMetrics("tiny"),
+        **kw,
     )
     engine.start()
     return engine
@@ -54,7 +57,9 @@ def _observed_batches(metrics):
     counts = {}
     previous = 0.0
     for le in (1, 2, 3, 4, 6, 8):
-        value = samples("hallulog_serving_batch_size_bucket", {"le": f"{le}.0", "model_name": "tiny"})
+        value = samples(
+            "hallulog_serving_batch_size_bucket", {"le": f"{le}.0", "model_name": "tiny"}
+        )
         counts[le] = value - previous
         previous = value
     return [le for le, c in counts.items() if c > 0]
@@ -67,8 +72,10 @@ def test_seeded_sampling_is_independent_of_the_batch():
         alone = run_alone(engine, PROMPTS[:2], params)
         together = run_together(engine, PROMPTS[:2] + PROMPTS[:2], params)
         assert [o.token_ids for o in together] == [o.token_ids for o in alone] * 2
-        others = {tuple(run_alone(engine, PROMPTS[:1], SamplingParams(max_tokens=8, seed=s))[0]
-                        .token_ids) for s in range(5)}
+        others = {
+            tuple(run_alone(engine, PROMPTS[:1], SamplingParams(max_tokens=8, seed=s))[0].token_ids)
+            for s in range(5)
+        }
         assert len(others) > 1
     finally:
         engine.stop()
@@ -79,8 +86,9 @@ def test_stop_conditions():
     try:
         greedy = run_alone(engine, PROMPTS[:1], SamplingParams(max_tokens=6, temperature=0))[0]
         third = f"<{greedy.token_ids[2]}>"
-        stopped = run_alone(engine, PROMPTS[:1],
-                            SamplingParams(max_tokens=6, temperature=0, stop=(third,)))[0]
+        stopped = run_alone(
+            engine, PROMPTS[:1], SamplingParams(max_tokens=6, temperature=0, stop=(third,))
+        )[0]
         cut = greedy.text.index(third)
         assert stopped.text == greedy.text[:cut] and stopped.finish_reason == "stop"
         assert stopped.stop_reason == third
@@ -110,10 +118,12 @@ def test_capture_is_all_fed_tokens_and_matches_transformers(tmp_path):
             with torch.no_grad():
                 ref = model(torch.tensor([fed]), output_hidden_states=True).hidden_states
             for k in range(2):
-                torch.testing.assert_close(data["hidden_states"][:, k], ref[k][0],
-                                           rtol=1e-4, atol=1e-5)
-            torch.testing.assert_close(model.model.norm(data["hidden_states"][:, 2]), ref[2][0],
-                                       rtol=1e-4, atol=1e-5)
+                torch.testing.assert_close(
+                    data["hidden_states"][:, k], ref[k][0], rtol=1e-4, atol=1e-5
+                )
+            torch.testing.assert_close(
+                model.model.norm(data["hidden_states"][:, 2]), ref[2][0], rtol=1e-4, atol=1e-5
+            )
         # prefill-only: max_tokens=1 captures exactly the prompt
         one = run_alone(engine, PROMPTS[1:2], SamplingParams(max_tokens=1, capture=True))[0]
         assert load_file(one.hidden_states_path)["token_ids"].tolist() == PROMPTS[1]
@@ -141,12 +151,18 @@ def test_sequences_joining_a_running_batch_get_the_same_results(tmp_path):
     try:
         assert engine._joinable
         alone = [engine.submit(first, short).result(60)] + [
-            engine.submit(p, params).result(60) for p, params in joiners]
+            engine.submit(p, params).result(60) for p, params in joiners
+        ]
     finally:
         engine.stop()
     # drive an unstarted engine by hand: the joiners wait in the queue and join after step one
-    engine = Engine(tiny_loaded(eos=frozenset({63})), spool=SpoolWriter(tmp_path / "spool"),
-                    capture_layers=[0, 1, 2], metrics=ServingMetrics("tiny"), max_batch_size=8)
+    engine = Engine(
+        tiny_loaded(eos=frozenset({63})),
+        spool=SpoolWriter(tmp_path / "spool"),
+        capture_layers=[0, 1, 2],
+        metrics=ServingMetrics("tiny"),
+        max_batch_size=8,
+    )
     head = engine.submit(first, short)
     head_seq = engine._queue.get_nowait()
     futures = [engine.submit(p, params) for p, params in joiners]
@@ -167,6 +183,7 @@ def test_sequences_joining_a_running_batch_get_the_same_results(tmp_path):
 def test_a_failing_forward_pass_fails_every_waiting_request():
     engine = make_engine(max_batch_size=4, batch_wait_ms=50)
     try:
+
         def broken(*_args, **_kwargs):
             raise RuntimeError("out of memory (simulated)")
 
@@ -198,8 +215,13 @@ def test_slots_are_reused_and_buffers_regrow(tmp_path, monkeypatch):
         alone = [engine.submit(p, params).result(60) for p, params in jobs]
     finally:
         engine.stop()
-    engine = Engine(tiny_loaded(eos=frozenset({63})), spool=SpoolWriter(tmp_path / "spool"),
-                    capture_layers=[0, 1, 2], metrics=ServingMetrics("tiny"), max_batch_size=2)
+    engine = Engine(
+        tiny_loaded(eos=frozenset({63})),
+        spool=SpoolWriter(tmp_path / "spool"),
+        capture_layers=[0, 1, 2],
+        metrics=ServingMetrics("tiny"),
+        max_batch_size=2,
+    )
     futures = [engine.submit(p, params) for p, params in jobs]
     head = engine._queue.get_nowait()
     with torch.inference_mode():
@@ -215,5 +237,26 @@ def test_slots_are_reused_and_buffers_regrow(tmp_path, monkeypatch):
         if a.hidden_states_path:
             sa, sb = load_file(a.hidden_states_path), load_file(b.hidden_states_path)
             assert torch.equal(sa["token_ids"], sb["token_ids"])
-            torch.testing.assert_close(sa["hidden_states"], sb["hidden_states"], rtol=1e-4,
-                                       atol=1e-5)
+            torch.testing.assert_close(
+                sa["hidden_states"], sb["hidden_states"], rtol=1e-4, atol=1e-5
+            )
+
+
+def test_top_p_draw_equals_multinomial_over_the_fully_sorted_row():
+    """The top-p draw from the top candidates is the draw of the full sort, seed for seed, for
+    peaked distributions (nucleus among the candidates) and flat ones (the full sort)."""
+    from serving.sampling import NUCLEUS_CANDIDATES, draw_top_p
+
+    torch.manual_seed(0)
+    for scale in (0.3, 2.0, 8.0):
+        probs = torch.softmax(torch.randn(4 * NUCLEUS_CANDIDATES) * scale, dim=-1)
+        for top_p in (0.5, 0.95):
+            for seed in range(20):
+                ref_gen = torch.Generator().manual_seed(seed)
+                sorted_probs, order = torch.sort(probs, descending=True)
+                cumulative = torch.cumsum(sorted_probs, dim=-1)
+                sorted_probs[(cumulative - sorted_probs) > top_p] = 0.0
+                want = int(order[torch.multinomial(sorted_probs, 1, generator=ref_gen)])
+                gen = torch.Generator().manual_seed(seed)
+                assert draw_top_p(probs, top_p, gen) == want
+                assert torch.equal(gen.get_state(), ref_gen.get_state())

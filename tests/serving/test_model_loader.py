@@ -23,8 +23,10 @@ def test_concurrent_first_calls_convert_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(model_loader, "_convert_gguf", fake_convert)
     results = []
-    threads = [threading.Thread(target=lambda: results.append(model_loader.default_model_dir()))
-               for _ in range(3)]
+    threads = [
+        threading.Thread(target=lambda: results.append(model_loader.default_model_dir()))
+        for _ in range(3)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -47,7 +49,8 @@ def test_failed_conversion_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError):
         model_loader.default_model_dir()
     assert [p.name for p in (tmp_path / "models").iterdir()] == [
-        f"{model_loader.DEFAULT_MODEL_NAME}.lock"]
+        f"{model_loader.DEFAULT_MODEL_NAME}.lock"
+    ]
 
 
 def test_resolve_model_path_rejects_non_model_dirs(tmp_path):
@@ -62,7 +65,10 @@ def test_default_model_dir_is_portable():
     assert config["architectures"] == ["LlamaForCausalLM"]
     assert config["rope_theta"] == config["rope_parameters"]["rope_theta"]
     tok = json.loads((path / "tokenizer_config.json").read_text())
-    assert tok["tokenizer_class"] == "PreTrainedTokenizerFast" and "<|im_start|>" in tok["chat_template"]
+    assert (
+        tok["tokenizer_class"] == "PreTrainedTokenizerFast"
+        and "<|im_start|>" in tok["chat_template"]
+    )
     assert (path / "model.safetensors").is_file() and (path / "generation_config.json").is_file()
     t0 = time.monotonic()
     assert model_loader.default_model_dir() == path

@@ -38,7 +38,9 @@ def test_chat_rejects(kw):
 
 
 def test_chat_content_parts():
-    msg = P.ChatMessage(role="user", content=[{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])
+    msg = P.ChatMessage(
+        role="user", content=[{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    )
     assert msg.text() == "ab"
     with pytest.raises(ValidationError):
         P.ChatCompletionRequest(messages=[{"role": "user", "content": [{"type": "image_url"}]}])
@@ -61,6 +63,8 @@ def test_unknown_fields_are_ignored():
 
 def test_error_body():
     body = P.error_body("bad", 400)
-    assert body == {"error": {"message": "bad", "type": "BadRequestError", "param": None, "code": 400}}
+    assert body == {
+        "error": {"message": "bad", "type": "BadRequestError", "param": None, "code": 400}
+    }
     assert P.error_body("x", 404)["error"]["type"] == "NotFoundError"
     assert P.error_body("x", 500)["error"]["type"] == "InternalServerError"

@@ -24,9 +24,13 @@ def chat(server, **kw):
 
 def batch_histogram(server) -> dict[float, float]:
     text = server.get("/metrics").text
-    return {float(le): float(v) for le, v in
-            re.findall(r'hallulog_serving_batch_size_bucket\{le="([^"]+)",[^}]*\} (\S+)', text)
-            if le != "+Inf"}
+    return {
+        float(le): float(v)
+        for le, v in re.findall(
+            r'hallulog_serving_batch_size_bucket\{le="([^"]+)",[^}]*\} (\S+)', text
+        )
+        if le != "+Inf"
+    }
 
 
 def test_health_and_models(server):
@@ -40,13 +44,17 @@ def test_chat_logprobs_and_token_ids(server, reference):
     out = chat(server, logprobs=True, top_logprobs=5, return_token_ids=True)
     assert out["object"] == "chat.completion" and out["model"] == MODEL
     choice = out["choices"][0]
-    assert choice["message"]["role"] == "assistant" and choice["finish_reason"] in ("stop", "length")
+    assert choice["message"]["role"] == "assistant" and choice["finish_reason"] in (
+        "stop",
+        "length",
+    )
     ids, content = choice["token_ids"], choice["logprobs"]["content"]
     assert len(ids) == len(content) == out["usage"]["completion_tokens"] > 0
     prompt_ids = out["prompt_token_ids"]
     assert out["usage"]["prompt_tokens"] == len(prompt_ids)
     assert tokenizer.decode(prompt_ids).endswith(
-        "What is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+        "What is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert tokenizer.decode(ids, skip_special_tokens=True) == choice["message"]["content"]
     for token_id, entry in zip(ids, content):
         assert set(entry) == {"token", "logprob", "bytes", "top_logprobs", "logit"}
@@ -84,11 +92,22 @@ def test_stop_string_and_max_tokens(server):
     assert len(words) >= 3, full
     stop = " " + words[2]
     cut = chat(server, max_tokens=12, stop=[stop, "@@never@@"])["choices"][0]
-    assert cut["message"]["content"] == full["message"]["content"][: full["message"]["content"].index(stop)]
+    assert (
+        cut["message"]["content"]
+        == full["message"]["content"][: full["message"]["content"].index(stop)]
+    )
     assert cut["finish_reason"] == "stop" and cut["stop_reason"] == stop
 
-    resp = server.post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 3,
-                                           "temperature": 0, "logprobs": 5, "return_token_ids": True})
+    resp = server.post(
+        "/v1/completions",
+        {
+            "prompt": "Once upon a time",
+            "max_tokens": 3,
+            "temperature": 0,
+            "logprobs": 5,
+            "return_token_ids": True,
+        },
+    )
     out = resp.json()
     choice = out["choices"][0]
     assert out["object"] == "text_completion"
@@ -108,7 +127,10 @@ def _check_capture(path, token_ids, model):
     assert states.dtype == torch.float32
     captured = {}
     hook = model.model.layers[-1].register_forward_hook(
-        lambda _m, _i, out: captured.__setitem__("pre_norm", out[0] if isinstance(out, tuple) else out))
+        lambda _m, _i, out: captured.__setitem__(
+            "pre_norm", out[0] if isinstance(out, tuple) else out
+        )
+    )
     try:
         with torch.no_grad():
             ref = model(ids[None], output_hidden_states=True).hidden_states
@@ -124,8 +146,12 @@ def _check_capture(path, token_ids, model):
 
 def test_capture_generation_and_prefill(server, reference):
     model, _ = reference
-    out = chat(server, max_tokens=6, return_token_ids=True,
-               kv_transfer_params={"include_output_tokens": True})
+    out = chat(
+        server,
+        max_tokens=6,
+        return_token_ids=True,
+        kv_transfer_params={"include_output_tokens": True},
+    )
     prompt_ids, gen_ids = out["prompt_token_ids"], out["choices"][0]["token_ids"]
     path = out["kv_transfer_params"]["hidden_states_path"]
     assert path.startswith(str(server.spool.resolve()))
@@ -133,8 +159,9 @@ def test_capture_generation_and_prefill(server, reference):
 
     # prefill-only: token ids prompt, max_tokens=1, no kv_transfer_params needed
     given = prompt_ids + gen_ids
-    resp = server.post("/v1/completions", {"model": MODEL, "prompt": given, "max_tokens": 1,
-                                           "temperature": 0})
+    resp = server.post(
+        "/v1/completions", {"model": MODEL, "prompt": given, "max_tokens": 1, "temperature": 0}
+    )
     assert resp.status_code == 200, resp.text
     prefill = _check_capture(resp.json()["kv_transfer_params"]["hidden_states_path"], given, model)
     overlap = during.shape[0]
@@ -156,8 +183,12 @@ def test_concurrent_requests_are_batched(server):
     bigger = (after[max(after)] - after[1.0]) - (before[max(before)] - before[1.0])
     assert bigger > 0, (before, after)
     text = server.get("/metrics").text
-    for name in ("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
-                 "vllm:num_requests_running", "vllm:num_requests_waiting"):
+    for name in (
+        "vllm:generation_tokens_total",
+        "vllm:prompt_tokens_total",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+    ):
         assert name in text
 
 
@@ -180,8 +211,15 @@ def test_error_envelope(server, path, body, status):
 
 
 def test_capture_with_n_is_the_last_choice(server):
-    out = chat(server, temperature=1.0, seed=3, n=2, max_tokens=4, return_token_ids=True,
-               kv_transfer_params={"include_output_tokens": True})
+    out = chat(
+        server,
+        temperature=1.0,
+        seed=3,
+        n=2,
+        max_tokens=4,
+        return_token_ids=True,
+        kv_transfer_params={"include_output_tokens": True},
+    )
     data = load_file(out["kv_transfer_params"]["hidden_states_path"])
     last = out["choices"][1]["token_ids"]
     assert data["token_ids"].tolist() == out["prompt_token_ids"] + last[:-1]

@@ -20,18 +20,23 @@ class FakeTokenizer:
     eos_token_id = EOS
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        return "".join(
-            "" if (skip_special_tokens and i in (PAD, EOS)) else f"<{i}>" for i in ids
-        )
+        return "".join("" if (skip_special_tokens and i in (PAD, EOS)) else f"<{i}>" for i in ids)
 
 
 def tiny_model(seed: int = 0, layers: int = 2) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        pad_token_id=PAD, eos_token_id=EOS, bos_token_id=2,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=2,
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
@@ -39,6 +44,10 @@ def tiny_model(seed: int = 0, layers: int = 2) -> torch.nn.Module:
 
 def tiny_loaded(eos: frozenset[int] = frozenset({EOS}), max_model_len: int = 128) -> LoadedModel:
     return LoadedModel(
-        model=tiny_model(), tokenizer=FakeTokenizer(), path=pathlib.Path("tiny"),
-        dtype=torch.float32, eos_token_ids=eos, max_model_len=max_model_len,
+        model=tiny_model(),
+        tokenizer=FakeTokenizer(),
+        path=pathlib.Path("tiny"),
+        dtype=torch.float32,
+        eos_token_ids=eos,
+        max_model_len=max_model_len,
     )

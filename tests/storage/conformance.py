@@ -24,14 +24,25 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage import (CorruptShardError, ManifestError, SampleMeta, StorageError, open_store, open_writer,
-                     write_multi_manifest)
+from storage import (
+    CorruptShardError,
+    ManifestError,
+    SampleMeta,
+    StorageError,
+    open_store,
+    open_writer,
+    write_multi_manifest,
+)
 from storage.dtypes import store_dtype, to_numpy, torch_dtype
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: every conformance test runs in each (float32 is in the round trip's draw)
 STORE_DTYPES = ("float16", "bfloat16")
-HYPO = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors])
+HYPO = settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors],
+)
 
 
 def make_sample(seed: int, L: int, H: int, dtype="float16", t: int | None = None):
@@ -48,7 +59,12 @@ def bits(a: np.ndarray) -> np.ndarray:
 
 
 def assert_bits_equal(got: np.ndarray, want: np.ndarray, err_msg: str = "") -> None:
-    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape, want.dtype, want.shape)
+    assert got.dtype == want.dtype and got.shape == want.shape, (
+        got.dtype,
+        got.shape,
+        want.dtype,
+        want.shape,
+    )
     np.testing.assert_array_equal(bits(got), bits(want), err_msg=err_msg)
 
 
@@ -61,9 +77,17 @@ def persist(writer, root, key, acts, meta):
 
 
 def append_index(writer, root, key, acts, meta, loc):
-    line = {"activation_key": key, "layers": list(writer.layer_ids), "sequence_mode": "all",
-            "prompt_token_count": meta.prompt_len, "response_token_count": meta.response_len,
-            "row0_position": 0, "num_rows": acts.shape[1], "label": meta.label, **loc}
+    line = {
+        "activation_key": key,
+        "layers": list(writer.layer_ids),
+        "sequence_mode": "all",
+        "prompt_token_count": meta.prompt_len,
+        "response_token_count": meta.response_len,
+        "row0_position": 0,
+        "num_rows": acts.shape[1],
+        "label": meta.label,
+        **loc,
+    }
     with open(os.path.join(root, "activation_index.jsonl"), "a") as f:
         f.write(json.dumps(line) + "\n")
         f.flush()
@@ -88,7 +112,11 @@ def check_store(root, expected: dict, meta: dict | None = None):
         assert r.index_of(m["sample_key"]) == i
         if meta is not None:
             sm = meta[m["sample_key"]]
-            assert (m["prompt_len"], m["response_len"], m["label"]) == (sm.prompt_len, sm.response_len, sm.label)
+            assert (m["prompt_len"], m["response_len"], m["label"]) == (
+                sm.prompt_len,
+                sm.response_len,
+                sm.label,
+            )
         for l in range(want.shape[0]):
             assert_bits_equal(r.read(i, l), want[l])
     if len(r):
@@ -111,7 +139,9 @@ def _char_bytes(a: np.ndarray) -> np.ndarray:
     if n * w == 0:
         return np.zeros(n, f"|S{max(w, 1)}")
     ptr = a.__array_interface__["data"][0]
-    raw = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_uint8)), shape=(n * w,)).copy()
+    raw = np.ctypeslib.as_array(
+        ctypes.cast(ptr, ctypes.POINTER(ctypes.c_uint8)), shape=(n * w,)
+    ).copy()
     return raw.view(f"|S{w}")
 
 
@@ -124,8 +154,10 @@ def tensorstore_arrays(zarr_path: str, driver: str = "zarr") -> dict[str, np.nda
     for name in sorted(os.listdir(base)):
         if not os.path.isdir(os.path.join(base, name)):
             continue
-        t = ts.open({"driver": driver, "kvstore": {"driver": "file", "path": os.path.join(base, name)}},
-                    read=True).result()
+        t = ts.open(
+            {"driver": driver, "kvstore": {"driver": "file", "path": os.path.join(base, name)}},
+            read=True,
+        ).result()
         a = t.read().result()
         out[name] = _char_bytes(a) if t.dtype.name == "char" else a
     return out
@@ -133,9 +165,8 @@ def tensorstore_arrays(zarr_path: str, driver: str = "zarr") -> dict[str, np.nda
 
 CHILD = textwrap.dedent("""
     import json, os, sys, time
-    sys.path.insert(0, {root!r}); sys.path.insert(0, {here!r})
     import numpy as np
-    from conformance import make_sample, persist
+    from tests.storage.conformance import make_sample, persist
     from storage import open_writer
     fmt, root, mode, dtype = {fmt!r}, {store!r}, {mode!r}, {dtype!r}
     w = open_writer(fmt, root, layer_ids=[0, 3, 7], hidden_size=16, dtype=dtype, **{opts!r})
@@ -174,10 +205,10 @@ def _slow_use_count(_worker_id: int) -> None:
 class StoreConformance:
     fmt: str = ""
     writer_options: dict = {}
-    rollback_any_subset = False   # npy can drop any subset; packed/zarr only a tail
-    tensorstore_driver = ""       # zarr: every array must also open in tensorstore with this driver
-    replaces_existing = False     # npy replaces a key written again; packed/zarr refuse
-    dtype = "float16"             # the test's store dtype (the fixture below sets it)
+    rollback_any_subset = False  # npy can drop any subset; packed/zarr only a tail
+    tensorstore_driver = ""  # zarr: every array must also open in tensorstore with this driver
+    replaces_existing = False  # npy replaces a key written again; packed/zarr refuse
+    dtype = "float16"  # the test's store dtype (the fixture below sets it)
 
     @pytest.fixture(autouse=True, params=STORE_DTYPES)
     def store_dtype(self, request):
@@ -189,8 +220,14 @@ class StoreConformance:
         return make_sample(seed, L, H, self.dtype, t=t)
 
     def open(self, root, layer_ids=(0, 3, 7), hidden=16, dtype=None):
-        return open_writer(self.fmt, root, layer_ids=list(layer_ids), hidden_size=hidden, dtype=dtype or self.dtype,
-                           **self.writer_options)
+        return open_writer(
+            self.fmt,
+            root,
+            layer_ids=list(layer_ids),
+            hidden_size=hidden,
+            dtype=dtype or self.dtype,
+            **self.writer_options,
+        )
 
     def fill(self, root, n, start=0, L=3, H=16, dtype=None, writer=None):
         dtype = dtype or self.dtype
@@ -206,8 +243,13 @@ class StoreConformance:
 
     # ---- round trip ---------------------------------------------------------------------
     @HYPO
-    @given(L=st.integers(1, 4), H=st.integers(1, 24), wide=st.booleans(),
-           lens=st.lists(st.integers(0, 40), max_size=6), seed=st.integers(0, 2**31))
+    @given(
+        L=st.integers(1, 4),
+        H=st.integers(1, 24),
+        wide=st.booleans(),
+        lens=st.lists(st.integers(0, 40), max_size=6),
+        seed=st.integers(0, 2**31),
+    )
     def test_roundtrip(self, L, H, wide, lens, seed):
         dtype = "float32" if wide else self.dtype
         with tempfile.TemporaryDirectory() as root:
@@ -218,8 +260,12 @@ class StoreConformance:
             data, metas = {}, {}
             for k, t in enumerate(lens):
                 acts = rng.standard_normal((L, t, H)).astype(store_dtype(dtype))
-                if store_dtype(dtype).itemsize == 2 and acts.size:  # every bit pattern, NaNs and infinities too
-                    acts.view(np.uint16)[...] = rng.integers(0, 1 << 16, acts.shape, dtype=np.uint16)
+                if (
+                    store_dtype(dtype).itemsize == 2 and acts.size
+                ):  # every bit pattern, NaNs and infinities too
+                    acts.view(np.uint16)[...] = rng.integers(
+                        0, 1 << 16, acts.shape, dtype=np.uint16
+                    )
                 p = int(rng.integers(0, t + 1))
                 meta = SampleMeta(p, t - p, int(rng.integers(-1, 2)))
                 persist(w, root, f"{seed:x}_{k}", acts, meta)
@@ -228,7 +274,11 @@ class StoreConformance:
             w.close()
             r = check_store(root, data, metas)
             if data:
-                assert r.layer_ids == layer_ids and r.hidden_size == H and r.dtype == store_dtype(dtype)
+                assert (
+                    r.layer_ids == layer_ids
+                    and r.hidden_size == H
+                    and r.dtype == store_dtype(dtype)
+                )
 
     def test_reopen_append(self, tmp_path):
         data, _ = self.fill(tmp_path, 3)
@@ -244,7 +294,9 @@ class StoreConformance:
         w.write("k_3", acts, meta)
         w.close()
         self._rewrite_index(tmp_path, {"k_0", "k_1", "k_2", "k_3"}, {"k_3": (acts, meta)})
-        check_store(tmp_path, {"k_0": data["k_0"], "k_1": data["k_1"], "k_2": data["k_2"], "k_3": acts})
+        check_store(
+            tmp_path, {"k_0": data["k_0"], "k_1": data["k_1"], "k_2": data["k_2"], "k_3": acts}
+        )
 
     def test_rollback_middle(self, tmp_path):
         w = self.open(tmp_path)
@@ -292,8 +344,13 @@ class StoreConformance:
             if l["activation_key"] in keep:
                 out[l["activation_key"]] = l
         for key, (acts, meta) in (replace or {}).items():
-            out[key].update(shape=list(acts.shape), prompt_token_count=meta.prompt_len,
-                            response_token_count=meta.response_len, label=meta.label, num_rows=acts.shape[1])
+            out[key].update(
+                shape=list(acts.shape),
+                prompt_token_count=meta.prompt_len,
+                response_token_count=meta.response_len,
+                label=meta.label,
+                num_rows=acts.shape[1],
+            )
         with open(p, "w") as f:
             for l in out.values():
                 f.write(json.dumps(l) + "\n")
@@ -346,9 +403,13 @@ class StoreConformance:
 
     # ---- crash safety -------------------------------------------------------------------
     def _spawn(self, store, mode):
-        code = CHILD.format(root=ROOT, here=os.path.dirname(os.path.abspath(__file__)), fmt=self.fmt,
-                            store=str(store), mode=mode, dtype=self.dtype, opts=self.writer_options)
-        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        code = CHILD.format(
+            fmt=self.fmt, store=str(store), mode=mode, dtype=self.dtype, opts=self.writer_options
+        )
+        # run from the repository root: `python -c` puts the working directory on sys.path
+        return subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT
+        )
 
     def _resume_and_check(self, store, expect_keys=None):
         """The worker's resume: keep what the index committed, roll back the rest, read it all."""
@@ -383,7 +444,7 @@ class StoreConformance:
         proc = self._spawn(tmp_path, "loop")
         try:
             n = 0
-            for line in proc.stdout:
+            for _line in proc.stdout:
                 n += 1
                 if n >= 5:
                     break
@@ -428,16 +489,25 @@ class StoreConformance:
     def test_dataloader(self, tmp_path, dataloader_case):
         workers, ctx = dataloader_case
         import torch
+
         from storage import ActivationPairsDataset, collate_pairs
 
         data, metas = self.fill(tmp_path, 10)
         ds = ActivationPairsDataset(tmp_path, seed=7)
-        dl = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=workers, collate_fn=collate_pairs,
-                                         multiprocessing_context=ctx, shuffle=False)
+        dl = torch.utils.data.DataLoader(
+            ds,
+            batch_size=3,
+            num_workers=workers,
+            collate_fn=collate_pairs,
+            multiprocessing_context=ctx,
+            shuffle=False,
+        )
         seen = 0
         r = open_store(tmp_path)
         for b in dl:
-            assert b["acts"].shape[:2] == (len(b["index"]), 2) and b["acts"].dtype == torch_dtype(self.dtype)
+            assert b["acts"].shape[:2] == (len(b["index"]), 2) and b["acts"].dtype == torch_dtype(
+                self.dtype
+            )
             for j, i in enumerate(b["index"].tolist()):
                 key = r.meta(i)["sample_key"]
                 t = int(b["seq_len"][j])
@@ -454,6 +524,7 @@ class StoreConformance:
     def test_getitems_matches_items(self, tmp_path):
         """The batched read (``__getitems__``) gives exactly ``collate_pairs`` of the items."""
         import torch
+
         from storage import ActivationPairsDataset, collate_pairs
 
         self.fill(tmp_path, 6)
@@ -472,31 +543,40 @@ class StoreConformance:
         held = [collate_pairs(ds.__getitems__([j % 6, (j + 1) % 6])) for j in range(5)]
         assert torch.equal(view, ds[2]["acts"])
         for j, h in enumerate(held):
-            assert torch.equal(h["acts"][0, :, :int(h["seq_len"][0])], ds[j % 6]["acts"])
+            assert torch.equal(h["acts"][0, :, : int(h["seq_len"][0])], ds[j % 6]["acts"])
 
     def test_worker_buffers_are_reused_only_once_released(self, tmp_path):
         """Workers reuse their shared output buffers, never one the main process still holds
         (a batch, or only a view of it)."""
         import torch
+
         from storage import ActivationPairsDataset, collate_pairs
 
         self.fill(tmp_path, 6)
         ds = ActivationPairsDataset(tmp_path, seed=5)
         sampler = np.random.default_rng(0).integers(0, 6, 60).tolist()
-        dl = torch.utils.data.DataLoader(ds, batch_size=2, sampler=sampler, num_workers=2,
-                                         collate_fn=collate_pairs, multiprocessing_context="fork")
+        dl = torch.utils.data.DataLoader(
+            ds,
+            batch_size=2,
+            sampler=sampler,
+            num_workers=2,
+            collate_fn=collate_pairs,
+            multiprocessing_context="fork",
+        )
         held, views, storages = [], [], set()
         for n, b in enumerate(dl):
             storages.add(b["acts"].untyped_storage().data_ptr())
             if n % 7 == 0:
                 held.append(b)
             if n % 7 == 3:
-                views.append((b["index"].tolist(), b["acts"][:, :, :1].clone(), b["acts"][:, :, :1]))
+                views.append(
+                    (b["index"].tolist(), b["acts"][:, :, :1].clone(), b["acts"][:, :, :1])
+                )
             for j, i in enumerate(b["index"].tolist()):
-                assert torch.equal(b["acts"][j, :, :int(b["seq_len"][j])], ds[i]["acts"])
+                assert torch.equal(b["acts"][j, :, : int(b["seq_len"][j])], ds[i]["acts"])
         for b in held:
             for j, i in enumerate(b["index"].tolist()):
-                assert torch.equal(b["acts"][j, :, :int(b["seq_len"][j])], ds[i]["acts"])
+                assert torch.equal(b["acts"][j, :, : int(b["seq_len"][j])], ds[i]["acts"])
         for _idx, copy, view in views:
             assert torch.equal(copy, view)
         assert len(storages) < 30  # 30 batches went through fewer buffers
@@ -510,6 +590,7 @@ class StoreConformance:
         receive (a rare CI failure: one batch's ``acts`` held another sample's rows). The workers
         here sleep around their use-count reads so that the feeder runs in that window."""
         import torch
+
         from storage import ActivationPairsDataset, collate_pairs
 
         data, _ = self.fill(tmp_path, 12)
@@ -517,21 +598,33 @@ class StoreConformance:
         keys = [open_store(tmp_path).meta(i)["sample_key"] for i in range(12)]
         for epoch in range(4):
             ds.set_epoch(epoch)
-            dl = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=2, collate_fn=collate_pairs,
-                                             multiprocessing_context="fork",
-                                             worker_init_fn=_slow_use_count)
+            dl = torch.utils.data.DataLoader(
+                ds,
+                batch_size=3,
+                num_workers=2,
+                collate_fn=collate_pairs,
+                multiprocessing_context="fork",
+                worker_init_fn=_slow_use_count,
+            )
             for b in dl:
                 for j, i in enumerate(b["index"].tolist()):
                     t = int(b["seq_len"][j])
                     for q, p in enumerate(b["layer_pos"][j].tolist()):
-                        assert_bits_equal(to_numpy(b["acts"][j, q, :t]), data[keys[i]][p],
-                                          err_msg=f"epoch {epoch} sample {i}")
+                        assert_bits_equal(
+                            to_numpy(b["acts"][j, q, :t]),
+                            data[keys[i]][p],
+                            err_msg=f"epoch {epoch} sample {i}",
+                        )
 
     def test_multi_store(self, tmp_path):
         a, _ = self.fill(tmp_path / "w0", 3)
         b, _ = self.fill(tmp_path / "w1", 2, start=3)
-        write_multi_manifest(tmp_path / "merged", [tmp_path / "w0" / "activations", tmp_path / "w1" / "activations"]
-                             if self.fmt != "npy" else [tmp_path / "w0", tmp_path / "w1"])
+        write_multi_manifest(
+            tmp_path / "merged",
+            [tmp_path / "w0" / "activations", tmp_path / "w1" / "activations"]
+            if self.fmt != "npy"
+            else [tmp_path / "w0", tmp_path / "w1"],
+        )
         check_store(tmp_path / "merged", {**a, **b})
         with pytest.raises(StorageError, match="k_0"):
             write_multi_manifest(tmp_path / "dup", [tmp_path / "w0", tmp_path / "w0"])

@@ -1,7 +1,7 @@
 """Import saev head's own reader modules from a source checkout (no saev code lives in this repo).
 
 saev head (github.com/OSU-NLP-Group/saev, ``src/saev``) needs Python >= 3.12 to install and is
-not on PyPI (PyPI's saev 0.1.0 is the 2025 ``saev.activations`` layout). Its readers — 
+not on PyPI (PyPI's saev 0.1.0 is the 2025 ``saev.activations`` layout). Its readers —
 ``saev.data.shards`` (``Metadata``, ``ShardInfo``, ``IndexMap``), ``saev.data.indexed``,
 ``saev.data.ordered``, ``saev.data.shuffled`` — run on 3.11 with beartype, jaxtyping, einops,
 orjson, torch (on 3.11 once ``multiprocessing.queues.Queue`` is made subscriptable, as
@@ -46,5 +46,9 @@ def load_saev_head(src: str | None = None) -> types.SimpleNamespace:
         ds.is_img_seg_dataset = lambda cfg: False
         sys.modules["saev.data.datasets"] = ds
         pkg.datasets = ds
-    return types.SimpleNamespace(**{m: importlib.import_module(f"saev.data.{m}")
-                                    for m in ("shards", "indexed", "ordered", "shuffled")})
+    return types.SimpleNamespace(
+        **{
+            m: importlib.import_module(f"saev.data.{m}")
+            for m in ("shards", "indexed", "ordered", "shuffled")
+        }
+    )

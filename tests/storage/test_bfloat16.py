@@ -10,13 +10,26 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from conformance import assert_bits_equal, bits, check_store, persist
 
-from storage import (ActivationPairsDataset, CorruptShardError, ManifestError, SampleMeta, StorageError, collate_pairs, convert_store,
-                     export_saev, export_wds, open_store, open_writer, write_multi_manifest)
-from storage import dtypes, saelens
+from storage import (
+    ActivationPairsDataset,
+    CorruptShardError,
+    ManifestError,
+    SampleMeta,
+    StorageError,
+    collate_pairs,
+    convert_store,
+    dtypes,
+    export_saev,
+    export_wds,
+    open_store,
+    open_writer,
+    saelens,
+    write_multi_manifest,
+)
 from storage import wds as swds
 from storage.wds_dataset import WdsPairsDataset
+from tests.storage.conformance import assert_bits_equal, bits, check_store, persist
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 LAYERS, H = [0, 3, 7], 8
@@ -45,7 +58,11 @@ def bf16_store(root, fmt="packed", seed=0, lengths=LENGTHS):
 def test_each_format_records_bfloat16_by_name(tmp_path):
     for fmt in ("packed", "npy", "zarr"):
         want = bf16_store(tmp_path / fmt, fmt)
-        r = check_store(tmp_path / fmt, {k: a for k, (a, _) in want.items()}, {k: m for k, (_, m) in want.items()})
+        r = check_store(
+            tmp_path / fmt,
+            {k: a for k, (a, _) in want.items()},
+            {k: m for k, (_, m) in want.items()},
+        )
         assert r.dtype == BF16 and r.read(0, 0).dtype == BF16
     d = tmp_path / "packed" / "activations"
     assert json.load(open(d / "manifest.json"))["dtype"] == "bfloat16"
@@ -61,7 +78,9 @@ def test_each_format_records_bfloat16_by_name(tmp_path):
     assert json.load(open(z / "arrays" / "activations" / ".zarray"))["dtype"] == "<u2"
     assert json.load(open(z / ".zattrs"))["dtype"] == "bfloat16"
     # multi-store manifest
-    m = write_multi_manifest(tmp_path / "m", [tmp_path / "packed", tmp_path / "zarr"], check_unique_keys=False)
+    m = write_multi_manifest(
+        tmp_path / "m", [tmp_path / "packed", tmp_path / "zarr"], check_unique_keys=False
+    )
     assert m["dtype"] == "bfloat16" and open_store(tmp_path / "m").dtype == BF16
 
 
@@ -115,7 +134,9 @@ def test_dataset_gives_bfloat16_tensors_over_the_read_bytes(tmp_path):
     assert batch["acts"].dtype == torch.bfloat16
     assert torch.equal(batch["acts"], collate_pairs([ds[i] for i in (0, 2, 4)])["acts"])
     # the float32 a model trains on is the exact widening
-    assert torch.equal(item["acts"].float(), torch.from_numpy(dtypes.to_float32(dtypes.to_numpy(item["acts"]))))
+    assert torch.equal(
+        item["acts"].float(), torch.from_numpy(dtypes.to_float32(dtypes.to_numpy(item["acts"])))
+    )
 
 
 def test_tensor_views_share_memory():
@@ -123,8 +144,14 @@ def test_tensor_views_share_memory():
     t = dtypes.to_tensor(a)
     assert t.dtype == torch.bfloat16 and t.data_ptr() == a.__array_interface__["data"][0]
     back = dtypes.to_numpy(t)
-    assert back.dtype == BF16 and back.__array_interface__["data"][0] == a.__array_interface__["data"][0]
-    assert dtypes.torch_dtype("bfloat16") == torch.bfloat16 and dtypes.torch_dtype("float16") == torch.float16
+    assert (
+        back.dtype == BF16
+        and back.__array_interface__["data"][0] == a.__array_interface__["data"][0]
+    )
+    assert (
+        dtypes.torch_dtype("bfloat16") == torch.bfloat16
+        and dtypes.torch_dtype("float16") == torch.float16
+    )
 
 
 def test_dtype_helpers():
@@ -162,14 +189,16 @@ def test_wds_export_holds_uint16_words_and_reads_back_bfloat16(tmp_path):
                     swds.decode_npy(raw, info.name, "float16")
                 seen += 1
     assert seen == len(want)
-    stream = {int(it["index"]): it for it in WdsPairsDataset(tmp_path / "wds", seed=3, shuffle_buffer=0)}
+    stream = {
+        int(it["index"]): it for it in WdsPairsDataset(tmp_path / "wds", seed=3, shuffle_buffer=0)
+    }
     ds = ActivationPairsDataset(tmp_path / "run", seed=3)
     for i, it in stream.items():
         assert it["acts"].dtype == torch.bfloat16 and torch.equal(it["acts"], ds[i]["acts"])
 
 
 def test_saev_export_widens_exactly_to_float32(tmp_path):
-    want = bf16_store(tmp_path / "run")
+    bf16_store(tmp_path / "run")
     out = export_saev(tmp_path / "run", tmp_path / "saev")
     md = json.load(open(os.path.join(out, "metadata.json")))
     assert md["dtype"] == "float32"  # saev's only dtype
@@ -184,22 +213,38 @@ def test_saelens_export_of_a_bfloat16_store(tmp_path):
     from datasets import load_from_disk
 
     want = bf16_store(tmp_path / "run")
-    rows = np.concatenate([dtypes.to_float32(a[1]) for a, _ in want.values()])  # layer 3, store order
+    rows = np.concatenate(
+        [dtypes.to_float32(a[1]) for a, _ in want.values()]
+    )  # layer 3, store order
     with np.errstate(over="ignore"):  # float16: bfloat16 has float32's range
         for dtype, expect in (("float32", rows), ("float16", rows.astype(np.float16))):
-            side = saelens.export_saelens(tmp_path / "run", tmp_path / dtype, layer=3, context_size=4, dtype=dtype)
+            side = saelens.export_saelens(
+                tmp_path / "run", tmp_path / dtype, layer=3, context_size=4, dtype=dtype
+            )
             ds = load_from_disk(str(tmp_path / dtype))
             assert ds.features[side["hook_name"]].dtype == dtype
-            got = np.asarray(ds.with_format("numpy")[side["hook_name"]]).astype(dtype)  # numpy format: float32
+            got = np.asarray(ds.with_format("numpy")[side["hook_name"]]).astype(
+                dtype
+            )  # numpy format: float32
             n = side["num_rows"] * 4
             assert_bits_equal(got.reshape(n, H), expect[:n])
 
 
 def test_every_format_doc_says_how_bfloat16_is_stored():
-    from test_storage_docs import DOCS
+    from tests.storage.test_storage_docs import DOCS
 
-    for doc in ("packed.md", "npy.md", "zarr.md", "wds.md", "saev.md", "saelens.md", "sft-packed.md",
-                "worker-jsonl.md", "consolidated-jsonl.md", "parquet.md"):
+    for doc in (
+        "packed.md",
+        "npy.md",
+        "zarr.md",
+        "wds.md",
+        "saev.md",
+        "saelens.md",
+        "sft-packed.md",
+        "worker-jsonl.md",
+        "consolidated-jsonl.md",
+        "parquet.md",
+    ):
         assert "bfloat16" in open(os.path.join(DOCS, doc)).read(), doc
     for doc in ("npy.md", "zarr.md", "wds.md"):  # the containers without a bfloat16 type
         assert "`<u2`" in open(os.path.join(DOCS, doc)).read(), doc

@@ -38,8 +38,18 @@ def _build(fmt: str, root: Path) -> Path:
     lines = []
     for key, acts, t in _samples():
         loc = w.write(key, acts, SampleMeta(prompt_len=1, response_len=t - 1, label=1))
-        lines.append({**index_line(key, {"seq_len": t, "prompt_len": 1, "response_len": t - 1,
-                                         "label": 1}, LAYERS, HIDDEN, acts.dtype), **loc})
+        lines.append(
+            {
+                **index_line(
+                    key,
+                    {"seq_len": t, "prompt_len": 1, "response_len": t - 1, "label": 1},
+                    LAYERS,
+                    HIDDEN,
+                    acts.dtype,
+                ),
+                **loc,
+            }
+        )
     w.close()
     if fmt == "npy":
         with open(root / "activation_index.jsonl", "w") as f:

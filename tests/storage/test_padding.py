@@ -40,9 +40,9 @@ def test_only_stale_padding_is_written():
     stale = StaleRanges(flat.size)
     seq = np.array([10, 3])
     stale.zero_padding(flat, seq, k, 10, hidden)  # all stale at first: padding zeroed
-    assert not flat[10 * hidden + 3 * hidden:].any()
-    flat[:10 * hidden] = 7  # data of sample 0
-    flat[10 * hidden:13 * hidden] = 7  # data of sample 1
+    assert not flat[10 * hidden + 3 * hidden :].any()
+    flat[: 10 * hidden] = 7  # data of sample 0
+    flat[10 * hidden : 13 * hidden] = 7  # data of sample 1
     # the same layout again, shorter second sample: only rows 2..3 of it were stale
     writes = []
 
@@ -53,4 +53,4 @@ def test_only_stale_padding_is_written():
 
     stale.zero_padding(flat.view(Spy), np.array([10, 2]), k, 10, hidden)
     assert writes == [(12 * hidden, 13 * hidden)]
-    assert not flat[12 * hidden:].any() and (flat[:12 * hidden] == 7).all()
+    assert not flat[12 * hidden :].any() and (flat[: 12 * hidden] == 7).all()

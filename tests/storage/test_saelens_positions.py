@@ -10,12 +10,15 @@ from storage.saelens import ConsolidatedTokenIds
 
 
 def _write(root, act):
-    (root / "prompt_index.jsonl").write_text(json.dumps(
-        {"prompt_id": "p", "prompt_token_ids": [10, 11, 12]}) + "\n")
-    (root / "generations.jsonl").write_text(json.dumps(
-        {"prompt_id": "p", "sample_id": 0, "token_ids": [20, 21, 22, 23]}) + "\n")
-    (root / "activation_index.jsonl").write_text(json.dumps(
-        {"prompt_id": "p", "sample_id": 0, "activation_key": "p_0", **act}) + "\n")
+    (root / "prompt_index.jsonl").write_text(
+        json.dumps({"prompt_id": "p", "prompt_token_ids": [10, 11, 12]}) + "\n"
+    )
+    (root / "generations.jsonl").write_text(
+        json.dumps({"prompt_id": "p", "sample_id": 0, "token_ids": [20, 21, 22, 23]}) + "\n"
+    )
+    (root / "activation_index.jsonl").write_text(
+        json.dumps({"prompt_id": "p", "sample_id": 0, "activation_key": "p_0", **act}) + "\n"
+    )
 
 
 def test_rows_follow_token_positions(tmp_path):

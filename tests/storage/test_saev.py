@@ -19,24 +19,42 @@ import sys
 
 import numpy as np
 import pytest
-from saev_head import ENV, load_saev_head
-from test_storage_docs import DOCS, tables
-from test_wds import H, L, make_store
 
-from storage import ManifestError, StorageError, open_store
-from storage import saev
+from storage import ManifestError, StorageError, open_store, saev
+from tests.storage.saev_head import ENV, load_saev_head
+from tests.storage.test_storage_docs import DOCS, tables
+from tests.storage.test_wds import H, L, make_store
 
 LAYERS = [0, 3, 7, 12]
 LENGTHS = [(2, 3), (0, 4), (5, 6), (0, 0), (1, 1), (3, 0), (4, 4), (2, 2)]  # 37 real token rows
 
 #: saev head, src/saev/data/shards.py, ``Metadata`` field types and ``Literal`` values
 HEAD_METADATA = {
-    "family": str, "ckpt": str, "layers": list, "content_tokens_per_example": int, "cls_token": bool,
-    "d_model": int, "n_examples": int, "max_tokens_per_shard": int, "data": str, "dataset": str,
-    "pixel_agg": str, "dtype": str, "protocol": str,
+    "family": str,
+    "ckpt": str,
+    "layers": list,
+    "content_tokens_per_example": int,
+    "cls_token": bool,
+    "d_model": int,
+    "n_examples": int,
+    "max_tokens_per_shard": int,
+    "data": str,
+    "dataset": str,
+    "pixel_agg": str,
+    "dtype": str,
+    "protocol": str,
 }
 HEAD_LITERALS = {
-    "family": ("bird-mae", "clip", "dinov2", "dinov3", "fake-clip", "pe-core", "pe-spatial", "siglip"),
+    "family": (
+        "bird-mae",
+        "clip",
+        "dinov2",
+        "dinov3",
+        "fake-clip",
+        "pe-core",
+        "pe-spatial",
+        "siglip",
+    ),
     "pixel_agg": ("majority", "prefer-fg"),
     "dtype": ("float32",),
     "protocol": ("1.0.0", "1.1", "2.1"),
@@ -45,7 +63,10 @@ HEAD_LITERALS = {
 
 def head_load(shards_dir: pathlib.Path) -> dict:
     """What saev head's loaders do before returning a single activation; returns the metadata."""
-    assert shards_dir.is_dir() and shards_dir.parts[-3:-1] == ("saev", "shards")  # disk.is_shards_dir
+    assert shards_dir.is_dir() and shards_dir.parts[-3:-1] == (
+        "saev",
+        "shards",
+    )  # disk.is_shards_dir
     md = json.load(open(shards_dir / "metadata.json"))
     assert list(md) == list(HEAD_METADATA)  # Metadata(**dct): no missing key, no unknown key
     for k, typ in HEAD_METADATA.items():
@@ -55,40 +76,72 @@ def head_load(shards_dir: pathlib.Path) -> dict:
     tokens_per_example = md["content_tokens_per_example"] + int(md["cls_token"])
     per_shard = md["max_tokens_per_shard"] // (tokens_per_example * len(md["layers"]))
     assert per_shard >= 1  # Metadata.__post_init__
-    shape = (per_shard, len(md["layers"]), tokens_per_example, md["d_model"])  # Metadata.shard_shape
-    shards = json.load(open(shards_dir / "shards.json"))  # ShardInfo.load: [Shard(name, n_examples)]
+    shape = (
+        per_shard,
+        len(md["layers"]),
+        tokens_per_example,
+        md["d_model"],
+    )  # Metadata.shard_shape
+    shards = json.load(
+        open(shards_dir / "shards.json")
+    )  # ShardInfo.load: [Shard(name, n_examples)]
     assert [set(s) for s in shards] == [{"name", "n_examples"}] * len(shards)
     assert all(s["n_examples"] == per_shard for s in shards[:-1])  # ordered._manager_main
     assert sum(s["n_examples"] for s in shards) == md["n_examples"]
     for k, s in enumerate(shards):
         assert s["name"] == f"acts{k:06}.bin"
-        np.memmap(shards_dir / s["name"], mode="r", dtype=np.float32, shape=shape)  # raises if short
+        np.memmap(
+            shards_dir / s["name"], mode="r", dtype=np.float32, shape=shape
+        )  # raises if short
     return md
 
 
 @pytest.fixture
 def exported(tmp_path):
     want = make_store(tmp_path / "run", n=len(LENGTHS), lengths=LENGTHS)
-    out = saev.export_saev(tmp_path / "run", tmp_path / "dump", max_tokens_per_shard=10 * L, ckpt="smollm2")
+    out = saev.export_saev(
+        tmp_path / "run", tmp_path / "dump", max_tokens_per_shard=10 * L, ckpt="smollm2"
+    )
     return tmp_path, want, pathlib.Path(out)
 
 
 def test_head_contract_and_token_examples(exported):
     tmp, want, out = exported
-    assert out.parent == tmp / "dump" / "saev" / "shards" and out.name == saev.saev_hash(json.load(open(out / "metadata.json")))
+    assert out.parent == tmp / "dump" / "saev" / "shards" and out.name == saev.saev_hash(
+        json.load(open(out / "metadata.json"))
+    )
     md = head_load(out)
-    assert (md["content_tokens_per_example"], md["cls_token"], md["family"]) == (1, False, saev.FAMILY)
+    assert (md["content_tokens_per_example"], md["cls_token"], md["family"]) == (
+        1,
+        False,
+        saev.FAMILY,
+    )
     assert md["layers"] == LAYERS and md["d_model"] == H and md["ckpt"] == "smollm2"
-    rows = np.concatenate([a for a, _ in want.values()], axis=1)  # (L, 37, H): every real token, in order
+    rows = np.concatenate(
+        [a for a, _ in want.values()], axis=1
+    )  # (L, 37, H): every real token, in order
     assert md["n_examples"] == rows.shape[1] == 37
     shards = json.load(open(out / "shards.json"))
     per = md["max_tokens_per_shard"] // L
-    assert per == 10 and [s["n_examples"] for s in shards] == [10, 10, 10, 7]  # 4 shards of <= 10, even
+    assert per == 10 and [s["n_examples"] for s in shards] == [
+        10,
+        10,
+        10,
+        7,
+    ]  # 4 shards of <= 10, even
     data = json.loads(md["data"])
     assert list(data) == sorted(saev.DATA_FIELDS) and data["example"] == "token"
-    got = np.concatenate([np.memmap(out / s["name"], mode="r", dtype=np.float32, shape=(per, L, 1, H))[:s["n_examples"]]
-                          for s in shards])
-    np.testing.assert_array_equal(got[:, :, 0, :].transpose(1, 0, 2), rows.astype(np.float32))  # no padding row
+    got = np.concatenate(
+        [
+            np.memmap(out / s["name"], mode="r", dtype=np.float32, shape=(per, L, 1, H))[
+                : s["n_examples"]
+            ]
+            for s in shards
+        ]
+    )
+    np.testing.assert_array_equal(
+        got[:, :, 0, :].transpose(1, 0, 2), rows.astype(np.float32)
+    )  # no padding row
     assert not np.any(np.all(got == 0, axis=-1))
 
 
@@ -99,10 +152,17 @@ def test_store_side_round_trip(exported):
     assert len(rd) == len(want) and rd.layer_ids == LAYERS
     for i, (acts, sm) in enumerate(want.values()):
         m = rd.meta(i)
-        assert m == {"sample_key": r.meta(i)["sample_key"], "seq_len": acts.shape[1], "prompt_len": sm.prompt_len,
-                     "response_len": sm.response_len, "label": sm.label}
+        assert m == {
+            "sample_key": r.meta(i)["sample_key"],
+            "seq_len": acts.shape[1],
+            "prompt_len": sm.prompt_len,
+            "response_len": sm.response_len,
+            "label": sm.label,
+        }
         for li in range(L):
-            np.testing.assert_array_equal(rd.read(i, li), acts[li].astype(np.float32))  # f16 -> f32 is exact
+            np.testing.assert_array_equal(
+                rd.read(i, li), acts[li].astype(np.float32)
+            )  # f16 -> f32 is exact
     ex = 0
     for i, (acts, _) in enumerate(want.values()):
         for j in range(acts.shape[1]):
@@ -110,7 +170,9 @@ def test_store_side_round_trip(exported):
             path, off = rd.locate(ex, 7)
             with open(path, "rb") as f:
                 f.seek(off)
-                np.testing.assert_array_equal(np.frombuffer(f.read(H * 4), np.float32), acts[2, j].astype(np.float32))
+                np.testing.assert_array_equal(
+                    np.frombuffer(f.read(H * 4), np.float32), acts[2, j].astype(np.float32)
+                )
             ex += 1
     side = [json.loads(line) for line in open(out / saev.SIDECAR)]
     assert [list(s) for s in side] == [list(saev.SIDECAR_FIELDS)] * len(want)
@@ -121,11 +183,15 @@ def test_one_layer_exact_single_shard(tmp_path):
     (tmp_path / "d").mkdir()  # an existing empty directory is a valid target
     out = pathlib.Path(saev.export_saev(tmp_path / "run", tmp_path / "d", layers=[12]))
     md = head_load(out)
-    assert md["layers"] == [12] and md["max_tokens_per_shard"] == 10  # budget shrunk to the data: exact
+    assert (
+        md["layers"] == [12] and md["max_tokens_per_shard"] == 10
+    )  # budget shrunk to the data: exact
     assert os.path.getsize(out / "acts000000.bin") == 10 * H * 4
 
 
-@pytest.mark.skipif(not os.environ.get(ENV), reason=f"set {ENV} to saev head's src/ to run its readers")
+@pytest.mark.skipif(
+    not os.environ.get(ENV), reason=f"set {ENV} to saev head's src/ to run its readers"
+)
 def test_saev_head_readers(exported):
     """saev head's own Metadata.load, indexed Dataset, ordered and shuffled DataLoaders, unchanged."""
     tmp, want, out = exported
@@ -137,11 +203,17 @@ def test_saev_head_readers(exported):
         li = LAYERS.index(layer)
         ds = s.indexed.Dataset(s.indexed.Config(shards=out, layer=layer))
         assert len(ds) == 37
-        np.testing.assert_array_equal(np.stack([ds[i]["act"].numpy() for i in range(len(ds))]), rows[li])
-    ol = s.ordered.DataLoader(s.ordered.Config(shards=out, layer=3, batch_size=8, batch_timeout_s=20.0))
+        np.testing.assert_array_equal(
+            np.stack([ds[i]["act"].numpy() for i in range(len(ds))]), rows[li]
+        )
+    ol = s.ordered.DataLoader(
+        s.ordered.Config(shards=out, layer=3, batch_size=8, batch_timeout_s=20.0)
+    )
     np.testing.assert_array_equal(np.concatenate([b["act"].numpy() for b in ol]), rows[1])
     ol.shutdown()
-    sl = s.shuffled.DataLoader(s.shuffled.Config(shards=out, layer=7, batch_size=5, n_threads=1, buffer_size=4))
+    sl = s.shuffled.DataLoader(
+        s.shuffled.Config(shards=out, layer=7, batch_size=5, n_threads=1, buffer_size=4)
+    )
     seen = {}
     for b in sl:
         for a, e in zip(b["act"].numpy(), b["example_idx"].tolist()):
@@ -157,7 +229,9 @@ def test_errors(tmp_path, exported):
         saev.export_saev(tmp_path / "run2", tmp_path / "x", layers=[99])
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "f").write_text("x")
-    with pytest.raises(StorageError, match="dst: export target exists and is not an empty directory"):
+    with pytest.raises(
+        StorageError, match="dst: export target exists and is not an empty directory"
+    ):
         saev.export_saev(tmp_path / "run2", tmp_path / "full")
     with pytest.raises(ValueError, match="family"):
         saev.export_saev(tmp_path / "run2", tmp_path / "x", family="llm")
@@ -171,8 +245,12 @@ def test_errors(tmp_path, exported):
         saev.SaevReader(out).locate(0, 5)
     mpath = out / "metadata.json"
     md = json.load(open(mpath))
-    for bad, match in (({"data": "gASVCAAAAAAAAAB9lC4="}, "never unpickled"), ({"family": "llm"}, "family"),
-                       ({"ckpt": "other"}, "hash"), ({"patches_per_ex": 1}, "extra")):
+    for bad, match in (
+        ({"data": "gASVCAAAAAAAAAB9lC4="}, "never unpickled"),
+        ({"family": "llm"}, "family"),
+        ({"ckpt": "other"}, "hash"),
+        ({"patches_per_ex": 1}, "extra"),
+    ):
         json.dump({**md, **bad}, open(mpath, "w"))
         with pytest.raises(ManifestError, match=match):
             saev.SaevReader(out)
@@ -186,16 +264,21 @@ def test_errors(tmp_path, exported):
 def test_half_written_export_never_looks_complete(tmp_path):
     """A crash (SIGKILL) mid-export leaves only a hidden .partial sibling; dst never appears."""
     make_store(tmp_path / "run", n=4)
-    code = (f"import os, sys; sys.path.insert(0, {os.getcwd()!r}); from storage import saev, open_store\n"
-            f"r = open_store({str(tmp_path / 'run')!r}); orig = type(r).read_pairs\n"
-            "def read_pairs(self, s, l):\n    if s[0] == 2: os._exit(9)\n    return orig(self, s, l)\n"
-            "type(r).read_pairs = read_pairs\n"
-            f"saev.export_saev(r, {str(tmp_path / 'dst')!r}, max_tokens_per_shard=8)\n")
-    assert subprocess.run([sys.executable, "-c", code], cwd=os.getcwd()).returncode == 9
+    code = (
+        "import os; from storage import saev, open_store\n"
+        f"r = open_store({str(tmp_path / 'run')!r}); orig = type(r).read_pairs\n"
+        "def read_pairs(self, s, l):\n    if s[0] == 2: os._exit(9)\n    return orig(self, s, l)\n"
+        "type(r).read_pairs = read_pairs\n"
+        f"saev.export_saev(r, {str(tmp_path / 'dst')!r}, max_tokens_per_shard=8)\n"
+    )
+    repo = pathlib.Path(__file__).resolve().parents[2]  # `python -c` imports from its cwd
+    assert subprocess.run([sys.executable, "-c", code], cwd=repo).returncode == 9
     assert not (tmp_path / "dst").exists()
     assert [p for p in os.listdir(tmp_path) if p.startswith(".dst.partial-")]
     out = saev.export_saev(tmp_path / "run", tmp_path / "dst")  # a fresh export is unaffected
-    assert saev.SaevReader(out).n_examples == sum(open_store(tmp_path / "run").seq_len(i) for i in range(4))
+    assert saev.SaevReader(out).n_examples == sum(
+        open_store(tmp_path / "run").seq_len(i) for i in range(4)
+    )
 
 
 def test_doc_tables_match_code():

@@ -1,24 +1,33 @@
 import tempfile
 
 import numpy as np
-from conformance import check_store, persist
-from hypothesis import settings
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from storage import SampleMeta, convert_store, open_store, open_writer
 from storage.dtypes import store_dtype
+from tests.storage.conformance import check_store, persist
 
 FORMATS = ["packed", "zarr", "npy"]
 
 
 @settings(max_examples=6, deadline=None)
-@given(src=st.sampled_from(FORMATS), dst=st.sampled_from(FORMATS), L=st.integers(1, 3), H=st.integers(1, 12),
-       dtype=st.sampled_from(["float16", "float32", "bfloat16"]), lens=st.lists(st.integers(0, 30), max_size=4),
-       seed=st.integers(0, 2**31))
+@given(
+    src=st.sampled_from(FORMATS),
+    dst=st.sampled_from(FORMATS),
+    L=st.integers(1, 3),
+    H=st.integers(1, 12),
+    dtype=st.sampled_from(["float16", "float32", "bfloat16"]),
+    lens=st.lists(st.integers(0, 30), max_size=4),
+    seed=st.integers(0, 2**31),
+)
 def test_convert_roundtrip(src, dst, L, H, dtype, lens, seed):
     rng = np.random.default_rng(seed)
-    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b, tempfile.TemporaryDirectory() as c:
+    with (
+        tempfile.TemporaryDirectory() as a,
+        tempfile.TemporaryDirectory() as b,
+        tempfile.TemporaryDirectory() as c,
+    ):
         w = open_writer(src, a, layer_ids=list(range(L)), hidden_size=H, dtype=dtype)
         open(f"{a}/activation_index.jsonl", "w").close()  # the worker creates it up front
         data, metas = {}, {}

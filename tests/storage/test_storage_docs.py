@@ -8,9 +8,22 @@ import re
 import numpy as np
 import pytest
 
-from storage import SampleMeta, multi, npy, open_store, open_writer, packed, saelens, saev, write_multi_manifest, zarr_store
+from storage import (
+    SampleMeta,
+    multi,
+    npy,
+    open_store,
+    open_writer,
+    packed,
+    saelens,
+    saev,
+    write_multi_manifest,
+    zarr_store,
+)
 
-DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "formats")
+DOCS = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "formats"
+)
 
 
 def tables(doc: str) -> dict[str, dict[str, list[str]]]:
@@ -25,7 +38,10 @@ def tables(doc: str) -> dict[str, dict[str, list[str]]]:
         if line.startswith("#"):
             name = None
         if name and line.startswith("| `"):
-            cells = [c.strip().strip("`").replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+            cells = [
+                c.strip().strip("`").replace("\\|", "|")
+                for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]
+            ]
             out[name][cells[0]] = cells[1:]
     return out
 
@@ -94,15 +110,18 @@ def test_written_metadata_has_exactly_the_documented_keys(tmp_path):
     for name, dt in zarr_store.ARRAYS.items():
         assert g[f"arrays/{name}"].dtype.str.startswith(dt)
     for name, cells in tables("zarr.md")["arrays"].items():  # fill values valid under the v2 spec
-        fv = json.load(open(tmp_path / "z" / "activations" / "activations.zarr" / "arrays" / name / ".zarray"))["fill_value"]
+        fv = json.load(
+            open(tmp_path / "z" / "activations" / "activations.zarr" / "arrays" / name / ".zarray")
+        )["fill_value"]
         if cells[3] == "base64 of itemsize zero bytes":
             assert base64.b64decode(fv) == bytes(g[f"arrays/{name}"].dtype.itemsize), name
         else:
             assert fv == int(cells[3]), name
     zd = tmp_path / "z" / "activations"
     assert set(json.loads(open(zd / "commit.log").readline())) == set(zarr_store.RECORD_FIELDS)
-    assert set(json.loads(open(zd / "activations.zarr" / "text" / "samples.jsonl").readline())) == set(
-        zarr_store.TEXT_FIELDS)
+    assert set(
+        json.loads(open(zd / "activations.zarr" / "text" / "samples.jsonl").readline())
+    ) == set(zarr_store.TEXT_FIELDS)
     # npy
     w = open_writer("npy", tmp_path / "n", layer_ids=[0, 1], hidden_size=4)
     assert tuple(w.write("a_0", *_sample())) == npy.LOCATION_FIELDS
@@ -133,7 +152,13 @@ def test_written_saev_export_has_exactly_the_documented_keys(tmp_path):
     md = json.load(open(os.path.join(out, "metadata.json")))
     assert list(md) == list(t["metadata.json"])  # in saev's field order: its hash depends on it
     assert list(json.loads(md["data"])) == sorted(t["data"])
-    assert [list(s) for s in json.load(open(os.path.join(out, "shards.json")))] == [list(t["shards.json"])]
-    assert [list(json.loads(l)) for l in open(os.path.join(out, saev.SIDECAR))] == [list(t["hallulog_samples.jsonl"])] * 2
+    assert [list(s) for s in json.load(open(os.path.join(out, "shards.json")))] == [
+        list(t["shards.json"])
+    ]
+    assert [list(json.loads(l)) for l in open(os.path.join(out, saev.SIDECAR))] == [
+        list(t["hallulog_samples.jsonl"])
+    ] * 2
     assert md["family"] in t["family"] and md["content_tokens_per_example"] == 1
-    assert not set(md) & {v[0] for v in t["renamed fields"].values()}  # the protocol doc's names are not written
+    assert not set(md) & {
+        v[0] for v in t["renamed fields"].values()
+    }  # the protocol doc's names are not written

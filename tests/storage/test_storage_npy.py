@@ -2,9 +2,9 @@ import json
 import os
 
 import numpy as np
-from conformance import StoreConformance, check_store, make_sample, persist
 
 from storage import open_store, open_writer
+from tests.storage.conformance import StoreConformance, check_store, make_sample, persist
 
 
 class TestNpy(StoreConformance):
@@ -34,14 +34,35 @@ def test_reads_seed_003_lines_with_response_mode(tmp_path):
     acts = np.arange(3 * 6 * 4, dtype="float32").reshape(3, 6, 4)
     loc = w.write("abcd_0", acts, __import__("storage").SampleMeta(1, 5, -1))
     w.commit()
-    line = {"prompt_id": "abcd", "sample_id": 0, "activation_key": "abcd_0", "layers": [0, 1, 2],
-            "sequence_mode": "response", "prompt_token_count": 12, "response_token_count": 5,
-            "row0_position": 11, "num_rows": 6, "worker_id": 0, **loc}
+    line = {
+        "prompt_id": "abcd",
+        "sample_id": 0,
+        "activation_key": "abcd_0",
+        "layers": [0, 1, 2],
+        "sequence_mode": "response",
+        "prompt_token_count": 12,
+        "response_token_count": 5,
+        "row0_position": 11,
+        "num_rows": 6,
+        "worker_id": 0,
+        **loc,
+    }
     (tmp_path / "activation_index.jsonl").write_text(json.dumps(line) + "\n")
     r = open_store(tmp_path)
-    assert r.meta(0) == {"sample_key": "abcd_0", "seq_len": 6, "prompt_len": 1, "response_len": 5, "label": -1}
+    assert r.meta(0) == {
+        "sample_key": "abcd_0",
+        "seq_len": 6,
+        "prompt_len": 1,
+        "response_len": 5,
+        "label": -1,
+    }
     np.testing.assert_array_equal(r.read(0, 1), acts[1])
-    assert loc == {"file_path": "activations/abcd_0.npy", "shape": [3, 6, 4], "dtype": "float32", "size_bytes": 288}
+    assert loc == {
+        "file_path": "activations/abcd_0.npy",
+        "shape": [3, 6, 4],
+        "dtype": "float32",
+        "size_bytes": 288,
+    }
     assert np.array_equal(np.load(tmp_path / loc["file_path"]), acts)
 
 

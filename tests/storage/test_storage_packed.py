@@ -3,9 +3,9 @@ import os
 
 import numpy as np
 import pytest
-from conformance import StoreConformance, check_store, make_sample, persist
 
 from storage import CorruptShardError, ManifestError, open_store, open_writer
+from tests.storage.conformance import StoreConformance, check_store, make_sample, persist
 
 
 class TestPacked(StoreConformance):
@@ -151,7 +151,7 @@ def _as_schema_1(path) -> None:
     assert m.pop("checksum") == "crc32"
     m["schema_version"] = 1
     ix = {name: np.load(path.parent / f"{name}.npy") for name in pl.INDEX_ARRAYS}
-    m["content_hash"] = pl._hash_content(pl._hashed_head(m), ix)
+    m["content_hash"] = pl.hash_content(pl.hashed_head(m), ix)
     path.write_text(json.dumps(m))
 
 
@@ -206,8 +206,11 @@ def test_writeback_starts_in_page_aligned_runs_while_a_group_is_written(tmp_path
 
     started = []
     real = storage.packed.start_writeback
-    monkeypatch.setattr(storage.packed, "start_writeback",
-                        lambda fd, off, n: (started.append((off, n)), real(fd, off, n)))
+    monkeypatch.setattr(
+        storage.packed,
+        "start_writeback",
+        lambda fd, off, n: (started.append((off, n)), real(fd, off, n)),
+    )
     monkeypatch.setattr(storage.packed, "WRITEBACK_BYTES", 10_000)
     w = open_writer("packed", tmp_path, layer_ids=[0, 1], hidden_size=64)
     locs = [w.write(f"k_{k}", *make_sample(k, 2, 64, t=20 + k)) for k in range(8)]

@@ -2,11 +2,10 @@ import json
 import os
 
 import numpy as np
-import pytest
 import zarr
-from conformance import StoreConformance, make_sample, persist
 
 from storage import merge_stores, open_store, open_writer
+from tests.storage.conformance import StoreConformance, make_sample, persist
 
 
 class TestZarrV2(StoreConformance):
@@ -15,10 +14,14 @@ class TestZarrV2(StoreConformance):
     tensorstore_driver = "zarr"
 
     def assert_partial_on_disk(self, root):
-        assert os.path.isdir(os.path.join(root, "activations", "activations.zarr", "arrays", "activations", "3"))
+        assert os.path.isdir(
+            os.path.join(root, "activations", "activations.zarr", "arrays", "activations", "3")
+        )
 
     def truncate_data(self, root):
-        p = os.path.join(root, "activations", "activations.zarr", "arrays", "activations", "1", "2", "0", "0")
+        p = os.path.join(
+            root, "activations", "activations.zarr", "arrays", "activations", "1", "2", "0", "0"
+        )
         os.truncate(p, os.path.getsize(p) - 10)
         return p
 
@@ -37,10 +40,23 @@ class TestZarrV3Sharded(TestZarrV2):
     tensorstore_driver = ""  # fixed-length bytes (sample_key) is no zarr v3 core data type
 
     def assert_partial_on_disk(self, root):
-        assert os.path.isdir(os.path.join(root, "activations", "activations.zarr", "arrays", "activations", "c", "3"))
+        assert os.path.isdir(
+            os.path.join(root, "activations", "activations.zarr", "arrays", "activations", "c", "3")
+        )
 
     def truncate_data(self, root):
-        p = os.path.join(root, "activations", "activations.zarr", "arrays", "activations", "c", "1", "0", "0", "0")
+        p = os.path.join(
+            root,
+            "activations",
+            "activations.zarr",
+            "arrays",
+            "activations",
+            "c",
+            "1",
+            "0",
+            "0",
+            "0",
+        )
         os.truncate(p, os.path.getsize(p) - 10)
         return p
 
@@ -65,7 +81,9 @@ def test_plain_zarr_reads_seed_000_layout(tmp_path):
     a = g["arrays/activations"]
     assert a.shape == (4, L, 48, H) and a.chunks == (1, 1, 16, H) and a.dtype == np.float16
     assert a.metadata.compressor is None and a.metadata.filters is None and a.metadata.order == "C"
-    assert g.attrs["T_max"] == 48 and g.attrs["num_layers"] == L and g.attrs["layer_ids"] == [0, 5, 9]
+    assert (
+        g.attrs["T_max"] == 48 and g.attrs["num_layers"] == L and g.attrs["layer_ids"] == [0, 5, 9]
+    )
     for k, (acts, meta) in enumerate(data):
         t = int(g["arrays/seq_len"][k])
         assert t == acts.shape[1]
@@ -74,7 +92,11 @@ def test_plain_zarr_reads_seed_000_layout(tmp_path):
         assert g["arrays/sample_key"][k] == f"k_{k}".encode()
         assert g["arrays/hallu_label"][k] == meta.label
         assert g["arrays/prompt_len"][k] == meta.prompt_len
-    lines = (tmp_path / "activations" / "activations.zarr" / "text" / "samples.jsonl").read_text().splitlines()
+    lines = (
+        (tmp_path / "activations" / "activations.zarr" / "text" / "samples.jsonl")
+        .read_text()
+        .splitlines()
+    )
     assert [json.loads(l)["sample_key"] for l in lines] == [f"k_{k}" for k in range(4)]
 
 
@@ -88,7 +110,9 @@ def test_physical_merge(tmp_path):
             want[f"k_{10 * wid + k}"] = acts
         w.close()
     merge_stores([tmp_path / "w0", tmp_path / "w1"], tmp_path / "merged", "zarr")
-    g = zarr.open_consolidated(str(tmp_path / "merged" / "activations" / "activations.zarr"), mode="r")
+    g = zarr.open_consolidated(
+        str(tmp_path / "merged" / "activations" / "activations.zarr"), mode="r"
+    )
     assert g["arrays/activations"].shape[0] == 6
     r = open_store(tmp_path / "merged")
     for i in range(6):

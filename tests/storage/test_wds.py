@@ -8,11 +8,19 @@ import tarfile
 import numpy as np
 import pytest
 import torch
-from test_storage_docs import tables
 
-from storage import ActivationPairsDataset, CorruptShardError, ManifestError, SampleMeta, collate_pairs, open_store, open_writer
+from storage import (
+    ActivationPairsDataset,
+    CorruptShardError,
+    ManifestError,
+    SampleMeta,
+    collate_pairs,
+    open_store,
+    open_writer,
+)
 from storage import wds as swds
 from storage.wds_dataset import WdsPairsDataset
+from tests.storage.test_storage_docs import tables
 
 L, H = 4, 8
 
@@ -23,7 +31,7 @@ def make_store(root, n=10, fmt="packed", seed=0, lengths=None):
     w = open_writer(fmt, root, layer_ids=[0, 3, 7, 12][:L], hidden_size=H)
     want = {}
     for i in range(n):
-        p, r = (lengths[i] if lengths else (int(rng.integers(0, 6)), int(rng.integers(1, 7))))
+        p, r = lengths[i] if lengths else (int(rng.integers(0, 6)), int(rng.integers(1, 7)))
         acts = rng.standard_normal((L, p + r, H)).astype(np.float16)
         meta = SampleMeta(p, r, int(rng.integers(-1, 2)))
         key = f"{i:016x}_{i % 3}"
@@ -37,7 +45,9 @@ def make_store(root, n=10, fmt="packed", seed=0, lengths=None):
 def exported(tmp_path):
     want = make_store(tmp_path / "run", n=12)
     texts = {k: {"prompt": f"q{k}", "response": f"a{k}"} for k in want}
-    m = swds.export_wds(tmp_path / "run", tmp_path / "wds", shard_bytes=12000, texts=texts, split="train")
+    m = swds.export_wds(
+        tmp_path / "run", tmp_path / "wds", shard_bytes=12000, texts=texts, split="train"
+    )
     return tmp_path, want, m
 
 
@@ -51,7 +61,9 @@ def test_manifest_and_sidecar(exported):
         assert os.path.getsize(d / s["file"]) == s["size_bytes"]
     assert not [f for f in os.listdir(d) if f.endswith(".tmp")]
     rows = [json.loads(l) for l in open(d / "samples.jsonl")]
-    assert [r["sample_key"] for r in rows] == list(want) and rows[0]["prompt"] == f"q{rows[0]['sample_key']}"
+    assert [r["sample_key"] for r in rows] == list(want) and rows[0][
+        "prompt"
+    ] == f"q{rows[0]['sample_key']}"
     assert set(m) == set(swds.MANIFEST_FIELDS) and set(rows[0]) == set(swds.TEXT_FIELDS)
 
 
@@ -72,8 +84,14 @@ def test_plain_tarfile_and_numpy_round_trip(exported):
     for i, (key, (acts, sm)) in enumerate(want.items()):
         meta, pa, ra = seen[key]
         assert set(meta) == set(swds.META_FIELDS)
-        assert meta == {"sample_index": i, "prompt_len": sm.prompt_len, "response_len": sm.response_len,
-                        "hallu_label": sm.label, "split": "train", "sample_key": key}
+        assert meta == {
+            "sample_index": i,
+            "prompt_len": sm.prompt_len,
+            "response_len": sm.response_len,
+            "hallu_label": sm.label,
+            "split": "train",
+            "sample_key": key,
+        }
         assert pa.dtype == np.float16 and pa.shape == (L, sm.prompt_len, H)
         np.testing.assert_array_equal(np.concatenate([pa, ra], axis=1), acts)
 
@@ -89,7 +107,9 @@ def test_webdataset_library_reads_the_shards(exported):
     for key, (acts, sm) in want.items():
         r = got[key]
         assert r["meta.json"]["prompt_len"] == sm.prompt_len
-        np.testing.assert_array_equal(np.concatenate([r["prompt_acts.npy"], r["response_acts.npy"]], axis=1), acts)
+        np.testing.assert_array_equal(
+            np.concatenate([r["prompt_acts.npy"], r["response_acts.npy"]], axis=1), acts
+        )
 
 
 @pytest.mark.parametrize("backend", ["tarfile", "webdataset"])
@@ -118,8 +138,13 @@ def test_dataloader_workers_see_each_record_once(exported):
     tmp, want, m = exported
     ds = WdsPairsDataset(tmp / "wds", shuffle_buffer=3)
     for workers in (2, len(m["shards"]) + 1):  # shard split, then record split
-        loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=workers, collate_fn=collate_pairs,
-                                             multiprocessing_context="fork")
+        loader = torch.utils.data.DataLoader(
+            ds,
+            batch_size=3,
+            num_workers=workers,
+            collate_fn=collate_pairs,
+            multiprocessing_context="fork",
+        )
         idx = [int(i) for b in loader for i in b["index"]]
         assert sorted(idx) == list(range(len(want))), workers
 
@@ -129,10 +154,10 @@ def test_fixed_shapes_pad_with_zeros(tmp_path):
     m = swds.export_wds(tmp_path / "run", tmp_path / "wds", fixed_shapes=True)
     assert m["fixed_shapes"] and m["samples_jsonl"] is None
     recs = list(swds.iter_wds_records(str(tmp_path / "wds" / m["shards"][0]["file"])))
-    for rec, (acts, sm) in zip(recs, want.values()):
+    for rec, (_acts, sm) in zip(recs, want.values()):
         pa = swds.decode_npy(rec["prompt_acts.npy"])
         assert pa.shape == (L, m["P_max"], H)
-        assert not pa[:, sm.prompt_len:].any()
+        assert not pa[:, sm.prompt_len :].any()
     ref = ActivationPairsDataset(open_store(tmp_path / "run"))
     for it in WdsPairsDataset(tmp_path / "wds", shuffle_buffer=0):
         assert torch.equal(it["acts"], ref[int(it["index"])]["acts"])
@@ -141,7 +166,11 @@ def test_fixed_shapes_pad_with_zeros(tmp_path):
 def test_texts_from_jsonl_and_errors(tmp_path):
     want = make_store(tmp_path / "run", n=3)
     p = tmp_path / "texts.jsonl"
-    p.write_text("".join(json.dumps({"activation_key": k, "prompt": "p", "response": "r"}) + "\n" for k in want))
+    p.write_text(
+        "".join(
+            json.dumps({"activation_key": k, "prompt": "p", "response": "r"}) + "\n" for k in want
+        )
+    )
     swds.export_wds(tmp_path / "run", tmp_path / "wds", texts=p)
     assert json.loads(open(tmp_path / "wds" / "samples.jsonl").readline())["response"] == "r"
     p.write_text("{bad\n")

@@ -93,8 +93,14 @@ def _serve(tmp_path_factory, dtype: str) -> Iterator[VllmServer]:
     server_cache = cache_dir() / "vllm-cpu"
     port = _free_port()
     argv = vllm_server_command(
-        model_dir, host="127.0.0.1", port=port, layer_ids=LAYER_IDS, spool_dir=spool,
-        dtype=dtype, served_model_name="smollm2", python=sys.executable,
+        model_dir,
+        host="127.0.0.1",
+        port=port,
+        layer_ids=LAYER_IDS,
+        spool_dir=spool,
+        dtype=dtype,
+        served_model_name="smollm2",
+        python=sys.executable,
         extra_args=["--max-model-len", "2048"],
     )
     env = vllm_server_env(os.environ, gpu=None, cache_dir=server_cache)
@@ -111,9 +117,13 @@ def _serve(tmp_path_factory, dtype: str) -> Iterator[VllmServer]:
     try:
         while True:
             if process.poll() is not None:
-                pytest.fail(f"vLLM exited with {process.returncode} during startup:\n{server.log()[-6000:]}")
+                pytest.fail(
+                    f"vLLM exited with {process.returncode} during startup:\n{server.log()[-6000:]}"
+                )
             if time.monotonic() - t0 > STARTUP_TIMEOUT_S:
-                pytest.fail(f"vLLM not ready after {STARTUP_TIMEOUT_S:.0f} s:\n{server.log()[-6000:]}")
+                pytest.fail(
+                    f"vLLM not ready after {STARTUP_TIMEOUT_S:.0f} s:\n{server.log()[-6000:]}"
+                )
             try:
                 if httpx.get(base_url + "/health", timeout=2).status_code == 200:
                     break

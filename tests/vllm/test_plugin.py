@@ -63,7 +63,9 @@ def test_register_installs_a_working_expand_kernel_on_cpu():
     # And what the sampler does with it: per-draft-token temperatures, greedy (0) mapped to 1.
     temperature = torch.tensor([0.7, 0.0, 1.3])
     out = torch.empty(4, dtype=torch.float32)
-    cpu_triton_utils._expand_kernel_impl(out, temperature, torch.tensor([1, 2, 4], dtype=torch.int32), 0, 1)
+    cpu_triton_utils._expand_kernel_impl(
+        out, temperature, torch.tensor([1, 2, 4], dtype=torch.int32), 0, 1
+    )
     assert out.tolist() == pytest.approx([0.7, 1.0, 1.3, 1.3])
 
 

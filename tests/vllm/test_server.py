@@ -61,11 +61,19 @@ def test_plugin_fixes_applied_in_the_server(vllm_server):
 
 
 def test_chat_generation_capture(vllm_server):
-    resp = post_json(vllm_server, "/v1/chat/completions", {
-        "messages": QUESTION, "max_tokens": 16, "temperature": 0,
-        "logprobs": True, "top_logprobs": 5, "return_token_ids": True,
-        "kv_transfer_params": {"include_output_tokens": True},
-    })
+    resp = post_json(
+        vllm_server,
+        "/v1/chat/completions",
+        {
+            "messages": QUESTION,
+            "max_tokens": 16,
+            "temperature": 0,
+            "logprobs": True,
+            "top_logprobs": 5,
+            "return_token_ids": True,
+            "kv_transfer_params": {"include_output_tokens": True},
+        },
+    )
     choice = resp["choices"][0]
     prompt_ids, response_ids = resp["prompt_token_ids"], choice["token_ids"]  # chat: top level
     assert prompt_ids and response_ids and len(response_ids) == resp["usage"]["completion_tokens"]
@@ -77,19 +85,37 @@ def test_chat_generation_capture(vllm_server):
     data = _take_capture(path)
     # prompt + every generated token but the last (never fed back into the model)
     assert data["token_ids"].tolist() == prompt_ids + response_ids[:-1]
-    assert tuple(data["hidden_states"].shape) == (len(prompt_ids) + len(response_ids) - 1, len(LAYER_IDS), HIDDEN)
+    assert tuple(data["hidden_states"].shape) == (
+        len(prompt_ids) + len(response_ids) - 1,
+        len(LAYER_IDS),
+        HIDDEN,
+    )
     assert data["hidden_states"].dtype == torch.float32
 
 
 def test_prefill_capture_matches_transformers(vllm_server, reference_model):
-    chat = post_json(vllm_server, "/v1/chat/completions", {
-        "messages": QUESTION, "max_tokens": 16, "temperature": 0, "return_token_ids": True,
-    })
+    chat = post_json(
+        vllm_server,
+        "/v1/chat/completions",
+        {
+            "messages": QUESTION,
+            "max_tokens": 16,
+            "temperature": 0,
+            "return_token_ids": True,
+        },
+    )
     _take_capture(chat["kv_transfer_params"]["hidden_states_path"])  # every request writes one
     ids = chat["prompt_token_ids"] + chat["choices"][0]["token_ids"]
-    resp = post_json(vllm_server, "/v1/completions", {
-        "prompt": ids, "max_tokens": 1, "temperature": 0, "return_token_ids": True,
-    })
+    resp = post_json(
+        vllm_server,
+        "/v1/completions",
+        {
+            "prompt": ids,
+            "max_tokens": 1,
+            "temperature": 0,
+            "return_token_ids": True,
+        },
+    )
     assert resp["choices"][0]["prompt_token_ids"] == ids  # completions: inside the choice
     data = _take_capture(resp["kv_transfer_params"]["hidden_states_path"])
     assert data["token_ids"].tolist() == ids  # every token given
@@ -106,14 +132,22 @@ def test_prefill_capture_matches_transformers(vllm_server, reference_model):
 
 
 def test_generation_capture_equals_prefill_capture(vllm_server):
-    gen = post_json(vllm_server, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 12,
-        "temperature": 0, "return_token_ids": True, "kv_transfer_params": {"include_output_tokens": True},
-    })
+    gen = post_json(
+        vllm_server,
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "Name three colours."}],
+            "max_tokens": 12,
+            "temperature": 0,
+            "return_token_ids": True,
+            "kv_transfer_params": {"include_output_tokens": True},
+        },
+    )
     during = _take_capture(gen["kv_transfer_params"]["hidden_states_path"])
     ids = gen["prompt_token_ids"] + gen["choices"][0]["token_ids"]
-    pre = post_json(vllm_server, "/v1/completions",
-                    {"prompt": ids, "max_tokens": 1, "temperature": 0})
+    pre = post_json(
+        vllm_server, "/v1/completions", {"prompt": ids, "max_tokens": 1, "temperature": 0}
+    )
     after = _take_capture(pre["kv_transfer_params"]["hidden_states_path"])
     n = during["hidden_states"].shape[0]
     assert n == len(ids) - 1
@@ -121,16 +155,27 @@ def test_generation_capture_equals_prefill_capture(vllm_server):
 
 
 def _adjacent_repeat_rate(server, temperature: float) -> float:
-    prompts = ["Write a short story about a dragon.", "Explain how rainbows form.",
-               "Describe the city of Paris.", "What is machine learning?"]
+    prompts = [
+        "Write a short story about a dragon.",
+        "Explain how rainbows form.",
+        "Describe the city of Paris.",
+        "What is machine learning?",
+    ]
 
     def one(job):
         prompt, seed = job
-        resp = post_json(server, "/v1/chat/completions", {
-            "messages": [{"role": "user", "content": prompt}], "max_tokens": 64,
-            "temperature": temperature, "seed": seed, "return_token_ids": True,
-            "kv_transfer_params": {"include_output_tokens": True},
-        })
+        resp = post_json(
+            server,
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": 64,
+                "temperature": temperature,
+                "seed": seed,
+                "return_token_ids": True,
+                "kv_transfer_params": {"include_output_tokens": True},
+            },
+        )
         _take_capture(resp["kv_transfer_params"]["hidden_states_path"])
         return resp["choices"][0]["token_ids"]
 

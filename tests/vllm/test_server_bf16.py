@@ -32,18 +32,30 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 def float32_model(vllm_server_bf16):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(vllm_server_bf16.model_dir,
-                                                dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        vllm_server_bf16.model_dir, dtype=torch.float32
+    ).eval()
 
 
 def _chat_with_capture(server) -> tuple[list[int], list[int], str]:
-    body = post_json(server, "/v1/chat/completions", {
-        "messages": QUESTION, "max_tokens": 16, "temperature": 0,
-        "logprobs": True, "top_logprobs": 5, "return_token_ids": True,
-        "kv_transfer_params": {"include_output_tokens": True},
-    })
-    return (body["prompt_token_ids"], body["choices"][0]["token_ids"],
-            body["kv_transfer_params"]["hidden_states_path"])
+    body = post_json(
+        server,
+        "/v1/chat/completions",
+        {
+            "messages": QUESTION,
+            "max_tokens": 16,
+            "temperature": 0,
+            "logprobs": True,
+            "top_logprobs": 5,
+            "return_token_ids": True,
+            "kv_transfer_params": {"include_output_tokens": True},
+        },
+    )
+    return (
+        body["prompt_token_ids"],
+        body["choices"][0]["token_ids"],
+        body["kv_transfer_params"]["hidden_states_path"],
+    )
 
 
 def test_bf16_capture_through_the_worker_path(vllm_server_bf16, float32_model):
@@ -56,8 +68,14 @@ def test_bf16_capture_through_the_worker_path(vllm_server_bf16, float32_model):
     assert not os.path.exists(path) and not os.path.exists(path + ".lock")
     assert hidden.dtype == np.dtype(ml_dtypes.bfloat16)  # mapped as it is on disk, not widened
     assert hidden.shape == (len(positions), len(LAYER_IDS), HIDDEN)
-    rows = select_rows(hidden, prompt_len=len(prompt), response_len=len(response),
-                       sequence_mode="all", layer_index=None, dtype="float16")
+    rows = select_rows(
+        hidden,
+        prompt_len=len(prompt),
+        response_len=len(response),
+        sequence_mode="all",
+        layer_index=None,
+        dtype="float16",
+    )
     assert rows.acts.shape == (len(LAYER_IDS), len(positions), HIDDEN)
     assert (rows.prompt_rows, rows.response_rows) == (len(prompt), len(response) - 1)
     # one rounding, bfloat16 -> float16 (bfloat16 -> float32 is exact)
@@ -74,10 +92,16 @@ def test_bf16_capture_through_the_worker_path(vllm_server_bf16, float32_model):
 def test_bf16_response_rows_only(vllm_server_bf16):
     prompt, response, path = _chat_with_capture(vllm_server_bf16)
     hidden = load_capture(path, prompt + response[:-1])
-    rows = select_rows(hidden, prompt_len=len(prompt), response_len=len(response),
-                       sequence_mode="response", layer_index=[0, 15, 30], dtype="float16")
+    rows = select_rows(
+        hidden,
+        prompt_len=len(prompt),
+        response_len=len(response),
+        sequence_mode="response",
+        layer_index=[0, 15, 30],
+        dtype="float16",
+    )
     # response mode starts at the last prompt position (the state that predicts response[0])
     assert rows.row0_position == len(prompt) - 1
     assert rows.acts.shape == (3, len(response), HIDDEN)
-    tail = hidden[len(prompt) - 1:][:, [0, 15, 30]].astype(np.float32)
+    tail = hidden[len(prompt) - 1 :][:, [0, 15, 30]].astype(np.float32)
     assert np.array_equal(rows.acts, tail.transpose(1, 0, 2).astype(np.float16))

@@ -26,9 +26,15 @@ def _flag(argv: list[str], name: str) -> str:
 
 def test_command_with_capture(tmp_path):
     argv = vllm_server_command(
-        tmp_path / "model", host="127.0.0.1", port=8123, layer_ids=range(31),
-        spool_dir=tmp_path / "spool", dtype="float32", served_model_name="smol",
-        extra_args=["--max-model-len", "2048"], python="/venv/bin/python",
+        tmp_path / "model",
+        host="127.0.0.1",
+        port=8123,
+        layer_ids=range(31),
+        spool_dir=tmp_path / "spool",
+        dtype="float32",
+        served_model_name="smol",
+        extra_args=["--max-model-len", "2048"],
+        python="/venv/bin/python",
     )
     assert argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert _flag(argv, "--model") == str(tmp_path / "model")
@@ -41,7 +47,9 @@ def test_command_with_capture(tmp_path):
     spec = json.loads(_flag(argv, "--speculative-config"))
     assert spec["method"] == "extract_hidden_states"
     assert spec["num_speculative_tokens"] == 1
-    assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == list(range(31))
+    assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == list(
+        range(31)
+    )
     kv = json.loads(_flag(argv, "--kv-transfer-config"))
     assert kv == {
         "kv_connector": CONNECTOR_NAME,
@@ -53,8 +61,13 @@ def test_command_with_capture(tmp_path):
 
 def test_command_without_capture_has_no_capture_flags(tmp_path):
     argv = vllm_server_command(
-        tmp_path, host="0.0.0.0", port=1, layer_ids=None, spool_dir=None,
-        dtype="bfloat16", served_model_name="m",
+        tmp_path,
+        host="0.0.0.0",
+        port=1,
+        layer_ids=None,
+        spool_dir=None,
+        dtype="bfloat16",
+        served_model_name="m",
     )
     assert argv[0] == sys.executable
     assert "--speculative-config" not in argv and "--kv-transfer-config" not in argv
@@ -80,7 +93,9 @@ def test_capture_flags_need_layers():
 
 
 def test_env_cpu(tmp_path):
-    env = vllm_server_env({"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1"}, gpu=None, cache_dir=tmp_path)
+    env = vllm_server_env(
+        {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1"}, gpu=None, cache_dir=tmp_path
+    )
     assert env["PATH"] == "/bin"
     assert env["CUDA_VISIBLE_DEVICES"] == ""
     for name in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TMPDIR"):

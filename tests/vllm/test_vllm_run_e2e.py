@@ -1,4 +1,4 @@
-"""The run end to end with ``--backend vllm`` (real vllm-cpu), issue 4's acceptance.
+"""The run end to end with ``--backend vllm`` (real vllm-cpu).
 
 One orchestrator run on SmolLM2 (float32) with a managed vLLM server: the same artifact checks
 as the embedded backend, the activations against the embedded server's for the same token ids,
@@ -21,8 +21,13 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install_vllm_cpu.sh)")
 
 from orchestrator.run.vllm_backend import engine_child_pids  # noqa: E402
-from tests.e2e.conftest import (REPO, free_port_block, orchestrator_cmd,  # noqa: E402
-                                run_with_saboteur, worker_rows)
+from tests.e2e.conftest import (
+    REPO,
+    free_port_block,
+    orchestrator_cmd,  # noqa: E402
+    run_with_saboteur,
+    worker_rows,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
@@ -51,15 +56,34 @@ def _cmdline(pid: int) -> bytes:
 def vllm_run(tmp_path_factory):
     """A vLLM-backed run whose EngineCore is SIGSTOPped once, mid-run."""
     root = tmp_path_factory.mktemp("vllm_run")
-    cmd = orchestrator_cmd(root, "--backend", "vllm", "--limit", "8", "--k-samples", "1",
-                           "--max-tokens", "12", "--storage-format", "npy",
-                           "--groups-in-flight", "1", "--watchdog-stall-seconds", "20",
-                           "--server-startup-timeout", "900", "--request-timeout", "300")
+    cmd = orchestrator_cmd(
+        root,
+        "--backend",
+        "vllm",
+        "--limit",
+        "8",
+        "--k-samples",
+        "1",
+        "--max-tokens",
+        "12",
+        "--storage-format",
+        "npy",
+        "--groups-in-flight",
+        "1",
+        "--watchdog-stall-seconds",
+        "20",
+        "--server-startup-timeout",
+        "900",
+        "--request-timeout",
+        "300",
+    )
     seen_pids: set[int] = set()
     stopped: list[int] = []
 
     def committed() -> int:
-        return sum(len(p.read_text().splitlines()) for p in root.glob("worker_*/prompt_index.jsonl"))
+        return sum(
+            len(p.read_text().splitlines()) for p in root.glob("worker_*/prompt_index.jsonl")
+        )
 
     def sabotage(proc):
         pidfile = root / "servers" / "server_0.pid"
@@ -114,21 +138,41 @@ def test_vllm_activations_match_the_embedded_server(vllm_run):
     root = vllm_run[0]
     prompts = {p["prompt_id"]: p for p in worker_rows(root, "prompt_index.jsonl")}
     gen = worker_rows(root, "generations.jsonl")[0]
-    act = next(a for a in worker_rows(root, "activation_index.jsonl")
-               if a["activation_key"] == gen["activation_key"])
+    act = next(
+        a
+        for a in worker_rows(root, "activation_index.jsonl")
+        if a["activation_key"] == gen["activation_key"]
+    )
     ids = prompts[gen["prompt_id"]]["prompt_token_ids"] + gen["token_ids"][:-1]
     port = free_port_block(1)
     spool = root / "embedded_spool"
-    server = subprocess.Popen([sys.executable, "-m", "serving", "--model",
-                               str(default_model_dir()), "--port", str(port), "--spool-dir",
-                               str(spool), "--num-threads", "1"], cwd=REPO,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "serving",
+            "--model",
+            str(default_model_dir()),
+            "--port",
+            str(port),
+            "--spool-dir",
+            str(spool),
+            "--num-threads",
+            "1",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, 300, process=server)
         model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
-        body = httpx.post(f"{url}/v1/completions", timeout=300,
-                          json={"model": model, "prompt": ids, "max_tokens": 1}).json()
+        body = httpx.post(
+            f"{url}/v1/completions",
+            timeout=300,
+            json={"model": model, "prompt": ids, "max_tokens": 1},
+        ).json()
         assert body.get("kv_transfer_params"), body
         path = body["kv_transfer_params"]["hidden_states_path"]
         embedded = load_file(path)["hidden_states"]  # (T, 31, H) float32
@@ -136,7 +180,7 @@ def test_vllm_activations_match_the_embedded_server(vllm_run):
         server.terminate()
         server.wait(timeout=60)
     stored = np.load(root / f"worker_{act['worker_id']}" / act["file_path"]).astype(np.float32)
-    ref = np.transpose(embedded[act["row0_position"]:], (1, 0, 2))
+    ref = np.transpose(embedded[act["row0_position"] :], (1, 0, 2))
     assert stored.shape == ref.shape
     for layer in range(NUM_LAYERS + 1):
         scale = max(1.0, float(np.abs(ref[layer]).max()))

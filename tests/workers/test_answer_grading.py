@@ -28,5 +28,8 @@ def test_judged_and_missing_references_are_not_graded():
     for ref in ({"kind": "judge", "value": "x"}, {"value": "x", "document": "d"}, "Someone", None):
         assert answer_grader(group(ref))("x") is None
     assert _grade_fields(None) == {"label": None, "label_grader": None, "label_status": None}
-    assert _grade_fields(Grade(1, "numeric_match", "unparsed")) == \
-        {"label": 1, "label_grader": "numeric_match", "label_status": "unparsed"}
+    assert _grade_fields(Grade(1, "numeric_match", "unparsed")) == {
+        "label": 1,
+        "label_grader": "numeric_match",
+        "label_status": "unparsed",
+    }

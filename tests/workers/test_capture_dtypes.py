@@ -13,7 +13,11 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 def _all_bf16(tokens: int, layers: int = 6, hidden: int = 600) -> np.ndarray:
     """Random bfloat16 words: every bit pattern, NaNs with payloads and infinities included."""
     rng = np.random.default_rng(tokens)
-    return rng.integers(0, 2**16, (tokens, layers, hidden), dtype=np.uint64).astype(np.uint16).view(BF16)
+    return (
+        rng.integers(0, 2**16, (tokens, layers, hidden), dtype=np.uint64)
+        .astype(np.uint16)
+        .view(BF16)
+    )
 
 
 @pytest.mark.parametrize("layer_index", [None, [0, 2, 5], [-1]])
@@ -23,7 +27,9 @@ def test_bfloat16_capture_into_bfloat16_store_is_copied_not_cast(monkeypatch, la
     bit kept (NaN payloads too); neither torch nor a numpy cast runs."""
     hidden = _all_bf16(tokens)
     hidden.flags.writeable = False  # as a mapped capture file is
-    monkeypatch.setattr(capture, "_torch_copy", lambda *a: pytest.fail("bf16 -> bf16 went through torch"))
+    monkeypatch.setattr(
+        capture, "_torch_copy", lambda *a: pytest.fail("bf16 -> bf16 went through torch")
+    )
     got = transpose_cast(hidden, layer_index, "bfloat16")
     want = hidden if layer_index is None else hidden[:, layer_index, :]
     want = np.ascontiguousarray(want.view(np.uint16).transpose(1, 0, 2))
@@ -41,9 +47,12 @@ def test_cast_into_bfloat16_rounds_as_ml_dtypes(src, tokens):
     width = 32 if src == "float32" else 16
     bits = rng.integers(0, 2**width, (tokens, 6, 600), dtype=np.uint64).astype(f"<u{width // 8}")
     hidden = bits.view(src).copy()
-    edges = [np.inf, -np.inf, 3.3961e38, 1.0039062, 1.0117188, -0.0, 9.2e-41, 1e-45] if src == "float32" \
+    edges = (
+        [np.inf, -np.inf, 3.3961e38, 1.0039062, 1.0117188, -0.0, 9.2e-41, 1e-45]
+        if src == "float32"
         else [np.inf, -np.inf, 65504.0, 1.0039062, -0.0, 6e-8, 1.0, 2.0]
-    hidden[-1, 0, :len(edges)] = edges
+    )
+    hidden[-1, 0, : len(edges)] = edges
     with np.errstate(over="ignore", invalid="ignore"):
         want = np.ascontiguousarray(hidden[:, [5, 1]].transpose(1, 0, 2).astype(BF16))
         got = transpose_cast(hidden, [5, 1], "bfloat16")
@@ -57,11 +66,19 @@ def test_cast_into_bfloat16_rounds_as_ml_dtypes(src, tokens):
 
 def test_select_rows_keeps_a_bfloat16_capture_as_it_is():
     hidden = _all_bf16(9, layers=3, hidden=4)
-    rows = select_rows(hidden, prompt_len=5, response_len=4, sequence_mode="response", layer_index=None,
-                       dtype="bfloat16")
+    rows = select_rows(
+        hidden,
+        prompt_len=5,
+        response_len=4,
+        sequence_mode="response",
+        layer_index=None,
+        dtype="bfloat16",
+    )
     assert rows.acts.dtype == BF16 and rows.row0_position == 4 and rows.prompt_rows == 1
-    assert rows.acts.view(np.uint16).tobytes() == \
-        np.ascontiguousarray(hidden[4:].view(np.uint16).transpose(1, 0, 2)).tobytes()
+    assert (
+        rows.acts.view(np.uint16).tobytes()
+        == np.ascontiguousarray(hidden[4:].view(np.uint16).transpose(1, 0, 2)).tobytes()
+    )
 
 
 def test_run_dtype_accepts_bfloat16():

@@ -16,11 +16,19 @@ def _hidden(num_tokens):
 
 
 @pytest.mark.parametrize("num_tokens", [P + R - 1, P + R])
-@pytest.mark.parametrize("mode,first,prompt_rows", [
-    ("all", 0, P), ("prompt", 0, P), ("response", P - 1, 1), ("last", None, 0)])
+@pytest.mark.parametrize(
+    "mode,first,prompt_rows",
+    [("all", 0, P), ("prompt", 0, P), ("response", P - 1, 1), ("last", None, 0)],
+)
 def test_rows_follow_the_alignment_convention(num_tokens, mode, first, prompt_rows):
-    rows = select_rows(_hidden(num_tokens), prompt_len=P, response_len=R, sequence_mode=mode,
-                       layer_index=None, dtype="float16")
+    rows = select_rows(
+        _hidden(num_tokens),
+        prompt_len=P,
+        response_len=R,
+        sequence_mode=mode,
+        layer_index=None,
+        dtype="float16",
+    )
     assert rows.acts.shape[0] == L and rows.acts.dtype == np.float16
     positions = rows.acts[0, :, 0].astype(int).tolist()
     start = num_tokens - 1 if first is None else first
@@ -36,18 +44,26 @@ def test_rows_follow_the_alignment_convention(num_tokens, mode, first, prompt_ro
 
 def test_wrong_token_count_is_refused():
     with pytest.raises(CaptureError):
-        select_rows(_hidden(P + R + 3), prompt_len=P, response_len=R, sequence_mode="all",
-                    layer_index=None, dtype="float32")
+        select_rows(
+            _hidden(P + R + 3),
+            prompt_len=P,
+            response_len=R,
+            sequence_mode="all",
+            layer_index=None,
+            dtype="float32",
+        )
 
 
 def test_load_capture_checks_token_ids_and_deletes(tmp_path):
     path = tmp_path / "x.safetensors"
-    save_file({"hidden_states": _hidden(3), "token_ids": np.array([1, 2, 3], dtype=np.int64)},
-              str(path))
+    save_file(
+        {"hidden_states": _hidden(3), "token_ids": np.array([1, 2, 3], dtype=np.int64)}, str(path)
+    )
     assert load_capture(str(path), [1, 2, 3]).shape == (3, L, H)
     assert not path.exists()
-    save_file({"hidden_states": _hidden(3), "token_ids": np.array([1, 2, 4], dtype=np.int64)},
-              str(path))
+    save_file(
+        {"hidden_states": _hidden(3), "token_ids": np.array([1, 2, 4], dtype=np.int64)}, str(path)
+    )
     with pytest.raises(CaptureError, match="token ids differ"):
         load_capture(str(path), [1, 2, 3])
     path.write_bytes(b"\x10\x00\x00")
@@ -65,7 +81,7 @@ def test_transpose_cast_is_numpys_cast_bit_for_bit(layer_index, dtype, tokens):
     bits = rng.integers(0, 2**32, (tokens, 6, 600), dtype=np.uint64).astype(np.uint32)
     hidden = bits.view(np.float32).copy()
     hidden[np.isnan(hidden)] = np.float32(np.nan)  # a signalling NaN is quieted by torch only
-    hidden[1, -1, :4] = [np.inf, -np.inf, 65520.0, 2.0 ** -25]  # overflow / rounding edges
+    hidden[1, -1, :4] = [np.inf, -np.inf, 65520.0, 2.0**-25]  # overflow / rounding edges
     rows = hidden[1:]
     want = rows if layer_index is None else rows[:, layer_index, :]
     with np.errstate(over="ignore"):
@@ -92,7 +108,7 @@ def test_bfloat16_captures_cast_as_ml_dtypes_does_bit_for_bit(layer_index, dtype
     hidden = bits.view(ml_dtypes.bfloat16).copy()
     nan = np.isnan(hidden.astype(np.float32))
     hidden[nan] = ml_dtypes.bfloat16(np.nan)  # NaN payloads: only "is NaN" is kept
-    hidden[-1, 0, :4] = [np.inf, 70000.0, 65520.0, 2.0 ** -25]  # float16 overflow / rounding
+    hidden[-1, 0, :4] = [np.inf, 70000.0, 65520.0, 2.0**-25]  # float16 overflow / rounding
     rows = hidden[1:] if tokens > 3 else hidden
     rows.flags.writeable = False  # as a mapped capture file is
     with np.errstate(over="ignore"):
@@ -122,8 +138,9 @@ def test_load_capture_reads_every_dtype_the_servers_write(tmp_path):
 
 def test_a_truncated_capture_file_is_unreadable(tmp_path):
     path = tmp_path / "x.safetensors"
-    save_file({"hidden_states": _hidden(3), "token_ids": np.array([1, 2, 3], dtype=np.int64)},
-              str(path))
+    save_file(
+        {"hidden_states": _hidden(3), "token_ids": np.array([1, 2, 3], dtype=np.int64)}, str(path)
+    )
     path.write_bytes(path.read_bytes()[:-5])
     with pytest.raises(CaptureError, match="unreadable.*truncated"):
         load_capture(str(path), [1, 2, 3])
@@ -142,8 +159,10 @@ def test_the_reader_waits_for_the_writers_lock_then_reads(tmp_path):
     lock = os.open(path + ".lock", os.O_CREAT | os.O_WRONLY, 0o644)
     fcntl.flock(lock, fcntl.LOCK_EX)
 
-    save_file({"hidden_states": np.ones((3, 2, 4), np.float32),
-               "token_ids": np.array([5, 6, 7])}, str(tmp_path / "whole"))
+    save_file(
+        {"hidden_states": np.ones((3, 2, 4), np.float32), "token_ids": np.array([5, 6, 7])},
+        str(tmp_path / "whole"),
+    )
     data = (tmp_path / "whole").read_bytes()
     os.unlink(tmp_path / "whole")
 

@@ -23,8 +23,8 @@ import pytest
 from contracts import layout
 from contracts.jsonl import iter_rows
 from contracts.prompt_group import PromptGroup
-from workers.client import BackendClient
 from tests.workers.worker_harness import process_group
+from workers.client import BackendClient
 from workers.worker import WorkerSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,24 +32,42 @@ REPO = Path(__file__).resolve().parents[2]
 #: vLLM's CompletionResponse: prompt_token_ids and token_ids per choice; the chosen token added
 #: to each top_logprobs dict (6 entries when it is not among the top 5)
 VLLM_REPLY = {
-    "id": "cmpl-1", "object": "text_completion", "created": 0, "model": "m",
-    "choices": [{"index": 0, "text": " Paris", "finish_reason": "stop", "stop_reason": None,
-                 "prompt_token_ids": [11, 12, 13], "token_ids": [7, 8],
-                 "logprobs": {"text_offset": [0, 4], "tokens": [" Par", "is"],
-                              "token_logprobs": [-0.1, -3.0],
-                              "top_logprobs": [
-                                  {" Par": -0.1, " Lon": -2.5, " Rome": -4.0},
-                                  {"a": -0.5, "b": -1.0, "c": -1.5, "d": -2.0, "e": -2.5,
-                                   "is": -3.0}]}}],
+    "id": "cmpl-1",
+    "object": "text_completion",
+    "created": 0,
+    "model": "m",
+    "choices": [
+        {
+            "index": 0,
+            "text": " Paris",
+            "finish_reason": "stop",
+            "stop_reason": None,
+            "prompt_token_ids": [11, 12, 13],
+            "token_ids": [7, 8],
+            "logprobs": {
+                "text_offset": [0, 4],
+                "tokens": [" Par", "is"],
+                "token_logprobs": [-0.1, -3.0],
+                "top_logprobs": [
+                    {" Par": -0.1, " Lon": -2.5, " Rome": -4.0},
+                    {"a": -0.5, "b": -1.0, "c": -1.5, "d": -2.0, "e": -2.5, "is": -3.0},
+                ],
+            },
+        }
+    ],
     "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
     "kv_transfer_params": {"hidden_states_path": "/spool/b.safetensors"},
 }
 #: the embedded server: prompt_token_ids top-level too, the raw logits as token_logits
 EMBEDDED_REPLY = {
-    **VLLM_REPLY, "prompt_token_ids": [11, 12, 13],
-    "choices": [{**VLLM_REPLY["choices"][0],
-                 "logprobs": {**VLLM_REPLY["choices"][0]["logprobs"],
-                              "token_logits": [12.5, 3.25]}}],
+    **VLLM_REPLY,
+    "prompt_token_ids": [11, 12, 13],
+    "choices": [
+        {
+            **VLLM_REPLY["choices"][0],
+            "logprobs": {**VLLM_REPLY["choices"][0]["logprobs"], "token_logits": [12.5, 3.25]},
+        }
+    ],
 }
 
 
@@ -84,10 +102,17 @@ def _complete(url: str, capture: bool):
     async def go():
         client = BackendClient(url, "m", timeout=5, attempts=1)
         try:
-            return await client.complete("Q: Capital of France?\nA:", temperature=0.7,
-                                         top_p=0.9, max_tokens=4, seed=5, capture=capture)
+            return await client.complete(
+                "Q: Capital of France?\nA:",
+                temperature=0.7,
+                top_p=0.9,
+                max_tokens=4,
+                seed=5,
+                capture=capture,
+            )
         finally:
             await client.close()
+
     return asyncio.run(go())
 
 
@@ -97,19 +122,29 @@ def test_complete_sends_a_text_prompt_and_reads_the_legacy_logprobs(server, repl
     comp = _complete(server, capture=True)
     path, sent = _Server.seen[-1]
     assert path == "/v1/completions"
-    assert sent == {"model": "m", "prompt": "Q: Capital of France?\nA:", "temperature": 0.7,
-                    "top_p": 0.9, "max_tokens": 4, "seed": 5, "n": 1, "logprobs": 5,
-                    "return_token_ids": True,
-                    "kv_transfer_params": {"include_output_tokens": True}}
+    assert sent == {
+        "model": "m",
+        "prompt": "Q: Capital of France?\nA:",
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "max_tokens": 4,
+        "seed": 5,
+        "n": 1,
+        "logprobs": 5,
+        "return_token_ids": True,
+        "kv_transfer_params": {"include_output_tokens": True},
+    }
     assert comp.text == " Paris" and comp.finish_reason == "stop"
     assert comp.prompt_token_ids == [11, 12, 13] and comp.token_ids == [7, 8]
     assert comp.hidden_states_path == "/spool/b.safetensors"
     assert comp.usage["completion_tokens"] == 2
     first, second = comp.logprobs
     assert first["token"] == " Par" and first["logprob"] == -0.1
-    assert first["top_logprobs"] == [{"token": " Par", "logprob": -0.1},
-                                     {"token": " Lon", "logprob": -2.5},
-                                     {"token": " Rome", "logprob": -4.0}]
+    assert first["top_logprobs"] == [
+        {"token": " Par", "logprob": -0.1},
+        {"token": " Lon", "logprob": -2.5},
+        {"token": " Rome", "logprob": -4.0},
+    ]
     # sorted by logprob and cut to 5: the chosen token vLLM adds falls off, as in chat
     assert [t["token"] for t in second["top_logprobs"]] == ["a", "b", "c", "d", "e"]
     if reply is EMBEDDED_REPLY:
@@ -119,8 +154,11 @@ def test_complete_sends_a_text_prompt_and_reads_the_legacy_logprobs(server, repl
 
 
 def test_complete_without_capture_and_without_logprobs(server):
-    _Server.reply = {**VLLM_REPLY, "kv_transfer_params": None,
-                     "choices": [{**VLLM_REPLY["choices"][0], "logprobs": None}]}
+    _Server.reply = {
+        **VLLM_REPLY,
+        "kv_transfer_params": None,
+        "choices": [{**VLLM_REPLY["choices"][0], "logprobs": None}],
+    }
     comp = _complete(server, capture=False)
     assert "kv_transfer_params" not in _Server.seen[-1][1]
     assert comp.hidden_states_path is None and comp.logprobs == []
@@ -128,6 +166,7 @@ def test_complete_without_capture_and_without_logprobs(server):
 
 
 # ---- a worker with a text-prompt group, against the instant backend -----------------------------
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -139,10 +178,24 @@ def _free_port() -> int:
 def instant(tmp_path):
     spool = layout.spool_dir(tmp_path, 0)
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "instant_backend.py"),
-                             "--port", str(port), "--spool-dir", str(spool),
-                             "--num-layer-ids", "2", "--hidden-size", "8",
-                             "--answer-tokens", "4", "--served-model-name", "m"])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "bench" / "instant_backend.py"),
+            "--port",
+            str(port),
+            "--spool-dir",
+            str(spool),
+            "--num-layer-ids",
+            "2",
+            "--hidden-size",
+            "8",
+            "--answer-tokens",
+            "4",
+            "--served-model-name",
+            "m",
+        ]
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     try:
@@ -162,16 +215,30 @@ def instant(tmp_path):
 def test_a_worker_sends_a_text_prompt_group_to_completions(instant):
     url, root = instant
     prompt = "Answer briefly.\n\nQ: 2+2?\nA: 4\n\nQ: Capital of France?\nA:"
-    group = PromptGroup.create("qa", "test", 0, [], reference={"value": "Paris",
-                                                             "aliases": ["Paris"]},
-                               prompt=prompt)
+    group = PromptGroup.create(
+        "qa", "test", 0, [], reference={"value": "Paris", "aliases": ["Paris"]}, prompt=prompt
+    )
     assert group.prompt_text == prompt and group.messages == []
-    spec = WorkerSpec(worker_id=0, server_url=url, model_name="m",
-                      worker_dir=str(layout.worker_dir(root, 0)), storage_format="npy",
-                      layer_ids=(0, 1), hidden_size=8, sequence_mode="response",
-                      dtype="float16", capture_mode="generation", k_samples=1,
-                      primary_temperature=0.0, sample_temperature=0.7, sample_top_p=0.95,
-                      max_tokens=4, seed=0, groups_in_flight=1, request_timeout=5.0)
+    spec = WorkerSpec(
+        worker_id=0,
+        server_url=url,
+        model_name="m",
+        worker_dir=str(layout.worker_dir(root, 0)),
+        storage_format="npy",
+        layer_ids=(0, 1),
+        hidden_size=8,
+        sequence_mode="response",
+        dtype="float16",
+        capture_mode="generation",
+        k_samples=1,
+        primary_temperature=0.0,
+        sample_temperature=0.7,
+        sample_top_p=0.95,
+        max_tokens=4,
+        seed=0,
+        groups_in_flight=1,
+        request_timeout=5.0,
+    )
     events = process_group(spec, group)
     assert [e["event"] for e in events] == ["done"], events
     assert events[0]["capture_errors"] == 0 and events[0]["generations"] == 2

@@ -10,15 +10,36 @@ import pytest
 from workers.client import BackendClient, BackendHTTPError
 
 REPLY = {
-    "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+    "id": "x",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "m",
     "prompt_token_ids": [1, 2],
-    "choices": [{"index": 0, "finish_reason": "stop", "token_ids": [7, 8],
-                 "message": {"role": "assistant", "content": "Paris"},
-                 "logprobs": {"content": [
-                     {"token": "Par", "logprob": -0.1, "bytes": None, "logit": 12.5,
-                      "top_logprobs": [{"token": "Par", "logprob": -0.1, "bytes": None}]},
-                     {"token": "is", "logprob": -0.2, "bytes": None,
-                      "top_logprobs": [{"token": "is", "logprob": -0.2, "bytes": None}]}]}}],
+    "choices": [
+        {
+            "index": 0,
+            "finish_reason": "stop",
+            "token_ids": [7, 8],
+            "message": {"role": "assistant", "content": "Paris"},
+            "logprobs": {
+                "content": [
+                    {
+                        "token": "Par",
+                        "logprob": -0.1,
+                        "bytes": None,
+                        "logit": 12.5,
+                        "top_logprobs": [{"token": "Par", "logprob": -0.1, "bytes": None}],
+                    },
+                    {
+                        "token": "is",
+                        "logprob": -0.2,
+                        "bytes": None,
+                        "top_logprobs": [{"token": "is", "logprob": -0.2, "bytes": None}],
+                    },
+                ]
+            },
+        }
+    ],
     "usage": {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4},
     "kv_transfer_params": {"hidden_states_path": "/spool/a.safetensors"},
 }
@@ -32,8 +53,9 @@ class _Scripted(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).seen.append(body)
         status = type(self).script.pop(0) if type(self).script else 200
-        payload = REPLY if status == 200 else {"error": {"message": "boom", "type": "x",
-                                                         "code": status}}
+        payload = (
+            REPLY if status == 200 else {"error": {"message": "boom", "type": "x", "code": status}}
+        )
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -60,10 +82,17 @@ def _chat(url):
 
     async def go():
         try:
-            return await client.chat([{"role": "user", "content": "q"}], temperature=0.0,
-                                     top_p=1.0, max_tokens=4, seed=1, capture=True)
+            return await client.chat(
+                [{"role": "user", "content": "q"}],
+                temperature=0.0,
+                top_p=1.0,
+                max_tokens=4,
+                seed=1,
+                capture=True,
+            )
         finally:
             await client.close()
+
     return asyncio.run(go())
 
 

@@ -8,6 +8,7 @@ Faults are injected for real (``workers._faults``); recovery runs on the bytes l
 from __future__ import annotations
 
 import asyncio
+
 import pytest
 
 from contracts import layout
@@ -109,8 +110,7 @@ def test_waiting_groups_commit_together_and_a_bad_one_fails_alone(tmp_path):
         bad = _group(PIDS[1])  # its first sample reuses a key the store already holds
         bad[1][0].activation_row["activation_key"] = f"{PIDS[0]}_0"
         groups = [bad, *(_group(p) for p in PIDS[2:5])]
-        return await asyncio.gather(*[committer.commit(*g) for g in groups],
-                                    return_exceptions=True)
+        return await asyncio.gather(*[committer.commit(*g) for g in groups], return_exceptions=True)
 
     try:
         outcomes = asyncio.run(main())

@@ -29,22 +29,33 @@ def _group(pid: str, k: int = 1) -> tuple[dict, list[GenerationRecord]]:
     for sid in range(k + 1):
         rows = 3 + sid
         acts = np.full((len(LAYERS), rows, HIDDEN), hash((pid, sid)) % 97, dtype=DTYPE)
-        gens.append(GenerationRecord(
-            row={"prompt_id": pid, "sample_id": sid, "text": "x" * 50},
-            acts=acts, prompt_rows=1, response_rows=rows - 1, label=1,
-            activation_row={"prompt_id": pid, "sample_id": sid,
-                            "activation_key": f"{pid}_{sid}"}))
+        gens.append(
+            GenerationRecord(
+                row={"prompt_id": pid, "sample_id": sid, "text": "x" * 50},
+                acts=acts,
+                prompt_rows=1,
+                response_rows=rows - 1,
+                label=1,
+                activation_row={
+                    "prompt_id": pid,
+                    "sample_id": sid,
+                    "activation_key": f"{pid}_{sid}",
+                },
+            )
+        )
     return {"prompt_id": pid, "prompt": "q?"}, gens
 
 
 def _open(root, fmt) -> WorkerDir:
-    return WorkerDir(root, worker_id=0, storage_format=fmt, layer_ids=LAYERS,
-                     hidden_size=HIDDEN, dtype=DTYPE)
+    return WorkerDir(
+        root, worker_id=0, storage_format=fmt, layer_ids=LAYERS, hidden_size=HIDDEN, dtype=DTYPE
+    )
 
 
 def _recover(root, fmt) -> set[str]:
-    return recover_worker_dir(root, storage_format=fmt, layer_ids=LAYERS, hidden_size=HIDDEN,
-                              dtype=DTYPE)
+    return recover_worker_dir(
+        root, storage_format=fmt, layer_ids=LAYERS, hidden_size=HIDDEN, dtype=DTYPE
+    )
 
 
 def _check_exactly_once(root, fmt) -> None:
@@ -52,8 +63,9 @@ def _check_exactly_once(root, fmt) -> None:
     assert sorted(r["prompt_id"] for r in prompts) == PROMPTS
     commits = {r["prompt_id"]: r["commit_id"] for r in prompts}
     gens = [g for g in iter_rows(root / layout.GENERATIONS) if g["commit_id"] in commits.values()]
-    assert sorted((g["prompt_id"], g["sample_id"]) for g in gens) == \
-        [(p, s) for p in PROMPTS for s in (0, 1)]
+    assert sorted((g["prompt_id"], g["sample_id"]) for g in gens) == [
+        (p, s) for p in PROMPTS for s in (0, 1)
+    ]
     index = [r for r in iter_rows(root / layout.ACTIVATION_INDEX)]
     keys = [r["activation_key"] for r in index]
     assert sorted(keys) == sorted(f"{p}_{s}" for p in PROMPTS for s in (0, 1)), keys
@@ -179,8 +191,9 @@ def test_failed_group_does_not_poison_the_next_resume(tmp_path):
     wd.close()
     assert _recover(root, "packed") == {PROMPTS[0], PROMPTS[2]}
     log = (root / "activations" / "commit.log").read_text().splitlines()
-    assert [json.loads(x)["key"] for x in log[1:]] == \
-        [f"{p}_{s}" for p in (PROMPTS[0], PROMPTS[2]) for s in (0, 1)]
+    assert [json.loads(x)["key"] for x in log[1:]] == [
+        f"{p}_{s}" for p in (PROMPTS[0], PROMPTS[2]) for s in (0, 1)
+    ]
     _persist_rest(root, "packed", {PROMPTS[0], PROMPTS[2]})
     _check_exactly_once(root, "packed")
 
@@ -190,7 +203,7 @@ def test_failed_group_does_not_poison_the_next_resume(tmp_path):
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.fuzzing import FUZZ, DOCUMENTED, mutate, mutations, no_hang, snapshot  # noqa: E402
+from tests.fuzzing import DOCUMENTED, FUZZ, mutate, mutations, no_hang, snapshot  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -215,8 +228,12 @@ def test_recovery_of_a_damaged_directory_only_truncates(committed_dir, tmp_path,
     if root.exists():
         shutil.rmtree(root)
     shutil.copytree(committed_dir, root)
-    names = [layout.PROMPT_INDEX, layout.GENERATIONS, layout.ACTIVATION_INDEX,
-             "activations/commit.log"]
+    names = [
+        layout.PROMPT_INDEX,
+        layout.GENERATIONS,
+        layout.ACTIVATION_INDEX,
+        "activations/commit.log",
+    ]
     target = root / names[pick % len(names)]
     target.write_bytes(mutate(target.read_bytes(), m))
     before = snapshot(root)
@@ -226,8 +243,9 @@ def test_recovery_of_a_damaged_directory_only_truncates(committed_dir, tmp_path,
         assert done <= set(PROMPTS)
     except DOCUMENTED as exc:
         assert str(root) in str(exc), exc
-        assert (root / layout.PROMPT_INDEX).read_bytes() == before[layout.PROMPT_INDEX] or \
-            before[layout.PROMPT_INDEX].startswith((root / layout.PROMPT_INDEX).read_bytes())
+        assert (root / layout.PROMPT_INDEX).read_bytes() == before[layout.PROMPT_INDEX] or before[
+            layout.PROMPT_INDEX
+        ].startswith((root / layout.PROMPT_INDEX).read_bytes())
     after = snapshot(root)
     for name, data in before.items():
         if name.startswith("activations/") and not name.endswith(("commit.log", ".bin")):

@@ -36,19 +36,33 @@ def _free_port() -> int:
 def _pool() -> np.ndarray:
     """The instant backend's capture rows: row p is the hidden state at position p."""
     rng = np.random.default_rng(0)
-    return rng.standard_normal((MAX_PROMPT + ANSWER_TOKENS + 1, LAYERS, HIDDEN)
-                               ).astype(np.float16)
+    return rng.standard_normal((MAX_PROMPT + ANSWER_TOKENS + 1, LAYERS, HIDDEN)).astype(np.float16)
 
 
 @pytest.fixture
 def instant(tmp_path):
     spool = layout.spool_dir(tmp_path, 0)
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "instant_backend.py"),
-                             "--port", str(port), "--spool-dir", str(spool),
-                             "--num-layer-ids", str(LAYERS), "--hidden-size", str(HIDDEN),
-                             "--answer-tokens", str(ANSWER_TOKENS),
-                             "--max-prompt-tokens", str(MAX_PROMPT), "--served-model-name", "m"])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "bench" / "instant_backend.py"),
+            "--port",
+            str(port),
+            "--spool-dir",
+            str(spool),
+            "--num-layer-ids",
+            str(LAYERS),
+            "--hidden-size",
+            str(HIDDEN),
+            "--answer-tokens",
+            str(ANSWER_TOKENS),
+            "--max-prompt-tokens",
+            str(MAX_PROMPT),
+            "--served-model-name",
+            "m",
+        ]
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     try:
@@ -65,17 +79,43 @@ def instant(tmp_path):
         proc.wait(timeout=10)
 
 
-def _run(url: str, root: Path, *, capture_mode: str, positions, k: int = 7,
-         max_tokens: int = ANSWER_TOKENS):
-    group = PromptGroup.create("triviaqa", "dev", 0, [{"role": "user", "content": "Capital?"}],
-                               reference={"value": "Paris", "aliases": ["Paris"]})
-    spec = WorkerSpec(worker_id=0, server_url=url, model_name="m",
-                      worker_dir=str(layout.worker_dir(root, 0)), storage_format="packed",
-                      layer_ids=tuple(range(LAYERS)), hidden_size=HIDDEN,
-                      sequence_mode="positions" if positions else "response", dtype="float16",
-                      capture_mode=capture_mode, k_samples=k, primary_temperature=0.0,
-                      sample_temperature=0.7, sample_top_p=0.95, max_tokens=max_tokens,
-                      seed=0, groups_in_flight=1, request_timeout=5.0, positions=positions)
+def _run(
+    url: str,
+    root: Path,
+    *,
+    capture_mode: str,
+    positions,
+    k: int = 7,
+    max_tokens: int = ANSWER_TOKENS,
+):
+    group = PromptGroup.create(
+        "triviaqa",
+        "dev",
+        0,
+        [{"role": "user", "content": "Capital?"}],
+        reference={"value": "Paris", "aliases": ["Paris"]},
+    )
+    spec = WorkerSpec(
+        worker_id=0,
+        server_url=url,
+        model_name="m",
+        worker_dir=str(layout.worker_dir(root, 0)),
+        storage_format="packed",
+        layer_ids=tuple(range(LAYERS)),
+        hidden_size=HIDDEN,
+        sequence_mode="positions" if positions else "response",
+        dtype="float16",
+        capture_mode=capture_mode,
+        k_samples=k,
+        primary_temperature=0.0,
+        sample_temperature=0.7,
+        sample_top_p=0.95,
+        max_tokens=max_tokens,
+        seed=0,
+        groups_in_flight=1,
+        request_timeout=5.0,
+        positions=positions,
+    )
     events = process_group(spec, group)
     assert [e["event"] for e in events] == ["done"], events
     wdir = layout.worker_dir(root, 0)
@@ -88,8 +128,7 @@ def _run(url: str, root: Path, *, capture_mode: str, positions, k: int = 7,
 @pytest.mark.parametrize("capture_mode", ["generation", "prefill"])
 def test_named_positions_are_stored_and_indexed(instant, capture_mode):
     url, root = instant
-    event, prompt, gens, acts, reader = _run(url, root, capture_mode=capture_mode,
-                                             positions=NAMES)
+    event, prompt, gens, acts, reader = _run(url, root, capture_mode=capture_mode, positions=NAMES)
     pool = _pool()
     p = len(prompt["prompt_token_ids"])
     sources = set()
@@ -124,8 +163,7 @@ def test_named_positions_are_stored_and_indexed(instant, capture_mode):
 def test_windows(instant):
     url, root = instant
     names = ("first:2", "last:3", "slt")
-    _, prompt, gens, acts, reader = _run(url, root, capture_mode="generation", positions=names,
-                                         k=1)
+    _, prompt, gens, acts, reader = _run(url, root, capture_mode="generation", positions=names, k=1)
     p = len(prompt["prompt_token_ids"])
     for row in acts:
         r = len(gens[row["sample_id"]]["token_ids"])
@@ -141,26 +179,33 @@ def test_a_one_token_answer_is_stored_without_the_positions_it_lacks(instant):
     """R == 1 with generation capture: no slt, and the answer token itself was never fed back
     (no first:K, no exact_answer); the generation is stored with tbg (= last) only."""
     url, root = instant
-    event, prompt, gens, acts, reader = _run(url, root, capture_mode="generation",
-                                             positions=NAMES + ("first:2",), k=2, max_tokens=1)
+    event, prompt, gens, acts, reader = _run(
+        url, root, capture_mode="generation", positions=NAMES + ("first:2",), k=2, max_tokens=1
+    )
     p = len(prompt["prompt_token_ids"])
     for row in acts:
         assert row["response_token_count"] == 1 and row["token_positions"] == [p - 1]
-        assert row["positions"] == {"tbg": [0], "slt": [], "exact_answer": [], "last": [0],
-                                    "first:2": []}
+        assert row["positions"] == {
+            "tbg": [0],
+            "slt": [],
+            "exact_answer": [],
+            "last": [0],
+            "first:2": [],
+        }
     assert event["positions_missing"] == {"slt": 3, "exact_answer": 3, "first:2": 3}
     reader.close()
 
 
 def test_default_rows_and_index_fields_are_unchanged(instant):
     url, root = instant
-    event, prompt, gens, acts, reader = _run(url, root, capture_mode="generation",
-                                             positions=None, k=1)
+    event, prompt, gens, acts, reader = _run(
+        url, root, capture_mode="generation", positions=None, k=1
+    )
     assert "positions_missing" not in event
     pool, p = _pool(), len(prompt["prompt_token_ids"])
     for row in acts:
         assert not {"positions", "token_positions", "exact_answer_span"} & set(row)
         assert row["sequence_mode"] == "response" and row["row0_position"] == p - 1
         i = reader.index_of(row["activation_key"])
-        np.testing.assert_array_equal(reader.read(i, 0), pool[p - 1:p - 1 + row["num_rows"], 0])
+        np.testing.assert_array_equal(reader.read(i, 0), pool[p - 1 : p - 1 + row["num_rows"], 0])
     reader.close()

@@ -1,4 +1,4 @@
-"""Run the real worker (``workers.worker._Worker``) on one prompt group in-process and return
+"""Run the real worker (``workers.worker.GroupWorker``) on one prompt group in-process and return
 the events it sent the driver: the shared harness of the worker tests against a live backend."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from contracts.prompt_group import PromptGroup
-from workers.worker import WorkerSpec, _Worker
+from workers.worker import GroupWorker, WorkerSpec
 
 
 def process_group(spec: WorkerSpec, group: PromptGroup) -> list[dict]:
@@ -18,7 +18,7 @@ def process_group(spec: WorkerSpec, group: PromptGroup) -> list[dict]:
             events.append(event)
 
     async def main() -> None:
-        worker = _Worker(spec, Channel())  # type: ignore[arg-type]
+        worker = GroupWorker(spec, Channel())  # type: ignore[arg-type]
         try:
             await worker._process(group)
         finally:

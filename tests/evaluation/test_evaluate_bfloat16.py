@@ -7,14 +7,20 @@ import shutil
 
 import numpy as np
 
-from orchestrator.cli import main
 from evaluation.audit import audit_alignment
+from orchestrator.cli import main
 from storage import SampleMeta, open_store, open_writer
 from storage.dtypes import BFLOAT16, to_float32
 
 from .synthetic import make_run
 
-PROBES = ["got_logistic_last", "got_massmean_last", "sep_tbg", "lkm_exact_answer", "se_discrete_exact"]
+PROBES = [
+    "got_logistic_last",
+    "got_massmean_last",
+    "sep_tbg",
+    "lkm_exact_answer",
+    "se_discrete_exact",
+]
 FAST = ["--no-embeddings", "--no-plots", "--bootstrap", "50", "--methods", *PROBES]
 
 
@@ -25,8 +31,11 @@ def _widen_store(root) -> None:
     w = open_writer("packed", root / "wide", src.layer_ids, src.hidden_size, "float32")
     for i in range(len(src)):
         m = src.meta(i)
-        w.write(m["sample_key"], to_float32(src.read_sample(i)), SampleMeta(m["prompt_len"], m["response_len"],
-                                                                            m["label"]))
+        w.write(
+            m["sample_key"],
+            to_float32(src.read_sample(i)),
+            SampleMeta(m["prompt_len"], m["response_len"], m["label"]),
+        )
     w.close()
     src.close()
     shutil.rmtree(cons / "activations")
@@ -47,8 +56,12 @@ def test_probes_read_bfloat16_exactly(tmp_path):
         assert main(["evaluate", "--artifact-root", str(root), *FAST]) == 0
         reports.append(json.loads((root / "evaluation" / "report.json").read_text()))
     got, want = reports
-    assert got["per_layer"] == want["per_layer"] and set(got["per_layer"]) == set(PROBES) - {"se_discrete_exact"}
-    assert {m: r["auroc"] for m, r in got["methods"].items()} == {m: r["auroc"] for m, r in want["methods"].items()}
+    assert got["per_layer"] == want["per_layer"] and set(got["per_layer"]) == set(PROBES) - {
+        "se_discrete_exact"
+    }
+    assert {m: r["auroc"] for m, r in got["methods"].items()} == {
+        m: r["auroc"] for m, r in want["methods"].items()
+    }
     assert got["methods"]["got_logistic_last"]["auroc"] > 0.8  # the synthetic signal survives bf16
 
 

@@ -44,16 +44,29 @@ def _tiny_model_run(tmp_path, shift: bool):
 
     root = make_run(tmp_path / "run", n=6, k=1, layers=(1, 2, 3), sequence_mode="last")
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
-                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     model = LlamaForCausalLM(cfg).eval()
     mdir = root / "model"
     for f in mdir.iterdir():
         f.unlink()
     model.save_pretrained(mdir)
     cons = root / "consolidated"
-    prompts = {r["prompt_id"]: r["prompt_token_ids"] for r in map(json.loads, open(cons / "prompt_index.jsonl"))}
-    gens = {(r["prompt_id"], r["sample_id"]): r["token_ids"] for r in map(json.loads, open(cons / "generations.jsonl"))}
+    prompts = {
+        r["prompt_id"]: r["prompt_token_ids"]
+        for r in map(json.loads, open(cons / "prompt_index.jsonl"))
+    }
+    gens = {
+        (r["prompt_id"], r["sample_id"]): r["token_ids"]
+        for r in map(json.loads, open(cons / "generations.jsonl"))
+    }
     import shutil
 
     shutil.rmtree(cons / "activations")
@@ -63,8 +76,10 @@ def _tiny_model_run(tmp_path, shift: bool):
         seq = prompts[a["prompt_id"]] + gens[(a["prompt_id"], a["sample_id"])]
         with torch.no_grad():
             hs = model(torch.tensor([seq]), output_hidden_states=True).hidden_states
-        pos = a["row0_position"] - (1 if shift and a["sample_id"] == 0 and a["prompt_id"] == _pid(3) else 0)
-        rows = np.stack([hs[lid][0, pos:pos + a["num_rows"]].numpy() for lid in (1, 2, 3)])
+        pos = a["row0_position"] - (
+            1 if shift and a["sample_id"] == 0 and a["prompt_id"] == _pid(3) else 0
+        )
+        rows = np.stack([hs[lid][0, pos : pos + a["num_rows"]].numpy() for lid in (1, 2, 3)])
         writer.write(a["activation_key"], rows.astype(np.float16), SampleMeta(0, a["num_rows"], -1))
     writer.close()
     return root

@@ -1,0 +1,47 @@
+"""Artifact roots that are URLs (``s3://bucket/prefix``): recognised before anything is written.
+
+``hallulog run --artifact-root s3://BUCKET/PREFIX`` runs into a local staging root and ships its
+committed work to the bucket as it goes (``orchestrator/remote_run.py``). The post-run commands
+(``consolidate``, ``validate``, ``retry``) and ``estimate`` work on a local root: given a URL
+they stop with one line (exit 2) naming ``hallulog pull``. A URL of another scheme is refused at
+config validation, instead of becoming a local directory named ``gs:``. docs/object-storage.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+from storage.object_store import SCHEMES, object_url
+
+__all__ = ["check_artifact_root", "artifact_root_problem"]
+
+
+def artifact_root_problem(value: str | os.PathLike, flag: str = "--artifact-root") -> str | None:
+    """One line saying why ``value`` cannot be an artifact root, None for a local path or an
+    ``s3://`` URL (which only ``run`` takes: ``orchestrator.remote_run.remote_command``)."""
+    url = object_url(value)
+    if url is None:
+        return None
+    scheme = url.partition("://")[0]
+    if scheme not in SCHEMES:
+        return (
+            f"{flag} {url}: {scheme}:// is not supported; an artifact root is a local or "
+            "shared-filesystem path, or s3://BUCKET/PREFIX"
+        )
+    from storage.object_store import ObjectStoreError, split_url
+
+    try:
+        split_url(url)
+    except ObjectStoreError as exc:
+        return f"{flag} {exc}"
+    return None
+
+
+def check_artifact_root(value: str | os.PathLike, flag: str = "--artifact-root") -> None:
+    """``ConfigError`` when ``value`` is a URL no command takes (see
+    :func:`artifact_root_problem`)."""
+    problem = artifact_root_problem(value, flag)
+    if problem is not None:
+        from orchestrator.errors import ConfigError
+
+        raise ConfigError(problem)
