@@ -10,7 +10,7 @@ catches the builtin keeps working.
 
 from __future__ import annotations
 
-__all__ = ["HallulogError", "ArtifactError", "MalformedLineError"]
+__all__ = ["HallulogError", "ArtifactError", "MalformedLineError", "RetryableError"]
 
 
 class HallulogError(Exception):
@@ -29,3 +29,10 @@ class MalformedLineError(ArtifactError, ValueError):
         self.path = path
         self.line = line
         self.what = what
+
+
+class RetryableError(HallulogError):
+    """A failure that may pass if the same request is made again: a connection refused or cut,
+    a timeout, HTTP 429 or 5xx. The transport raises it (``workers/http.py``,
+    ``workers/client.py``); the client retries it, and once its attempts are spent the run
+    re-queues the group with backoff (docs/reliability.md) before it counts as failed."""

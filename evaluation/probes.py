@@ -118,7 +118,9 @@ def _mahalanobis(x: np.ndarray, g) -> np.ndarray:
     mu, xc, shrink, m = g
     d = np.asarray(x, np.float64) - mu
     a, b, n = shrink * m, 1.0 - shrink, len(xc)
-    if b <= 0 or n == 0:
+    if n < 2 or not a > 0:  # one fitted row, or rows without spread: no covariance to invert
+        return np.full(len(d), np.nan)
+    if b <= 0:
         return (d**2).sum(1) / a
     if n > xc.shape[1]:  # more rows than features: d x d
         cov = b * (xc.T @ xc) / n + a * np.eye(xc.shape[1])

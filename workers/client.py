@@ -20,40 +20,61 @@ from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from contracts.errors import HallulogError, RetryableError
 from contracts.jsonl import encode_line, parse_line
-from workers.http import HTTPConnectionError, HTTPPool
+from workers.http import HTTPPool
 
-__all__ = ["BackendClient", "Completion", "is_retryable", "BackendRequestError", "BackendHTTPError"]
+__all__ = [
+    "BackendClient",
+    "Completion",
+    "is_retryable",
+    "BackendRequestError",
+    "BackendHTTPError",
+    "RetryableHTTPError",
+    "http_error",
+]
 
 log = logging.getLogger(__name__)
 
 
-class BackendRequestError(RuntimeError):
+class BackendRequestError(HallulogError, RuntimeError):
     """A request failed for good (after retries, or a non-retryable 4xx)."""
 
 
 class BackendHTTPError(BackendRequestError):
-    """The backend answered with an HTTP error status."""
+    """The backend answered with an HTTP error status that no retry fixes (4xx but 429, or a
+    5xx whose message says the server's disk is full)."""
 
     def __init__(self, url: str, status_code: int, message: str) -> None:
         super().__init__(f"HTTP {status_code} from {url}: {message}")
         self.status_code = status_code
 
 
-def is_retryable(exc: BaseException) -> bool:
-    """Timeouts, connection errors, 429 and 5xx are retried (but not a server's full disk);
-    other 4xx never.
+class RetryableHTTPError(BackendHTTPError, RetryableError):
+    """HTTP 429 or 5xx: the server may answer the same request later."""
 
-    Knows the worker's own transport errors and the openai SDK's (the LLM judge's client uses
-    that SDK, over httpx).
-    """
+
+def http_error(url: str, status_code: int, message: str) -> BackendHTTPError:
+    """The error for an HTTP error reply: retryable for 429 and 5xx, unless the message says
+    the server's disk is full (retrying only waits longer)."""
+    transient = (status_code >= 500 or status_code == 429) and not any(
+        m in message for m in _NOT_TRANSIENT
+    )
+    return (RetryableHTTPError if transient else BackendHTTPError)(url, status_code, message)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether a retry may succeed: the worker's own transport raises
+    :class:`~contracts.errors.RetryableError` for those (connection failures, timeouts, 429 and
+    5xx but a server's full disk). The openai SDK's errors (the LLM judge's client, over httpx)
+    are judged by the same rule."""
     if (
-        isinstance(exc, (HTTPConnectionError, asyncio.TimeoutError))
+        isinstance(exc, (RetryableError, asyncio.TimeoutError))
         or _is_lib_error(exc, "httpx", ("TimeoutException", "TransportError"))
         or _is_openai(exc, "APIConnectionError")
     ):  # APITimeoutError is one too
         return True
-    if isinstance(exc, BackendHTTPError) or _is_openai(exc, "APIStatusError"):
+    if _is_openai(exc, "APIStatusError"):
         if any(m in str(exc) for m in _NOT_TRANSIENT):
             return False  # a full disk under the server's spool: retrying only waits longer
         status = int(exc.status_code)  # type: ignore[attr-defined]
@@ -157,7 +178,7 @@ class BackendClient:
         status, data = await self._http.post(path, encode_line(body))
         url = self.base_url + path
         if status >= 400:
-            raise BackendHTTPError(url, status, _error_message(data))
+            raise http_error(url, status, _error_message(data))
         try:
             reply = parse_line(data)
         except ValueError:

@@ -26,11 +26,17 @@ from urllib.parse import urlsplit
 
 import httptools
 
-__all__ = ["HTTPConnectionError", "HTTPPool"]
+from contracts.errors import RetryableError
+
+__all__ = ["HTTPConnectionError", "HTTPTimeoutError", "HTTPPool"]
 
 
-class HTTPConnectionError(ConnectionError):
+class HTTPConnectionError(RetryableError, ConnectionError):
     """The connection failed: refused, reset, closed before the reply ended, or garbled."""
+
+
+class HTTPTimeoutError(RetryableError, asyncio.TimeoutError):
+    """The whole request took longer than the pool's ``timeout``."""
 
 
 class _Connection(asyncio.Protocol):
@@ -143,8 +149,9 @@ class HTTPPool:
     ) -> tuple[int, bytes]:
         """POST ``body`` to ``prefix + path``; the reply's status and body.
 
-        Raises :class:`HTTPConnectionError` on a transport failure and ``TimeoutError`` when the
-        whole request takes longer than ``timeout`` seconds.
+        Raises :class:`HTTPConnectionError` on a transport failure and :class:`HTTPTimeoutError`
+        (a ``TimeoutError``) when the whole request takes longer than ``timeout`` seconds; both
+        are :class:`~contracts.errors.RetryableError`.
         """
         request = (
             self._head.format(path=self.prefix + path, ctype=content_type, length=len(body)).encode(
@@ -152,10 +159,17 @@ class HTTPPool:
             )
             + body
         )
-        if sys.version_info < (3, 11):  # no asyncio.timeout
-            return await asyncio.wait_for(self._send(request), self.timeout)
-        async with asyncio.timeout(self.timeout):
-            return await self._send(request)
+        try:
+            if sys.version_info < (3, 11):  # no asyncio.timeout
+                return await asyncio.wait_for(self._send(request), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                return await self._send(request)
+        except asyncio.TimeoutError as exc:
+            if isinstance(exc, HTTPTimeoutError):
+                raise
+            raise HTTPTimeoutError(
+                f"{self.url}{path}: no complete reply within {self.timeout:g} s"
+            ) from None
 
     async def _send(self, request: bytes) -> tuple[int, bytes]:
         conn = self._take_idle()

@@ -291,3 +291,20 @@ def test_bad_input_stops_the_child_process(tmp_path, capsys):
     assert main(["evaluate", "--artifact-root", str(root)]) == 1
     assert "0 correct / 10 hallucinated" in capsys.readouterr().err
     assert not multiprocessing.active_children()
+
+
+def test_density_probes_give_nan_not_an_error_without_spread():
+    """A fold with one correct prompt (or identical rows) has no covariance to invert: the
+    Mahalanobis scores are NaN for that fold (the method is then reported without a value),
+    never a LinAlgError that stops the whole evaluation."""
+    from evaluation.probes import _fit_predict
+
+    rng = np.random.default_rng(0)
+    x_te = rng.normal(size=(3, 8))
+    one_correct = (rng.normal(size=(4, 8)), np.array([0, 1, 1, 1]))
+    identical = (np.ones((4, 8)), np.array([0, 0, 1, 1]))
+    for x_tr, y_tr in (one_correct, identical):
+        for kind in ("mahalanobis", "rel_mahalanobis"):
+            assert np.isnan(_fit_predict(kind, x_tr, y_tr, x_te)).all()
+    x_tr, y_tr = rng.normal(size=(6, 8)), np.array([0, 0, 0, 1, 1, 1])
+    assert np.isfinite(_fit_predict("mahalanobis", x_tr, y_tr, x_te)).all()
