@@ -1,14 +1,14 @@
 """Suite-wide markers: ``fast`` is every test without a slow-lane marker.
 
 ``pytest -m fast`` is the fast lane (CONTRIBUTING.md); it selects the same tests as
-``-m "not e2e and not browser and not vllm and not slurm and not ray"``.
+``-m "not e2e and not browser and not vllm and not slurm and not ray and not slow"``.
 """
 
 from __future__ import annotations
 
 import pytest
 
-SLOW_LANE = ("e2e", "browser", "vllm", "slurm", "ray")
+SLOW_LANE = ("e2e", "browser", "vllm", "slurm", "ray", "slow")
 
 
 def pytest_configure(config: pytest.Config) -> None:

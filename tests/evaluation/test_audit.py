@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from evaluation import run_deep_audit
 from evaluation.audit import audit_alignment
 
@@ -85,6 +87,7 @@ def _tiny_model_run(tmp_path, shift: bool):
     return root
 
 
+@pytest.mark.slow
 def test_recompute_fallback_when_layer0_is_not_stored(tmp_path):
     result = audit_alignment(_tiny_model_run(tmp_path / "ok", shift=False), sample=12)
     assert result["mode"] == "recompute" and result["ok"], result

@@ -116,6 +116,7 @@ def test_one_label_class_is_one_line(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "10 correct / 0 hallucinated" in err
 
 
+@pytest.mark.slow
 def test_method_not_exported_by_profile(tmp_path, capsys):
     root = make_run(tmp_path / "run", n=20, layers=(2, 3), sequence_mode="last", logits=False)
     assert main(["evaluate", "--artifact-root", str(root), "--methods", "sep_tbg", *FAST]) == 1
@@ -239,6 +240,7 @@ def test_embedding_package_missing(tmp_path, capsys, monkeypatch):
     assert "sep_tbg" in report["methods"]  # the SEP target falls back to se_discrete_exact
 
 
+@pytest.mark.slow
 def test_embedding_methods_run_in_a_child_process(tmp_path, capsys):
     """The child's scores are merged prompt by prompt: they equal the same methods computed in
     this process, and the SEP target is the embedding-clustered SE."""

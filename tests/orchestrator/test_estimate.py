@@ -158,6 +158,7 @@ def _store_bytes(root: Path) -> int:
     return sum(tree_bytes(d / "activations") for d in root.glob("worker_*"))
 
 
+@pytest.mark.slow
 def test_fixed_selection_is_exact_against_a_run(tmp_path, study, backends, capsys):
     url = backends(2)  # light: second_half of 4 layers = ids 3, 4; one row (last)
     root = tmp_path / "run"
@@ -174,6 +175,7 @@ def test_fixed_selection_is_exact_against_a_run(tmp_path, study, backends, capsy
     assert est["total_bytes"] - 48 * est["overhead_bytes_per_generation"] == 48 * 2 * HIDDEN * 2
 
 
+@pytest.mark.slow
 def test_response_mode_from_a_pilot_matches_the_run(tmp_path, study, backends, capsys):
     url = backends(NUM_LAYERS + 1)  # integrated: every layer id, the response rows
     pilot = tmp_path / "pilot"
@@ -299,6 +301,7 @@ def test_the_expected_range_comes_from_the_spread_between_prompts():
     assert est.pilot_prompts_for_10_percent == 200  # (2 * 14.14 / 2.0) ** 2
 
 
+@pytest.mark.slow
 def test_run_refuses_a_projection_over_the_free_space(
     tmp_path, study, backends, capsys, monkeypatch
 ):
@@ -318,6 +321,7 @@ def test_run_refuses_a_projection_over_the_free_space(
     )
 
 
+@pytest.mark.slow
 def test_storage_cap_stops_cleanly_and_resumes(tmp_path, study, backends, capsys, monkeypatch):
     url = backends(NUM_LAYERS + 1)
     monkeypatch.setattr(budget, "STORAGE_CHECK_SECONDS", 0.0)  # measure after every event

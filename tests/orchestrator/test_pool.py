@@ -151,6 +151,7 @@ def test_hung_worker_is_killed_after_the_deadline_and_its_group_redone(tmp_path)
     assert _resolved(events) == {g.prompt_id: 1 for g in groups}
 
 
+@pytest.mark.slow
 def test_worker_that_keeps_dying_is_retired_and_others_take_its_groups(tmp_path):
     pool = _pool(tmp_path, ["fake://doomed", "fake://fast"], max_restarts=1)
     pool.start()

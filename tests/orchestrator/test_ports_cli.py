@@ -140,6 +140,7 @@ def test_status_of_a_missing_root_is_one_line(tmp_path):
     _one_line_error(proc)
 
 
+@pytest.mark.slow
 def test_run_refuses_a_foreign_server_on_its_port(foreign_server, tmp_path):
     """The reported bug: a foreign server on the base port was taken as the managed one (every
     capture failed, yet '0 failed' and 'validation OK')."""

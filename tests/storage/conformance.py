@@ -424,6 +424,7 @@ class StoreConformance:
         expected = {k: self.sample(int(k[2:]), t=64 if k == "k_3" else None)[0] for k in committed}
         check_store(store, expected)
 
+    @pytest.mark.slow
     def test_sigkill_mid_sample(self, tmp_path):
         """SIGKILL after sample k_3's bytes hit the store but before its commit point."""
         proc = self._spawn(tmp_path, "partial")
@@ -545,6 +546,7 @@ class StoreConformance:
         for j, h in enumerate(held):
             assert torch.equal(h["acts"][0, :, : int(h["seq_len"][0])], ds[j % 6]["acts"])
 
+    @pytest.mark.slow
     def test_worker_buffers_are_reused_only_once_released(self, tmp_path):
         """Workers reuse their shared output buffers, never one the main process still holds
         (a batch, or only a view of it)."""
@@ -581,6 +583,7 @@ class StoreConformance:
             assert torch.equal(copy, view)
         assert len(storages) < 30  # 30 batches went through fewer buffers
 
+    @pytest.mark.slow
     def test_worker_buffer_reuse_has_no_race_with_the_feeder(self, tmp_path):
         """A worker never refills a buffer its queue's feeder thread is sending.
 
@@ -616,6 +619,7 @@ class StoreConformance:
                             err_msg=f"epoch {epoch} sample {i}",
                         )
 
+    @pytest.mark.slow
     def test_multi_store(self, tmp_path):
         a, _ = self.fill(tmp_path / "w0", 3)
         b, _ = self.fill(tmp_path / "w1", 2, start=3)

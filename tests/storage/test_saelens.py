@@ -170,6 +170,7 @@ def test_bad_input(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_cli(tmp_path):
     make_store(tmp_path / "run", n=3, lengths=[(2, 2), (1, 3), (0, 4)])
     cmd = [

@@ -123,6 +123,7 @@ def _run_with_fault(root, fmt, op, n, err) -> None:
     _check_exactly_once(root, fmt)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["packed", "npy", "zarr"])
 @pytest.mark.parametrize("op", ["write", "fsync"])
 def test_every_nth_call_of_a_group_can_fail(tmp_path, fmt, op):
