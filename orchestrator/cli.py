@@ -280,7 +280,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Exit codes: 0 done, 1 an error at run time (one line on stderr; ``--debug`` adds the
     traceback), 2 a bad flag or value, 3 some prompts failed, 130 interrupted."""
     args = build_parser().parse_args(argv)
-    return args._handler(args)
+    try:
+        return args._handler(args)
+    except BrokenPipeError:  # `hallulog status | head`: the reader left, nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _configure_logging(level: str) -> None:
