@@ -119,9 +119,14 @@ class Soak:
         self.servers, self.workers = servers, workers
         self.per_kind = max(1, -(-kills // 3))
         self.rng = random.Random(seed)
-        # the order of the kills during the drain: each kind per_kind times, shuffled
-        self.schedule = [kind for kind in KINDS for _ in range(self.per_kind)]
-        self.rng.shuffle(self.schedule)
+        # the order of the kills during the drain: per_kind rounds, each round every kind once in
+        # a random order, so however many kills a run lasts for, the kinds stay balanced
+        self.schedule = []
+        for _ in range(self.per_kind):
+            round_ = list(KINDS)
+            self.rng.shuffle(round_)
+            self.schedule.extend(round_)
+        self.schedule.reverse()  # popped from the end
         self.interval = interval
         self.task = work / "questions.jsonl"
         write_task(self.task, self.prompts)
@@ -241,8 +246,11 @@ class Soak:
                         self.kills["orchestrator"] += 1
                         self.kills[step] += 1
                     return proc.wait()
+                # behind schedule (a fast run): kill on progress alone, so every planned kill
+                # lands before the queue drains
+                behind = self.prompts - self.progress <= self.gap * (len(self.schedule) + 1)
                 if (
-                    time.monotonic() >= next_kill
+                    (time.monotonic() >= next_kill or behind)
                     and phase == "running"
                     and self.progress - self.progress_at_kill >= self.gap
                 ):
