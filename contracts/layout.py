@@ -5,7 +5,7 @@
   run_manifest.json  completed_prompts.json  completions.log  labels.jsonl
   servers/server_{i}.log   spool/server_{i}/   (or --spool-root: run_spool_dir)
   worker_{i}/  prompt_index.jsonl generations.jsonl activation_index.jsonl errors.jsonl activations/
-               quarantine.jsonl (repair)
+               quarantine.jsonl (repair)  writer.lock
   consolidated/  prompt_index.jsonl generations.jsonl activation_index.jsonl activations/
                  prompts.parquet generations.parquet activation_index.parquet labels.parquet
                  validation_report.json  alignment_audit.json
@@ -39,6 +39,7 @@ __all__ = [
     "ACTIVATION_INDEX",
     "ERRORS",
     "QUARANTINE",
+    "WRITER_LOCK",
     "WORKER_JSONL_FILES",
     "CONSOLIDATED_JSONL_FILES",
     "PROMPTS_PARQUET",
@@ -87,6 +88,9 @@ ACTIVATION_INDEX = "activation_index.jsonl"
 ERRORS = "errors.jsonl"
 QUARANTINE = "quarantine.jsonl"
 """A worker directory's lines set aside by ``--retry-failed`` repair."""
+WRITER_LOCK = "writer.lock"
+"""A worker directory's writer lock: held by the one process that appends to it
+(contracts/writer_lock.py)."""
 WORKER_JSONL_FILES = (PROMPT_INDEX, GENERATIONS, ACTIVATION_INDEX, ERRORS)
 """A worker directory's JSONL files (docs/formats/worker-jsonl.md)."""
 CONSOLIDATED_JSONL_FILES = (PROMPT_INDEX, GENERATIONS, ACTIVATION_INDEX)
@@ -126,6 +130,7 @@ ARTIFACT_FILE_NAMES = frozenset(
         ALIGNMENT_AUDIT,
         *WORKER_JSONL_FILES,
         QUARANTINE,
+        WRITER_LOCK,
         *PARQUET_TABLES,
         *EXPORT_FILES,
         REPORT_JSON,

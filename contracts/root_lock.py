@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from contracts.errors import HallulogError
+from contracts.process import pid_alive, proc_start
 
 __all__ = ["LOCK_FILE", "LEASE_SECONDS", "RootLocked", "root_lock", "holds_root", "holder_of"]
 
@@ -55,33 +56,6 @@ _held_lock = threading.Lock()
 
 class RootLocked(HallulogError):
     """Another live process writes this artifact root."""
-
-
-def _proc_start(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (tells a reused pid apart)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _pid_alive(pid: int, start: str | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    now = _proc_start(pid)
-    if now is None:  # gone, or a zombie whose stat we cannot read: not holding anything
-        return Path(f"/proc/{pid}").exists() and start is None
-    if start is not None and now != start:
-        return False  # the pid was reused
-    try:  # a zombie (killed, not yet reaped) holds nothing
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def lease_seconds() -> float:
@@ -138,7 +112,7 @@ def _stale(rec: dict[str, Any], lease: float) -> str | None:
         pid = int(rec.get("pid") or 0)
         if pid == os.getpid():
             return None
-        if pid <= 0 or not _pid_alive(pid, rec.get("start")):
+        if pid <= 0 or not pid_alive(pid, rec.get("start")):
             return f"pid {pid} on this host is gone"
         return None
     age = time.time() - float(rec.get("heartbeat") or 0)
@@ -222,7 +196,7 @@ def _acquire(root: Path, command: str, lease: float) -> _Holder:
             "command": command,
             "pid": os.getpid(),
             "host": socket.gethostname(),
-            "start": _proc_start(os.getpid()),
+            "start": proc_start(os.getpid()),
             "since": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
             "heartbeat": now,
             "token": os.urandom(8).hex(),

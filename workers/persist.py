@@ -26,6 +26,7 @@ from typing import Any
 import storage
 from contracts import layout
 from contracts.jsonl import JsonlAppender, cut_torn_tail, encode, iter_lines, truncate_to
+from contracts.writer_lock import fence_writer, hold_writer
 
 __all__ = ["WorkerDir", "GenerationRecord", "PersistBroken", "recover_worker_dir"]
 
@@ -55,7 +56,11 @@ class GenerationRecord:
 
 
 class WorkerDir:
-    """Append-only writer of one worker's directory (``worker_{i}/``)."""
+    """Append-only writer of one worker's directory (``worker_{i}/``).
+
+    It holds the directory's writer lock (``contracts/writer_lock.py``) from its start until
+    :meth:`close`; a directory another live process writes is refused with ``WriterBusy``.
+    """
 
     def __init__(
         self,
@@ -70,14 +75,21 @@ class WorkerDir:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.worker_id = worker_id
-        self.writer = storage.open_writer(
-            storage_format,
-            root=self.root,
-            layer_ids=layer_ids,
-            hidden_size=hidden_size,
-            dtype=dtype,
-        )
-        self._files = {name: JsonlAppender(self.root / name) for name in layout.WORKER_JSONL_FILES}
+        self.writer_lock = hold_writer(self.root)  # before anything is opened for writing
+        try:
+            self.writer = storage.open_writer(
+                storage_format,
+                root=self.root,
+                layer_ids=layer_ids,
+                hidden_size=hidden_size,
+                dtype=dtype,
+            )
+            self._files = {
+                name: JsonlAppender(self.root / name) for name in layout.WORKER_JSONL_FILES
+            }
+        except BaseException:
+            self.writer_lock.release()
+            raise
         self.broken: str | None = None
         """Why the directory can no longer be appended to (a failed rollback), else None."""
         # the store's commit and one file's fsync run beside the group's own thread: two
@@ -94,8 +106,11 @@ class WorkerDir:
             except OSError as exc:
                 errors.append(exc)
         self._helpers.shutdown(wait=True)
-        if self.broken is None:
-            self.writer.close()
+        try:
+            if self.broken is None:
+                self.writer.close()
+        finally:
+            self.writer_lock.release()
         if errors:
             raise errors[0]
 
@@ -227,11 +242,26 @@ def recover_worker_dir(
     group whose ``prompt_index.jsonl`` line never made it) are cut off by truncating the file at
     that offset, torn last lines likewise, and the activation store drops the entries those
     lines named. A malformed line before the tail stops recovery with an error naming the file
-    and line; nothing is deleted then. Runs before the worker (re)opens the directory.
+    and line; nothing is deleted then. Runs before the worker (re)opens the directory, behind
+    its writer fence: a writer left by an earlier session is gone before anything is read
+    (``contracts/writer_lock.py``).
     """
     root = Path(root)
     if not root.exists():
         return set()
+    with fence_writer(root):
+        return _recover(
+            root,
+            storage_format=storage_format,
+            layer_ids=layer_ids,
+            hidden_size=hidden_size,
+            dtype=dtype,
+        )
+
+
+def _recover(
+    root: Path, *, storage_format: str, layer_ids: list[int], hidden_size: int, dtype: str
+) -> set[str]:
     committed: set[str] = set()
     commits: set[str] = set()
     for line in iter_lines(root / layout.PROMPT_INDEX):

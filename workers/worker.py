@@ -80,6 +80,9 @@ class WorkerSpec:
     positions: tuple[str, ...] | None = None
     """Token positions by name (``--positions``, contracts/positions.py); None: the rows of
     ``sequence_mode``."""
+    driver_pid: int | None = None
+    """The pid of the process that starts this worker: a worker whose parent is another one
+    when it comes up (the driver died while it started) exits at once."""
 
 
 def answer_grader(group: PromptGroup) -> Callable[[str], Grade | None]:
@@ -96,7 +99,9 @@ def _ungraded(text: str) -> None:
 
 def worker_main(spec: WorkerSpec, conn) -> None:
     """Entry point of a spawned worker process; ``conn`` is its end of the driver's pipe."""
-    die_with_parent(signal.SIGKILL)  # never outlive a crashed orchestrator: it owns the work
+    # never outlive a crashed orchestrator: it owns the work (and the next session redoes the
+    # groups in this pipe, so an orphan must not commit them)
+    die_with_parent(signal.SIGKILL, spec.driver_pid)
     logging.basicConfig(level=os.environ.get("HALLULOG_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s worker_{spec.worker_id} %(levelname)s %(message)s")
     if os.environ.get("HALLULOG_FAULTS"):  # fault tests only (workers/_faults.py)

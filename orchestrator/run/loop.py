@@ -7,6 +7,7 @@ manifest, checkpoint, servers, fleet, pool, dispatch, status).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from contextlib import ExitStack
@@ -295,6 +296,7 @@ def _worker_specs(config: RunConfig, model: ModelInfo, layer_ids: list[int], roo
         sample_temperature=config.sample_temperature, sample_top_p=config.sample_top_p,
         max_tokens=config.max_tokens, seed=config.seed, groups_in_flight=config.groups_in_flight,
         request_timeout=config.request_timeout, commit_interval_ms=config.commit_interval_ms,
+        driver_pid=os.getpid(),
     ) for i in range(config.worker_count)]
 
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -219,7 +220,9 @@ class ServerProcess:
         log_file.flush()
         self.process = subprocess.Popen(self.command, stdout=log_file, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=self.env,
-                                        start_new_session=True, preexec_fn=die_with_parent)
+                                        start_new_session=True,
+                                        preexec_fn=partial(die_with_parent, signal.SIGTERM,
+                                                           os.getpid()))
         log_file.close()
         self.pid_path.write_text(f"{self.process.pid} {self.url}\n")  # group id, then url
         say.info("starting %s (pid %d) on %s, log %s", self.name, self.process.pid, self.url,

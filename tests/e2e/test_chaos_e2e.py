@@ -21,11 +21,6 @@ from orchestrator.run.shm import orphaned, shm_names  # noqa: E402
 pytestmark = pytest.mark.e2e
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known defect, open: across orchestrator SIGKILLs a group is sometimes committed by two "
-    "workers (consolidation then stops on 'sample … is in both …'); see docs/reliability.md",
-)
 def test_small_soak_is_exactly_once_and_leaves_nothing(tmp_path):
     shm_before = shm_names()
     soak = Soak(

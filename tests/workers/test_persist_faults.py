@@ -116,6 +116,8 @@ def _run_with_fault(root, fmt, op, n, err) -> None:
             wd.close()
         except OSError:
             pass
+    else:
+        wd.writer_lock.release()  # the process "died": the kernel lets go of its flock
     done = _recover(root, fmt)
     assert PROMPTS[0] in done
     _persist_rest(root, fmt, done)
