@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import time
 
@@ -63,13 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         config.host,
         config.port,
     )
-    uvicorn.run(
-        app,
-        host=config.host,
-        port=config.port,
-        log_level=config.log_level,
-        access_log=config.log_level == "debug",
-    )
+    options = dict(log_level=config.log_level, access_log=config.log_level == "debug")
+    if config.fd is None:
+        uvicorn.run(app, host=config.host, port=config.port, **options)
+        return 0
+    # uvicorn's own --fd takes any descriptor for a Unix socket; this one is TCP: the socket's
+    # family and type are read from the descriptor
+    sock = socket.socket(fileno=config.fd)
+    uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=[sock])
     return 0
 
 

@@ -27,6 +27,10 @@ class ServerConfig:
     """Interface to listen on."""
     port: int = 8000
     """Port to listen on."""
+    fd: int | None = None
+    """Serve on this listening socket, inherited from the process that started the server
+    (which bound it: hallulog's orchestrator keeps its port across restarts); --host and --port
+    then only name it in the log."""
     spool_dir: str | None = None
     """Directory for hidden-state capture files; capture is disabled when absent."""
     capture_layers: str | None = None

@@ -22,7 +22,9 @@ import os
 import socket
 import tempfile
 import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 from orchestrator.errors import BackendStartError
 
@@ -30,6 +32,8 @@ __all__ = [
     "DEFAULT_BASE_PORT",
     "port_free",
     "choose_ports",
+    "listen_on_ports",
+    "close_listener",
     "listening_pids",
     "check_owner",
     "reserve_port",
@@ -56,52 +60,104 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def choose_ports(count: int, base: int | None, host: str = "127.0.0.1") -> list[int]:
-    """``count`` ports for the managed servers.
+    """``count`` ports for the managed servers, each free now and reserved for this process.
 
     ``base`` given (``--server-base-port``): exactly ``base .. base+count-1``, and a taken one is
     an error naming it. ``base`` None: free ports from :data:`DEFAULT_BASE_PORT` on.
     """
+    return _claim(count, base, host, lambda port: port if port_free(port, host) else None)
+
+
+def listen_on_ports(count: int, base: int | None, host: str = "127.0.0.1") -> list[socket.socket]:
+    """As :func:`choose_ports`, but each port is bound here: listening sockets, one per server.
+
+    A server that takes its listening socket from its parent (``python -m serving --fd N``)
+    has its port from this moment on, across its restarts, with no window in which another
+    program could bind it (a port only checked free stays free for anyone until the server's
+    own bind, seconds later). Close a socket with :func:`close_listener` once its server is
+    stopped for good.
+    """
+    return _claim(count, base, host, lambda port: _listener(port, host))
+
+
+def close_listener(sock: socket.socket) -> None:
+    """Close a socket of :func:`listen_on_ports` and end its port's reservation."""
+    port = sock.getsockname()[1]
+    sock.close()
+    release_port(port)
+
+
+def _listener(port: int, host: str) -> socket.socket | None:
+    """A socket listening on ``host:port``, or None when the port is taken."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)  # uvicorn's default backlog
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+T = TypeVar("T")
+
+
+def _claim(count: int, base: int | None, host: str, take: Callable[[int], T | None]) -> list[T]:
+    """``count`` ports reserved for this process and taken with ``take`` (None: in use)."""
+    taken: list[T] = []
+
+    def give_back(ports: Iterable[int]) -> None:
+        for held in ports:
+            release_port(held)
+        for item in taken:
+            if isinstance(item, socket.socket):
+                item.close()
+
     if base is not None:
         for i in range(count):
             port = base + i
             problem = None
-            if not reserve_port(port):
+            reserved = reserve_port(port)
+            item = take(port) if reserved else None
+            if not reserved:
                 problem = (
                     f"port {port} (--server-base-port {base} + {i}) is reserved by another "
                     f"hallulog run ({reservation_dir() / f'{port}.lock'}); pick another "
                     "--server-base-port"
                 )
-            elif not port_free(port, host):
+            elif item is None:
                 problem = (
                     f"port {port} (--server-base-port {base} + {i}) is already in use"
                     f"{_owner_text(port)}; stop that process or pick another "
                     "--server-base-port"
                 )
             if problem is not None:
-                for held in range(base, port + 1):  # a refused run keeps no reservation
-                    release_port(held)
+                give_back(range(base, port + 1))  # a refused run keeps no reservation
                 raise BackendStartError(problem)
-        return list(range(base, base + count))
+            taken.append(item)
+        return taken
     ports: list[int] = []
     for port in range(DEFAULT_BASE_PORT, DEFAULT_BASE_PORT + _SCAN):
-        if len(ports) == count:
+        if len(taken) == count:
             break
         if not reserve_port(port):
             say.info("port %d is reserved by another hallulog run: trying the next one", port)
             continue
-        if port_free(port, host):
+        item = take(port)
+        if item is not None:
+            taken.append(item)
             ports.append(port)
         else:
             release_port(port)
             say.info("port %d is already in use%s: trying the next one", port, _owner_text(port))
-    if len(ports) < count:
-        for port in ports:
-            release_port(port)
+    if len(taken) < count:
+        give_back(ports)
         raise BackendStartError(
             f"no {count} free port(s) in {DEFAULT_BASE_PORT}-"
             f"{DEFAULT_BASE_PORT + _SCAN - 1}; pass --server-base-port"
         )
-    return ports
+    return taken
 
 
 _reserved: dict[int, int] = {}  # port -> the fd whose flock reserves it

@@ -13,6 +13,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -27,7 +28,8 @@ from contracts import layout
 from contracts.extras import require_installed
 from contracts.process import die_with_parent
 from orchestrator.errors import BackendStartError
-from orchestrator.run.ports import check_owner, choose_ports, release_port
+from orchestrator.run.ports import (check_owner, choose_ports, close_listener, listen_on_ports,
+                                    release_port)
 from orchestrator.run.shm import shm_names, sweep
 from orchestrator.engine_options import VLLM_ONLY, gpu_groups, set_engine_options
 from orchestrator.run.vllm_backend import (
@@ -208,19 +210,27 @@ class ServerProcess:
     restarts: int = 0
     startup_seconds: float | None = None
     shm_before: set[str] = field(default_factory=set)
+    listener: socket.socket | None = None
+    """A listening socket bound by the run (run.ports.listen_on_ports) that the server serves
+    on (``--fd``): the port stays the run's while the server restarts; None: the server binds
+    its port itself (vLLM)."""
     """/dev/shm names present when it started: what appears after is its children's."""
 
     def start(self) -> None:
         """Spawn the process in its own process group, logging to ``log_path``."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.shm_before = shm_names()
+        command, inherited = self.command, ()
+        if self.listener is not None:  # the run's bound socket, served on as it is
+            inherited = (self.listener.fileno(),)
+            command = [*command, "--fd", str(inherited[0])]
         log_file = open(self.log_path, "ab")
         log_file.write(f"\n=== start {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
-                       f"{' '.join(self.command)}\n".encode())
+                       f"{' '.join(command)}\n".encode())
         log_file.flush()
-        self.process = subprocess.Popen(self.command, stdout=log_file, stderr=subprocess.STDOUT,
+        self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=self.env,
-                                        start_new_session=True,
+                                        start_new_session=True, pass_fds=inherited,
                                         preexec_fn=partial(die_with_parent, signal.SIGTERM,
                                                            os.getpid()))
         log_file.close()
@@ -253,7 +263,7 @@ class ServerProcess:
         proc = self.process
         if proc is None:
             if final:
-                release_port(self.port)
+                self._release_port()
             return
         pgid = proc.pid  # start_new_session: the group id is the leader's pid
         # vLLM's EngineCore and workers: remembered now, checked after the group is killed
@@ -281,6 +291,13 @@ class ServerProcess:
         # shared memory its killed children could not unlink (run.shm)
         sweep(shm_names() - self.shm_before, min_age=2.0)
         if final:
+            self._release_port()
+
+    def _release_port(self) -> None:
+        if self.listener is not None:
+            close_listener(self.listener)
+            self.listener = None
+        else:
             release_port(self.port)
 
     @property
@@ -337,7 +354,13 @@ def start_servers(config: RunConfig, model: ModelInfo, layer_ids: list[int], roo
     slots = slots or [None]
     kill_stale_servers(layout.servers_dir(root))
     sweep()  # shared memory of servers of runs that were SIGKILLed (run.shm)
-    ports = choose_ports(len(slots), config.server_base_port)  # reserved until stop()
+    # reserved until stop(); the embedded server serves on a socket bound here (run.ports)
+    listeners: list[socket.socket | None] = [None] * len(slots)
+    if config.backend == "embedded":
+        listeners = list(listen_on_ports(len(slots), config.server_base_port))
+        ports = [sock.getsockname()[1] for sock in listeners]
+    else:
+        ports = choose_ports(len(slots), config.server_base_port)
     servers = []
     for i, (gpus, port) in enumerate(zip(slots, ports)):
         url = f"http://127.0.0.1:{port}"
@@ -360,7 +383,8 @@ def start_servers(config: RunConfig, model: ModelInfo, layer_ids: list[int], roo
             env["HALLULOG_CACHE_DIR"] = str(cache_dir)
         servers.append(ServerProcess(name=f"server_{i}", command=command, url=url,
                                      log_path=layout.servers_dir(root) / f"server_{i}.log", env=env,
-                                     startup_timeout=config.server_startup_timeout))
+                                     startup_timeout=config.server_startup_timeout,
+                                     listener=listeners[i]))
         if gpus is not None and len(gpus) > 1:
             say.info("server_%d: GPUs %s (tensor parallel %d x pipeline parallel %d)", i,
                      ",".join(map(str, gpus)), config.tensor_parallel_size,
