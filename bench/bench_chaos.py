@@ -138,8 +138,10 @@ class Soak:
         # committed groups between two kills: the kills spread over about half of the run
         self.gap = max(1, self.prompts // (2 * (3 * self.per_kind + 2)))
 
+    groups_in_flight = 4
+
     def command(self, fleet: InstantFleet, root: Path, status_port: int | None = None) -> list[str]:
-        extra = ["--groups-in-flight", "4", "--checkpoint-interval", "2"]
+        extra = ["--groups-in-flight", str(self.groups_in_flight), "--checkpoint-interval", "2"]
         if status_port is not None:  # the soak reads the phase to kill during the post-run
             extra += ["--status-port", str(status_port)]
         return fleet.command(root, self.task, k=self.k, workers=self.workers, extra=extra)
@@ -366,6 +368,17 @@ def main() -> int:
         problems.append(f"shared-memory files left: {sorted(new_shm)[:5]}")
     redone = max(0.0, soak.served - total)
     kills = soak.kills
+    # the most a kill may cost: the groups in flight then (every request of each, K+1 a group)
+    per_group = args.k + 1
+    in_flight = soak.groups_in_flight * per_group
+    drain_kills = kills["orchestrator"] - kills["consolidate"] - kills["exports"]
+    bound = (
+        drain_kills * args.workers * in_flight
+        + kills["worker"] * in_flight
+        + kills["server"] * -(-args.workers // args.servers) * in_flight
+    )
+    if redone > bound:
+        problems.append(f"work redone {redone:.0f} > the groups in flight at the kills ({bound})")
     print(
         f"kills: orchestrator {kills['orchestrator']} (consolidating {kills['consolidate']}, "
         f"exporting {kills['exports']}), worker {kills['worker']}, server {kills['server']}; "
@@ -374,7 +387,8 @@ def main() -> int:
     )
     print(
         f"work redone: ~{redone:.0f} generation requests beyond {total} "
-        f"({redone / total:.1%}; counters of killed servers read just before each kill)"
+        f"({redone / total:.1%}; counters of killed servers read just before each kill); "
+        f"the groups in flight at the kills allow {bound}"
     )
     print(f"wall: {wall:.1f} s killed vs {base:.1f} s unkilled = {wall / base:.2f}x")
     print(
@@ -390,6 +404,20 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     else:
         print(f"work directory: {work}")
+    print(
+        json.dumps(
+            {
+                "generations": total,
+                "kills": kills,
+                "sessions": soak.sessions,
+                "redone_requests": round(redone),
+                "redone_bound": bound,
+                "wall_killed_s": round(wall, 1),
+                "wall_unkilled_s": round(base, 1),
+                "ok": not problems,
+            }
+        )
+    )
     return 1 if problems else 0
 
 
