@@ -25,6 +25,7 @@ from contracts.config_cli import literal_choices
 from orchestrator import cli_parsers as parsers
 from orchestrator.config import ConfigError, RunConfig
 from orchestrator.errors import HallulogError
+from orchestrator.remote_root import artifact_root_problem
 from orchestrator.study_file import StudyFile, StudyFileError, dump_study, load_study
 
 __all__ = [
@@ -96,8 +97,18 @@ def _replace_deprecated(args: argparse.Namespace) -> None:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from evaluation import run_evaluate
+    from storage.object_url import object_url
 
-    return run_evaluate(args)
+    paths = (args.artifact_root, getattr(args, "train_root", None), args.out)
+    if not any(p is not None and object_url(p) for p in paths):
+        return run_evaluate(args)
+    from orchestrator.remote_postrun import evaluate_command
+
+    _configure_logging(args.log_level)
+    try:  # a root, --train-root or --out in a bucket (docs/object-storage.md)
+        return evaluate_command(args)
+    except Exception as exc:
+        return _fail(exc, getattr(args, "debug", False))
 
 
 def _add_import(sub) -> argparse.ArgumentParser:
@@ -113,22 +124,28 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from orchestrator.commands import print_validation
+    from orchestrator.commands import print_merge
     from orchestrator.postrun.merge import merge_shards
+    from storage.object_url import object_url
 
     _configure_logging(args.log_level)
+    remote = any(object_url(p) for p in (args.out, *args.shard_roots))
+    for p in (args.out, *args.shard_roots):
+        if (problem := artifact_root_problem(p, "merge")) is not None:
+            print(f"{PROG} merge: error: {problem}", file=sys.stderr)
+            return 2
     try:
+        if remote:  # shard roots or --out in a bucket (docs/object-storage.md)
+            from orchestrator.remote_postrun import merge_command
+
+            return merge_command(args)
         summary = merge_shards(args.out, args.shard_roots, mode=args.mode)
     except HallulogError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    c = summary["consolidation"]
-    print(
-        f"merged {summary['shards']} shards ({summary['worker_dirs']} worker dirs, "
-        f"{summary['prompts']} prompts) into {summary['out']}: {c['generations']} "
-        f"generations, {c['activations']} activations"
-    )
-    print_validation(summary["validation"])
+    except Exception as exc:  # the bucket: one line naming it
+        return _fail(exc, False)
+    print_merge(summary)
     return 0 if summary["validation"]["ok"] else 1
 
 
@@ -248,9 +265,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if study is not None:
         given = {**study.values, **given}
     if _post_run_command(args) is not None:
-        from orchestrator.manifest import load_manifest
+        from orchestrator.remote_staging import root_manifest
 
-        manifest = load_manifest(given.get("artifact_root", RunConfig.artifact_root))
+        # a local root's, or one in a bucket (the finished root's, else the run's first)
+        manifest = root_manifest(given.get("artifact_root", RunConfig.artifact_root))
         if manifest is not None:
             names = {f.name for f in dataclasses.fields(RunConfig)}
             recorded = {
@@ -258,7 +276,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                 for k, v in manifest.get("config", {}).items()
                 if k in names
             }
-            for key in ("artifact_root", "cache_dir", "spool_root"):
+            for key in ("artifact_root", "cache_dir", "spool_root", "staging_dir"):
                 if recorded.get(key) is not None:
                     recorded[key] = Path(recorded[key])
             # retry starts servers again and spools where the run did; a spool root gone since
@@ -370,7 +388,7 @@ def _configure_startup_messages() -> None:
 
 def _run_command(config: RunConfig, args: argparse.Namespace) -> int:
     from orchestrator import commands
-    from orchestrator.remote_run import remote_command
+    from orchestrator.remote_postrun import remote_command
 
     if (code := remote_command(config, args)) is not None:  # an s3:// root
         return code

@@ -10,6 +10,8 @@ from orchestrator.run import RunResult
 __all__ = [
     "format_result",
     "print_validation",
+    "print_finished",
+    "print_merge",
     "consolidate_command",
     "validate_command",
     "retry_command",
@@ -83,6 +85,19 @@ def consolidate_command(config: RunConfig, *, merge: bool = False) -> int:
     from orchestrator.postrun.finish import finish
 
     done = finish(config.artifact_root, expected_prompt_ids=_expected_ids(config), merge=merge)
+    print_finished(done)
+    return 0 if done.ok else 1
+
+
+def _print(text: str, local: tuple | None) -> None:
+    """``text``, with ``local = (staging root, URL)``: the staging root named as the URL."""
+    print(text.replace(str(local[0]), local[1]) if local else text)
+
+
+def print_finished(done, local: tuple | None = None) -> None:
+    """What the post-run pipeline did (``postrun.finish``'s result); ``local``: see _print."""
+    from orchestrator.postrun.validate import format_report
+
     result = done.consolidation
     print(
         f"consolidated {result['prompts']} prompts, {result['generations']} generations, "
@@ -90,8 +105,21 @@ def consolidate_command(config: RunConfig, *, merge: bool = False) -> int:
         f"{result['seconds']:.2f} s: {result['activation_modes']}"
     )
     print("exports: " + ", ".join(f"{k} ({v})" for k, v in done.exports.items()))
-    print_validation(done.validation)
-    return 0 if done.ok else 1
+    _print(format_report(done.validation), local)
+
+
+def print_merge(summary: dict, local: tuple | None = None) -> None:
+    """What ``merge`` did; ``local``: see _print."""
+    from orchestrator.postrun.validate import format_report
+
+    c = summary["consolidation"]
+    out = local[1] if local else summary["out"]
+    print(
+        f"merged {summary['shards']} shards ({summary['worker_dirs']} worker dirs, "
+        f"{summary['prompts']} prompts) into {out}: {c['generations']} "
+        f"generations, {c['activations']} activations"
+    )
+    _print(format_report(summary["validation"]), local)
 
 
 def validate_command(config: RunConfig, *, deep: bool = False) -> int:

@@ -78,9 +78,25 @@ def push_root(
 def pull_root(
     url: str, root: str | os.PathLike, concurrency: int = 8, bucket: Bucket | None = None
 ) -> SyncSummary:
-    """Copy the root pushed to ``url`` into the local directory ``root`` (resumable)."""
+    """Copy the root pushed to ``url`` into the local directory ``root`` (resumable), and the
+    trees written under it since (``evaluate``'s report, each with its own file list)."""
+    from storage.object_sync import TREE_LIST
+    from workers.segments import RUN_PREFIX
+
     bucket = bucket or Bucket(url)
-    return download_tree(bucket, Path(root), concurrency=concurrency)
+    summary = download_tree(bucket, Path(root), concurrency=concurrency)
+    nested = sorted(
+        key[: -len(TREE_LIST) - 1]
+        for key in bucket.list()
+        if key.endswith(f"/{TREE_LIST}") and not key.startswith(f"{RUN_PREFIX}/")
+    )
+    for sub in nested:
+        part = download_tree(Bucket(bucket.display(sub)), Path(root) / sub, concurrency=concurrency)
+        summary.files += part.files
+        summary.transferred += part.transferred
+        summary.skipped += part.skipped
+        summary.bytes_transferred += part.bytes_transferred
+    return summary
 
 
 def _common(p: argparse.ArgumentParser) -> None:

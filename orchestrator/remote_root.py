@@ -1,10 +1,8 @@
 """Artifact roots that are URLs (``s3://bucket/prefix``): recognised before anything is written.
 
-``hallulog run --artifact-root s3://BUCKET/PREFIX`` runs into a local staging root and ships its
-committed work to the bucket as it goes (``orchestrator/remote_run.py``). The post-run commands
-(``consolidate``, ``validate``, ``retry``) and ``estimate`` work on a local root: given a URL
-they stop with one line (exit 2) naming ``hallulog pull``. A URL of another scheme is refused at
-config validation, instead of becoming a local directory named ``gs:``. docs/object-storage.md.
+Every command takes an ``s3://`` root and works on a local staging copy of it
+(``orchestrator/remote_staging.py``); a URL of another scheme is refused at config validation,
+instead of becoming a local directory named ``gs:``. docs/object-storage.md.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ __all__ = ["check_artifact_root", "artifact_root_problem"]
 
 def artifact_root_problem(value: str | os.PathLike, flag: str = "--artifact-root") -> str | None:
     """One line saying why ``value`` cannot be an artifact root, None for a local path or an
-    ``s3://`` URL (which only ``run`` takes: ``orchestrator.remote_run.remote_command``)."""
+    ``s3://`` URL."""
     url = object_url(value)
     if url is None:
         return None

@@ -2,87 +2,67 @@
 
 The worker's commit protocol needs append, fsync, truncate and rename, which an object store
 does not have, so the run writes a local staging root exactly as a local run does (commit
-markers, recovery, rollback unchanged) and ships what it has committed as immutable objects:
+markers, recovery, rollback unchanged) and ships what it has committed as immutable segments
+(``workers/segments.py``):
 
-- **Segments.** Every ``--checkpoint-interval`` seconds (and once when the queue has drained, or
-  the run stopped) each worker directory's newly committed bytes are shipped: per file, the
-  byte range between the last shipped end and the committed end, as one create-only object
-  ``.hallulog-run/segments/worker_{i}/{seq:08d}-{nonce}/{file}.{start}-{end}``, then the
-  segment's manifest ``.hallulog-run/segments/worker_{i}/{seq:08d}.json`` (each file's committed
-  end, the pieces with their CRC-32C, the prompt ids it commits), create-only, written last: the
-  segment's commit point. Committed means covered by a ``prompt_index.jsonl`` line: the
-  ``generations.jsonl`` / ``activation_index.jsonl`` lines up to the last one of a committed
-  group, the packed store's ``commit.log`` up to the last committed record (its header first) and
-  each shard up to the end of its last committed sample. These bytes are never rewritten (a
-  rollback only cuts uncommitted tails), so shipped ranges stay valid.
-- **Resume.** The bucket is the truth: the staging root's worker directories and checkpoint
-  files are removed and rebuilt from the segments (each piece checked against its size and
-  CRC-32C, the ranges contiguous), ``run_manifest.json`` from the copy shipped by the first
-  session; the usual local resume (recovery, reconcile) then runs. A node that lost its disk
-  starts from an empty staging directory; the prompts in no segment are redone.
-- **Finish.** When the queue has drained, the usual post-run (consolidate, exports, validate)
-  runs on the staging root and the finished root is pushed (``storage.object_sync``), so the
-  prefix holds a complete root for ``hallulog pull`` and the bucket readers.
+- **Resume.** The bucket is the truth: the staging root's worker directories are made the
+  committed prefix the segments hold (``workers/segment_restore.py``), ``run_manifest.json`` the
+  copy the first session shipped, the checkpoint files removed; the usual local resume
+  (recovery, reconcile) then runs. A node that lost its disk starts from an empty staging
+  directory; the prompts in no segment are redone.
+- **Shipping.** ``--executor local``: the driver ships every worker directory of its staging
+  root every ``--checkpoint-interval`` seconds and once when the run stops
+  (``workers/segment_shipper.py``). ``--executor ray``: every actor stages its own worker
+  directory on its node and ships it itself; it reports a group done only once the group's
+  segment is in the bucket, so the driver never counts a commit a lost node takes with it
+  (``orchestrator/run/ray_executor.py``, ``workers/actor_shipping.py``). At the start of each
+  session the driver fences every worker's segment chain, so no actor of an earlier session
+  ships after it.
+- **Finish.** When the queue has drained, the staging root is the bucket's committed prefix
+  (with Ray: restored once more from the segments), the usual post-run (consolidate, exports,
+  validate) runs on it and the finished root is pushed (create-only, the file list last), where
+  ``hallulog pull`` and the bucket readers read it.
 
-Exactly once: every object is create-only; a retried PUT that landed meets 412 and is compared
-(same size and CRC-32C: kept; other bytes: the run stops, naming the key, as when another run
-writes to the same prefix). docs/object-storage.md.
+``retry`` is the same with only the prompts to redo; the CLI's entry for every command on a
+bucket root is ``orchestrator/remote_postrun.py``.
+docs/object-storage.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import hashlib
 import logging
 import sys
 from pathlib import Path
 
 from contracts.root_lock import root_lock
 from orchestrator.errors import HallulogError
-from orchestrator.remote_segments import RUN_PREFIX, SegmentShipper, restore_staging
-from storage.object_store import CHECKSUM_ATTRIBUTE, Bucket, object_url
+from orchestrator.remote_staging import (
+    recover_worker_dirs,
+    ship_finished,
+    staging_dir_for,
+)
+from storage.object_store import Bucket, object_url
+from workers.segment_restore import fence_chain, restore_staging, segment_chains
+from workers.segment_shipper import SegmentShipper
 
-__all__ = ["staging_dir_for", "run_remote", "remote_command"]
+__all__ = ["run_remote", "report_run", "RemoteTarget", "ACTOR_SHIP_GAP"]
 
 log = logging.getLogger(__name__)
 
-
-def staging_dir_for(url: str, configured: Path | None, cache_dir: Path | None) -> Path:
-    """``--staging-dir``, else ``$HALLULOG_CACHE_DIR/staging/<bucket>-<hash of the URL>``."""
-    if configured is not None:
-        return Path(configured)
-    from orchestrator.run.servers import hallulog_cache_dir
-
-    bucket = url.partition("://")[2].split("/", 1)[0]
-    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
-    return hallulog_cache_dir(cache_dir) / "staging" / f"{bucket}-{digest}"
+ACTOR_SHIP_GAP = 1.0
+"""With ``--executor ray``: the longest an actor holds a finished group before shipping it
+(less when ``--checkpoint-interval`` is shorter; sooner when all its groups wait)."""
 
 
-def _drop_interrupted_push(staging: Path, bucket: Bucket) -> None:
-    """Delete what an earlier, killed push of this run left that differs from the root now
-    (post-run files carry their own timestamps, so a rerun's consolidation differs): without
-    ``.hallulog-tree.json`` those objects were never part of a complete root."""
-    present = {k: v for k, v in bucket.list().items() if not k.startswith(f"{RUN_PREFIX}/")}
-    if not present:
-        return
-    from orchestrator.push_pull import excluded
-    from storage.object_sync import scan_tree
+@dataclasses.dataclass(frozen=True)
+class RemoteTarget:
+    """What ``--executor ray`` needs of a bucket root: the URL, how often actors ship, and each
+    worker chain's fence of this session (the segments from there on are this session's)."""
 
-    entries = {e.path: e for e in scan_tree(staging, excluded)}
-    for key, size in sorted(present.items()):
-        entry = entries.get(key)
-        if (
-            entry is not None
-            and entry.size == size
-            and bucket.attributes(key, size).get(CHECKSUM_ATTRIBUTE) == entry.crc32c
-        ):
-            continue
-        log.warning(
-            "%s: removing it (left by an interrupted push, other bytes than the root's)",
-            bucket.display(key),
-        )
-        bucket.delete(key)
+    url: str
+    ship_gap: float
+    since: dict[str, int]
 
 
 def _expected_ids(config) -> set[str]:
@@ -91,20 +71,14 @@ def _expected_ids(config) -> set[str]:
     return {g.prompt_id for g in open_config_task(config.to_dict()).groups()}
 
 
-def run_remote(config):
+def run_remote(config, *, retry: bool = False):
     """``run(config)`` for an ``s3://`` artifact root: staging, segments, post-run, push.
-    Returns the run's ``RunResult`` (its ``artifact_root`` the staging root) and the summary of
-    the push (None when the run did not finish)."""
+    ``retry``: only the prompts ``hallulog retry`` redoes. Returns the run's ``RunResult``
+    (its ``artifact_root`` the staging root) and the summary of the push (None when the run
+    did not finish)."""
     from storage.object_sync import read_tree_list
 
     url = object_url(config.artifact_root)
-    if config.storage_format != "packed":
-        raise HallulogError(
-            f"--artifact-root {url}: a run into a bucket stores activations as "
-            f"packed (got --storage-format {config.storage_format})"
-        )
-    if config.executor != "local":
-        raise HallulogError(f"--artifact-root {url}: a run into a bucket needs --executor local")
     bucket = Bucket(url)
     if read_tree_list(bucket) is not None:
         raise HallulogError(
@@ -113,60 +87,105 @@ def run_remote(config):
         )
     staging = staging_dir_for(url, config.staging_dir, config.cache_dir)
     staging.mkdir(parents=True, exist_ok=True)
-    with root_lock(staging, "run"):  # restoring rewrites the staging root: one writer
-        return _run_staged(config, url, bucket, staging)
+    with root_lock(staging, "retry" if retry else "run"):  # restoring rewrites the staging root
+        return _run_staged(config, url, bucket, staging, retry)
 
 
-def _run_staged(config, url: str, bucket: Bucket, staging: Path):
+def _fence_all(bucket: Bucket) -> dict[str, int]:
+    """Fence every worker chain (a new driver session): ``worker -> the fence's number``."""
+    return {
+        worker: fence_chain(bucket, worker, "new driver session")[0] + 1
+        for worker in segment_chains(bucket)
+    }
+
+
+def _retry_set(config, staging: Path, states) -> tuple[set[str] | None, set[str] | None]:
+    """``(only, redo)`` of ``run``: what ``hallulog retry`` reprocesses, from the restored root."""
+    from orchestrator.postrun.repair import prompts_to_retry
+    from workers.segments import WorkerState, advance
+
+    retry = prompts_to_retry(staging, _expected_ids(config))
+    for name, st in states.items():  # repair may set malformed lines aside: not on segments
+        now, _, _, _ = advance(staging / name, WorkerState(name))
+        if now.ends != st.ends:
+            raise HallulogError(
+                f"{object_url(config.artifact_root)}: {name} holds malformed lines; pull the "
+                "root, run `hallulog retry` on the copy and push it to another prefix"
+            )
+    print(
+        f"retrying {len(retry)} prompt(s): "
+        + ", ".join(sorted(retry)[:10])
+        + (" ..." if len(retry) > 10 else "")
+    )
+    return retry, retry
+
+
+def _run_staged(config, url: str, bucket: Bucket, staging: Path, retry: bool):
     from orchestrator.postrun.finish import finish
-    from orchestrator.push_pull import push_root
     from orchestrator.run import run
 
+    ray = config.executor == "ray"
+    since = _fence_all(bucket) if ray else {}
     states = restore_staging(staging, bucket)
-    shipper = SegmentShipper(staging, bucket, states, interval=config.checkpoint_interval)
-    shipper.start()
-    local = dataclasses.replace(config, artifact_root=staging, consolidate=False, staging_dir=None)
+    only = redo = None
+    if retry:
+        only, redo = _retry_set(config, staging, states)
+    local = dataclasses.replace(config, artifact_root=staging)  # its manifest records it
+    shipper = None
+    if not ray:
+        shipper = SegmentShipper(staging, bucket, states, interval=config.checkpoint_interval)
+        shipper.start()
+    target = RemoteTarget(url, min(ACTOR_SHIP_GAP, config.checkpoint_interval), since)
     try:
-        result = run(local)
+        result = run(local, only=only, redo=redo, remote=target)
     except BaseException:
-        try:  # what was committed before the error or the stop is kept in the bucket
-            shipper.stop()
-        except Exception as exc:
-            log.error("shipping the last segments to %s: %s", url, exc)
+        if shipper is not None:
+            try:  # what was committed before the error or the stop is kept in the bucket
+                shipper.stop()
+            except Exception as exc:
+                log.error("shipping the last segments to %s: %s", url, exc)
         raise
-    shipper.stop()
+    if shipper is not None:
+        shipper.stop()
     pushed = None
-    if config.consolidate and result.complete:
-        done = finish(staging, expected_prompt_ids=_expected_ids(config))
-        result.consolidation, result.exports, result.validation = (
-            done.consolidation,
-            done.exports,
-            done.validation,
-        )
-        if done.ok:
-            _drop_interrupted_push(staging, bucket)
-            pushed = push_root(staging, url, bucket=bucket)
+    if not (config.consolidate and result.complete):
+        return result, pushed
+    if ray:  # the actors' segments: the staging root becomes the bucket's committed prefix
+        restore_staging(staging, bucket, reset=False)  # the session's manifest and checkpoint
+        recover_worker_dirs(staging)
+        _label_again(config, staging)
+    done = finish(staging, expected_prompt_ids=_expected_ids(config))
+    result.consolidation, result.exports, result.validation = (
+        done.consolidation,
+        done.exports,
+        done.validation,
+    )
+    if done.ok:
+        pushed = ship_finished(staging, url, bucket=bucket)
     return result, pushed
 
 
-def remote_command(config, args: argparse.Namespace) -> int | None:
-    """The CLI's handling of an ``s3://`` artifact root: None for a local root (the command
-    runs as usual); else ``run`` into the bucket (its exit code), any other command refused
-    with one line (2)."""
-    url = object_url(config.artifact_root)
-    if url is None:
-        return None
-    if args.command != "run":
-        print(
-            f"hallulog {args.command}: error: --artifact-root {url}: {args.command} works "
-            f"on a local root; copy it with `hallulog pull {url} DIR` and give "
-            "--artifact-root DIR (docs/object-storage.md)",
-            file=sys.stderr,
+def _label_again(config, staging: Path) -> None:
+    """Judge-graded tasks: the driver labelled its staging root before the actors' last
+    segments were restored; label what is still unlabelled."""
+    from contracts.run_manifest import RunManifest
+    from orchestrator.postrun.labels import label_with_judge, unlabeled_prompts
+    from orchestrator.tasks.grading import needs_judge_for
+
+    manifest = RunManifest.require(staging)
+    if needs_judge_for(manifest.get("answer_kind"), config.task) and unlabeled_prompts(staging):
+        label_with_judge(
+            staging,
+            task=config.task,
+            judge_url=config.judge_url,
+            judge_model=config.judge_model or manifest.get("model"),
         )
-        return 2
+
+
+def report_run(config, url: str, result, pushed) -> int:
+    """Print what a run (or retry) on a bucket root did; its exit code."""
     from orchestrator import commands
 
-    result, pushed = run_remote(config)
     print(commands.format_result(result))
     if pushed is not None:
         print(f"bucket: {url} ({pushed.files} files, {pushed.transferred} copied)")
@@ -182,10 +201,12 @@ def remote_command(config, args: argparse.Namespace) -> int | None:
             f"bucket: {url} holds the committed work; rerun the same command to resume",
             file=sys.stderr,
         )
+    if result.validation is not None and not result.validation["ok"]:
+        commands.print_validation(result.validation)
     if result.failed:
         print(
-            f"{len(result.failed)} prompt(s) failed: see worker_*/errors.jsonl in "
-            f"{result.artifact_root}",
+            f"{len(result.failed)} prompt(s) failed: `hallulog retry --artifact-root {url}` "
+            "reprocesses them",
             file=sys.stderr,
         )
         return 3

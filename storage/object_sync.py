@@ -247,12 +247,15 @@ def upload_tree(
     return summary
 
 
-def _local_matches(path: str, entry: FileEntry) -> bool:
-    """Whether a local file already holds the entry's bytes; ObjectExistsError if other bytes."""
+def _local_matches(path: str, entry: FileEntry, replace: bool = False) -> bool:
+    """Whether a local file already holds the entry's bytes; ObjectExistsError if other bytes
+    (False with ``replace``: it is downloaded over)."""
     if not os.path.exists(path):
         return False
     if os.path.getsize(path) == entry.size and crc32c_hex(file_crc32c(path)) == entry.crc32c:
         return True
+    if replace:
+        return False
     raise ObjectExistsError(
         f"{path} exists with other bytes than {entry.path} in the bucket; "
         "refusing to overwrite it (pull into an empty directory)"
@@ -278,8 +281,12 @@ def _download_one(bucket: Bucket, dest: str, entry: FileEntry) -> None:
     fsync_dir(os.path.dirname(path))
 
 
-def download_tree(bucket: Bucket, dest: str | os.PathLike, concurrency: int = 8) -> SyncSummary:
-    """Download the complete upload at ``bucket`` into ``dest`` (see the module docstring)."""
+def download_tree(
+    bucket: Bucket, dest: str | os.PathLike, concurrency: int = 8, replace: bool = False
+) -> SyncSummary:
+    """Download the complete upload at ``bucket`` into ``dest`` (see the module docstring).
+    ``replace``: a local file with other bytes is replaced instead of refused (a directory the
+    caller owns, whose truth is the bucket)."""
     dest = os.fspath(dest)
     t0 = time.monotonic()
     doc = read_tree_list(bucket)
@@ -295,7 +302,7 @@ def download_tree(bucket: Bucket, dest: str | os.PathLike, concurrency: int = 8)
     os.makedirs(dest, exist_ok=True)
     todo = []
     for e in entries:
-        if _local_matches(os.path.join(dest, *e.path.split("/")), e):
+        if _local_matches(os.path.join(dest, *e.path.split("/")), e, replace):
             summary.skipped += 1
         else:
             todo.append(e)

@@ -6,7 +6,9 @@ The class is plain Python; ``orchestrator.run.ray_executor`` wraps it with ``ray
 module imports nothing from Ray). The driver calls:
 
 - ``start()``: check that the artifact root is shared (the probe file the driver wrote must be
-  visible here with the same text), roll the slot's worker directory back to its last commit
+  visible here with the same text; on an ``s3://`` root: the driver's session object in the
+  bucket, and the worker directory is staged on this node and shipped by the actor,
+  ``workers/actor_shipping.py``), roll the slot's worker directory back to its last commit
   (``recover_worker_dir``: the committed rows win over anything Ray remembers), spawn the server
   on a free port of this node, wait for its health, start the worker thread; returns the node,
   the server's URL and the committed prompt ids.
@@ -46,6 +48,7 @@ import httpx
 
 from contracts.process import die_with_parent
 from contracts.prompt_group import PromptGroup
+from workers.actor_shipping import ActorShipping
 from workers.persist import recover_worker_dir
 from workers.runtime import run_event_loop, tune_gc
 from workers.worker import GroupWorker, WorkerSpec
@@ -69,9 +72,14 @@ class _CallChannel:
     def __init__(self) -> None:
         self.inbox: queue.Queue = queue.Queue()
         self.outbox: queue.Queue = queue.Queue()
+        self.shipping: ActorShipping | None = None
+        """On a bucket root: holds ``done`` events until their segment is shipped."""
 
     def send(self, event: dict[str, Any]) -> None:
-        self.outbox.put(event)
+        if self.shipping is not None:
+            self.shipping.event(event)
+        else:
+            self.outbox.put(event)
 
     def reader(self, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue) -> None:
         """Thread body: move submitted groups into the worker's event loop; None stops it."""
@@ -93,8 +101,11 @@ class SlotActor:
         artifact_root: str,
         probe_text: str,
         recover: dict[str, Any],
+        remote: dict[str, Any] | None = None,
     ) -> None:
         self.slot = slot
+        self.remote = remote
+        """On an ``s3://`` root: ``url``, ``ship_gap`` and the driver's ``session``."""
         self.spec = spec
         self.launch = launch
         self.root = Path(artifact_root)
@@ -115,17 +126,13 @@ class SlotActor:
                 node = f"{node}/{ray.get_runtime_context().get_node_id()[:8]}"
         except Exception:  # plain object (tests) or no Ray: the host name is all there is
             pass
-        probe = self.root / PROBE_NAME
-        try:
-            seen = probe.read_text(encoding="utf-8")
-        except OSError:
-            seen = None
-        if seen != self.probe_text:
-            raise SharedFsError(
-                f"artifact root {self.root} is not shared with node {node}: the driver's "
-                f"{PROBE_NAME} is {'missing' if seen is None else 'different'} there (put the "
-                "root on NFS/Lustre/a mounted bucket that every node mounts at the same path)"
-            )
+        if self.remote is not None:  # nothing shared but the bucket: stage on this node
+            shipping = ActorShipping(self.remote, self.slot, node, self.channel.outbox.put)
+            self.root = shipping.root
+            self.spec = replace(self.spec, worker_dir=str(shipping.worker_dir))
+            self.channel.shipping = shipping
+        else:
+            self._check_shared(node)
         devices = self._devices()
         committed = recover_worker_dir(Path(self.spec.worker_dir), **self.recover)
         self._start_server()
@@ -142,6 +149,20 @@ class SlotActor:
             "devices": devices,
             "committed": sorted(committed),
         }
+
+    def _check_shared(self, node: str) -> None:
+        probe = self.root / PROBE_NAME
+        try:
+            seen = probe.read_text(encoding="utf-8")
+        except OSError:
+            seen = None
+        if seen != self.probe_text:
+            raise SharedFsError(
+                f"artifact root {self.root} is not shared with node {node}: the driver's "
+                f"{PROBE_NAME} is {'missing' if seen is None else 'different'} there (put the "
+                "root on NFS/Lustre/a mounted bucket that every node mounts at the same path, "
+                "or the run in a bucket: --artifact-root s3://BUCKET/PREFIX)"
+            )
 
     def _devices(self) -> str:
         """The GPUs this actor's server runs on (``CUDA_VISIBLE_DEVICES`` as Ray set it; "" on
@@ -215,6 +236,8 @@ class SlotActor:
 
     # -- the driver's calls ------------------------------------------------------------------
     def submit(self, groups: list[PromptGroup]) -> int:
+        if self.channel.shipping is not None:
+            self.channel.shipping.given(len(groups))
         for group in groups:
             self.channel.inbox.put(group)
         return len(groups)
@@ -234,6 +257,8 @@ class SlotActor:
         if self.thread is not None:
             self.channel.inbox.put(None)
             self.thread.join(timeout=timeout)
+        if self.channel.shipping is not None:  # what the worker committed last
+            self.channel.shipping.stop()
         if self.server is not None and self.server.poll() is None:
             try:
                 os.killpg(self.server.pid, signal.SIGTERM)

@@ -84,12 +84,15 @@ def _raise_stop(signum, frame):  # noqa: ARG001
 
 
 @holds_root("run")  # one writer per root (contracts/root_lock.py)
-def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | None = None
-        ) -> RunResult:
+def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | None = None,
+        remote: Any = None) -> RunResult:
     """Run (or resume) the whole job described by ``config``.
 
     ``only`` restricts the work to these prompt ids; ``redo`` reprocesses these even when they
     were committed before (``hallulog retry``: the new commit supersedes the old one).
+    ``remote``: the bucket of an ``s3://`` root (``orchestrator.remote_run.RemoteTarget``; the
+    root is then the staging root): the actors of ``--executor ray`` ship to it, and the post-run
+    is ``remote_run``'s, after the run.
     """
     started = time.monotonic()
     root = Path(config.artifact_root)
@@ -173,7 +176,7 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
                 servers.extend(started_servers)
             if pending:
                 if config.executor == "ray":  # slots on Ray actors, each with its own server
-                    pool = _ray_pool(config, model, layer_ids, root, cache_dir)
+                    pool = _ray_pool(config, model, layer_ids, root, cache_dir, remote)
                 else:
                     pool = WorkerPool(_worker_specs(config, model, layer_ids, root, urls),
                                       committed_in=_committed_in(root, config, layer_ids, model),
@@ -211,7 +214,7 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
                                                 judge_url=config.judge_url or urls[0],
                                                 judge_model=config.judge_model or model.name)
             _stop_servers(servers)
-            if config.consolidate and result.complete:
+            if config.consolidate and result.complete and remote is None:  # else remote_run's
                 done = finish(root, expected_prompt_ids=all_ids, on_step=board.set_phase)
                 result.consolidation, result.exports, result.validation = \
                     done.consolidation, done.exports, done.validation
@@ -301,7 +304,7 @@ def _worker_specs(config: RunConfig, model: ModelInfo, layer_ids: list[int], roo
 
 
 def _ray_pool(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: Path,
-              cache_dir: Path):
+              cache_dir: Path, remote: Any = None):
     """The pool of ``--executor ray``: slots on Ray actors, each with its own server."""
     from dataclasses import replace
 
@@ -312,7 +315,7 @@ def _ray_pool(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: P
                    worker_spec=lambda i: replace(template, worker_id=i, server_url=f"ray:slot-{i}",
                                                  worker_dir=str(worker_dir(root, i))),
                    committed_in=_committed_in(root, config, layer_ids, model),
-                   hang_seconds=_hang_seconds(config))
+                   hang_seconds=_hang_seconds(config), remote=remote)
 
 
 def _prompt_ids(stream: TaskStream) -> tuple[set[str], str]:

@@ -21,6 +21,13 @@ cluster has capacity (``--ray-max-restarts`` deaths in a row retire the slot). C
 over Ray's own state, which is not durable: a group is redone at most, never lost, and
 consolidation keeps one commit per prompt. A crashed driver takes its actors with it (Ray ends a
 job's actors with the job); rerunning the command resumes from the artifact root.
+
+On an ``s3://`` root (``remote``, ``orchestrator/remote_run.py``) the nodes share only the
+bucket: the driver's root is its own staging root, which no actor reads or writes; each actor
+stages its worker directory on its node and ships it (``workers/actor_shipping.py``), reporting a
+group done once its segment is in the bucket. A lost slot's committed groups are then those of
+its segment chain, read after the driver has fenced it (``workers/segment_restore.py``), so
+nothing the lost actor still ships can count.
 """
 
 from __future__ import annotations
@@ -28,7 +35,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -40,7 +46,14 @@ from orchestrator.config import RunConfig
 from orchestrator.errors import HallulogError
 from orchestrator.manifest import update_manifest
 from orchestrator.run.pool import WorkerPool
-from orchestrator.run.servers import ModelInfo, server_command
+from orchestrator.run.ray_bucket import BucketSlots
+from orchestrator.run.ray_plan import (
+    RayExecutorError,
+    actor_options,
+    plan_actors,
+    server_launch,
+)
+from orchestrator.run.servers import ModelInfo
 from orchestrator.run.slots import Notice, WorkerSlot
 from workers.ray_actor import PROBE_NAME, SlotActor
 from workers.worker import WorkerSpec
@@ -60,10 +73,6 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 POLL_WAIT = 0.5
 """Seconds an actor's ``poll`` waits for a first event before answering empty."""
-
-
-class RayExecutorError(HallulogError):
-    """The Ray cluster cannot run this job (unreachable, too small, root not shared)."""
 
 
 def connect(address: str, *, num_cpus: int | None = None) -> bool:
@@ -113,19 +122,29 @@ def ray_pool(
     worker_spec: Callable[[int], WorkerSpec],
     committed_in: Callable[[int], set[str]],
     hang_seconds: float | None,
+    remote: Any = None,
 ) -> WorkerPool:
     """The pool of ``--executor ray``: ``WorkerPool``'s bookkeeping, dispatch and death handling
     on :class:`ActorSlots` (see the module docstring).
 
     ``worker_spec(slot)`` gives each slot's spec; ``committed_in`` and ``hang_seconds`` are the
-    local pool's. It connects to the cluster and checks that it can hold the actors.
+    local pool's (on a bucket root, ``remote``, the slots' own ``committed_in`` reads the bucket).
+    It connects to the cluster and checks that it can hold the actors.
     """
     ray = require("ray", "--executor ray")
     owns_ray = connect(config.ray_address, num_cpus=config.ray_actors or config.worker_count)
     try:
         count, gpus = plan_actors(config, ray.cluster_resources())
         slots = ActorSlots(
-            config, model, layer_ids, root, cache_dir, gpu=gpus > 0, count=count, owns_ray=owns_ray
+            config,
+            model,
+            layer_ids,
+            root,
+            cache_dir,
+            gpu=gpus > 0,
+            count=count,
+            owns_ray=owns_ray,
+            remote=remote,
         )
     except BaseException:
         if owns_ray and ray.is_initialized():
@@ -133,7 +152,7 @@ def ray_pool(
         raise
     return WorkerPool(
         [worker_spec(slot) for slot in range(count)],
-        committed_in=committed_in,
+        committed_in=committed_in if remote is None else slots.committed_in,
         max_restarts=config.ray_max_restarts,
         hang_seconds=hang_seconds,
         slots=slots,
@@ -161,6 +180,7 @@ class ActorSlots:
         gpu: bool,
         count: int,
         owns_ray: bool,
+        remote: Any = None,
     ) -> None:
         import ray
 
@@ -178,7 +198,9 @@ class ActorSlots:
             "restarts": 0,
         }
         self._probe = uuid.uuid4().hex
-        (self.root / PROBE_NAME).write_text(self._probe, encoding="utf-8")
+        self._remote = BucketSlots(remote, self.root, self._probe) if remote else None
+        if self._remote is None:
+            (self.root / PROBE_NAME).write_text(self._probe, encoding="utf-8")
         self._launch = server_launch(config, model, layer_ids, cache_dir, gpu=gpu)
         self._recover = dict(
             storage_format=config.storage_format,
@@ -192,7 +214,13 @@ class ActorSlots:
         """Create the slot's actor; it takes groups once its ``start`` call has returned."""
         wid = slot.spec.worker_id
         slot.proc = self._actor_cls.remote(
-            wid, slot.spec, self._launch, str(self.root), self._probe, self._recover
+            wid,
+            slot.spec,
+            self._launch,
+            "" if self._remote else str(self.root),  # a bucket root: nothing of the driver's
+            self._probe,
+            self._recover,
+            self._remote.actor_options if self._remote else None,
         )
         slot.conn = None
         self._started.discard(wid)
@@ -201,6 +229,11 @@ class ActorSlots:
 
     def send(self, slot: WorkerSlot, group: Any) -> None:
         slot.proc.submit.remote([group])  # a dead actor shows in its next poll
+
+    def committed_in(self, wid: int) -> set[str]:
+        """On a bucket root: the prompts the slot's segment chain commits, read once it is
+        fenced (the pool's ``committed_in``)."""
+        return self._remote.committed_in(wid)
 
     def kill(self, slot: WorkerSlot) -> None:
         _kill_actor(slot.proc)  # its outstanding call fails: handled as a death
@@ -324,7 +357,8 @@ class ActorSlots:
                 w.proc = None
         self._started.clear()
         self._refs.clear()
-        (self.root / PROBE_NAME).unlink(missing_ok=True)
+        if self._remote is None:
+            (self.root / PROBE_NAME).unlink(missing_ok=True)
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
 
@@ -336,88 +370,6 @@ def _kill_actor(actor: Any) -> None:
         ray.kill(actor, no_restart=True)
     except Exception:  # already gone
         pass
-
-
-def plan_actors(config: RunConfig, resources: dict[str, float]) -> tuple[int, int]:
-    """(actors, GPUs of the cluster) for ``config`` on a cluster with ``resources``
-    (``ray.cluster_resources()``), or a one-line :class:`RayExecutorError` when the cluster
-    cannot hold them. Each actor takes ``config.gpus_per_server`` GPUs on a GPU cluster; the
-    default count is as many actors as the cluster's GPUs hold."""
-    cfg = config
-    gpus = int(resources.get("GPU", 0))
-    cpus = float(resources.get("CPU", 0))
-    per = cfg.gpus_per_server
-    if cfg.gpus and gpus == 0:
-        raise RayExecutorError(
-            f"--gpus {','.join(map(str, cfg.gpus))}: the Ray cluster at "
-            f"{cfg.ray_address} has no GPUs (resources: CPU={cpus:g})"
-        )
-    sizes = (
-        f"--tensor-parallel-size {cfg.tensor_parallel_size} x --pipeline-parallel-size "
-        f"{cfg.pipeline_parallel_size}"
-    )
-    if gpus and gpus < per:
-        raise RayExecutorError(
-            f"{sizes} needs {per} GPUs per actor; the Ray cluster at {cfg.ray_address} has {gpus}"
-        )
-    count = cfg.ray_actors or (gpus // per if gpus else cfg.worker_count)
-    if gpus and count * per > gpus:
-        what = "one per actor" if per == 1 else f"{per} per actor: {sizes}"
-        raise RayExecutorError(
-            f"--ray-actors {count} needs {count * per} GPUs ({what}); "
-            f"the Ray cluster at {cfg.ray_address} has {gpus}"
-        )
-    need = count * cfg.ray_cpus_per_actor
-    if need > cpus:
-        raise RayExecutorError(
-            f"{count} actor(s) x --ray-cpus-per-actor "
-            f"{cfg.ray_cpus_per_actor:g} need {need:g} CPUs; the Ray "
-            f"cluster at {cfg.ray_address} has {cpus:g}"
-        )
-    return count, gpus
-
-
-def actor_options(config: RunConfig, *, gpu: bool) -> dict[str, Any]:
-    """``ray.remote(SlotActor).options(...)`` of every slot: its CPUs, and on a GPU cluster
-    ``config.gpus_per_server`` GPUs (tensor x pipeline parallel size; Ray gives them on one
-    node and sets the actor's ``CUDA_VISIBLE_DEVICES``, which its server inherits)."""
-    return dict(
-        num_cpus=config.ray_cpus_per_actor,
-        num_gpus=config.gpus_per_server if gpu else 0,
-        max_restarts=0,
-        max_task_retries=0,
-        max_concurrency=4,
-        scheduling_strategy="SPREAD",
-    )
-
-
-def server_launch(
-    config: RunConfig, model: ModelInfo, layer_ids: list[int], cache_dir: Path, *, gpu: bool
-) -> dict[str, Any]:
-    """How each actor starts its server (``SlotActor``'s ``launch``): the same command line as
-    a local server of ``config`` (engine options and ``--engine-args`` included) with
-    ``{python}``, ``{port}`` and ``{spool_dir}`` filled in on the node, its environment, and
-    ``gpus``: the GPUs the actor must see (0 on CPU)."""
-    env: dict[str, str] = {"HALLULOG_CACHE_DIR": str(cache_dir), "PYTHONUNBUFFERED": "1"}
-    command = server_command(
-        config, model, layer_ids, host="127.0.0.1", port=0, spool_dir="{spool_dir}"
-    )
-    command[command.index("--port") + 1] = "{port}"
-    if config.backend == "vllm":
-        from orchestrator.run.vllm_backend import vllm_server_env
-
-        env.update(vllm_server_env({}, gpu=0 if gpu else None, cache_dir=cache_dir))
-        if gpu:
-            env.pop("CUDA_VISIBLE_DEVICES")  # Ray's assignment to the actor stands
-        elif config.gpus_per_server > 1:  # the actor's node and CPUs are not known here
-            env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-    command = ["{python}" if part == sys.executable else part for part in command]
-    return {
-        "command": command,
-        "env": env,
-        "startup_timeout": config.server_startup_timeout,
-        "gpus": config.gpus_per_server if gpu else 0,
-    }
 
 
 def _one_line(exc: BaseException) -> str:

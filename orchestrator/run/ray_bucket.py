@@ -1,0 +1,55 @@
+"""``--executor ray`` on an ``s3://`` root: the driver's side of the bucket.
+
+The driver writes a session object every actor must read back (the shared-filesystem probe of a
+bucket root), puts the run's manifest in the bucket before any actor starts, and answers the
+pool's ``committed_in`` for a lost slot from its segment chain once fenced
+(``workers/segment_restore.py``): whatever the lost actor still ships cannot count, and each
+segment is read once per session. The actors' side: ``workers/actor_shipping.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BucketSlots"]
+
+log = logging.getLogger(__name__)
+
+
+class BucketSlots:
+    """The driver's side of a bucket root: the session object every actor reads back, the run
+    manifest in the bucket, and each lost slot's committed prompts from its fenced chain (each
+    segment read once per session)."""
+
+    def __init__(self, remote: Any, root: Path, session: str) -> None:
+        from contracts import layout
+        from storage.object_store import Bucket
+        from workers.actor_shipping import session_key
+        from workers.segments import RUN_PREFIX
+
+        self.bucket = Bucket(remote.url)
+        self.bucket.put_create(session_key(session), session.encode())
+        manifest = (root / layout.MANIFEST).read_bytes()  # the first session's stays
+        self.bucket.put_create(f"{RUN_PREFIX}/{layout.MANIFEST}", manifest)
+        self.actor_options = {"url": remote.url, "ship_gap": remote.ship_gap, "session": session}
+        self._read: dict[str, tuple[int, set[str]]] = {
+            worker: (seq, set()) for worker, seq in remote.since.items()
+        }
+
+    def committed_in(self, wid: int) -> set[str]:
+        from workers.segment_restore import fence_chain
+
+        worker = f"worker_{wid}"
+        start, ids = self._read.get(worker, (0, set()))
+        seq, new = fence_chain(self.bucket, worker, f"slot {wid} lost", since=start)
+        ids |= new
+        self._read[worker] = (seq + 1, ids)
+        log.warning(
+            "ray executor: %s fenced at segment %d; %d prompt(s) committed there this session",
+            worker,
+            seq,
+            len(ids),
+        )
+        return ids
