@@ -70,6 +70,14 @@ class PackedWriter(CommitLogWriter, ActivationWriter):
         if os.path.exists(log_path) and os.path.getsize(log_path) > 0:
             self._recover(log_path, header)
         else:
+            first = os.path.join(self.path, shard_name(0))
+            if os.path.exists(first) and os.path.getsize(first) > 0:
+                # the log is written (header first) before any shard byte: an empty log beside
+                # data was cut, and starting a new one would drop every committed sample
+                raise ManifestError(f"the commit log is empty but {shard_name(0)} holds "
+                                    f"{os.path.getsize(first)} bytes: the log was cut or "
+                                    "emptied; restore it (the samples cannot be found without it)",
+                                    log_path)
             line = record_line(header)
             fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             write_all(fd, line)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import fcntl
 import math
-import mmap
 import os
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -25,6 +25,8 @@ __all__ = [
     "CaptureError",
     "CapturedRows",
     "load_capture",
+    "open_capture",
+    "CaptureFile",
     "select_rows",
     "transpose_cast",
     "discard_capture",
@@ -92,33 +94,43 @@ def load_capture(
 ) -> np.ndarray:
     """Read a capture file, check its token ids, return ``(num_tokens, num_layer_ids, hidden)``.
 
-    The spool file is deleted after reading (the server never deletes it).
+    The spool file is deleted after reading (the server never deletes it). To read only the
+    rows a run keeps, use :func:`open_capture` and slice it.
+    """
+    with open_capture(path, expected_token_ids, delete=delete, timeout=timeout) as capture:
+        return capture[0 : capture.shape[0]]
+
+
+def open_capture(
+    path: str, expected_token_ids: list[int], *, delete: bool = True, timeout: float = 60.0
+) -> CaptureFile:
+    """Open a capture file, check its header and token ids; its rows are read when sliced.
+
+    With ``delete`` the spool file is unlinked at once (the open descriptor still reads it):
+    the server never deletes it, and a worker that dies from now on leaves nothing behind.
     """
     try:
         wait_for_capture(path, timeout)
-        tensors = _load(path)
+        capture = CaptureFile(path)
     finally:
         if delete:
             discard_capture(path)
-    hidden, token_ids = tensors.get("hidden_states"), tensors.get("token_ids")
-    if hidden is None or token_ids is None:
-        raise CaptureError(f"{path}: capture file lacks hidden_states or token_ids")
-    if hidden.ndim != 3 or hidden.shape[0] != token_ids.shape[0]:
-        raise CaptureError(
-            f"{path}: hidden_states shape {hidden.shape} does not match "
-            f"{token_ids.shape[0]} token ids"
-        )
-    if token_ids.tolist() != list(expected_token_ids):
-        raise CaptureError(
-            f"{path}: captured token ids differ from the generation's "
-            f"({token_ids.shape[0]} vs {len(expected_token_ids)} tokens)"
-        )
-    return hidden
+    try:
+        token_ids = capture.token_ids()
+        if token_ids.tolist() != list(expected_token_ids):
+            raise CaptureError(
+                f"{path}: captured token ids differ from the generation's "
+                f"({token_ids.shape[0]} vs {len(expected_token_ids)} tokens)"
+            )
+    except BaseException:
+        capture.close()
+        raise
+    return capture
 
 
-#: safetensors dtype names this module maps without a copy. BF16 (what vLLM writes for a bf16
-#: model) is ml_dtypes' numpy bfloat16: copied as is into a bfloat16 store, else cast once, by
-#: torch, into the stored dtype.
+#: safetensors dtype names this module reads. BF16 (what vLLM writes for a bf16 model) is
+#: ml_dtypes' numpy bfloat16: copied as is into a bfloat16 store, else cast once, by torch,
+#: into the stored dtype.
 _DTYPES = {
     "F64": "<f8",
     "F32": "<f4",
@@ -134,57 +146,125 @@ _DTYPES = {
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 
-def _load(path: str) -> dict[str, np.ndarray]:
-    """The file's tensors as read-only arrays over a mapping of the file (no copy).
+class CaptureFile:
+    """A capture file's ``hidden_states`` ``(num_tokens, num_layer_ids, hidden)``, read on
+    demand: ``capture[a:b]`` (a slice along the token axis) or ``capture[index_array]`` is read
+    from the file into a new array with ``pread``, and nothing else of the file is.
 
-    The mapping is populated at once (``MAP_POPULATE``: no page fault per page) and outlives the
-    file's unlink until the arrays are dropped. The layout is safetensors' own: an 8-byte
-    little-endian header length, a JSON header, the data.
+    Only the rows a run keeps are read (the response rows of a ``response`` run, a few named
+    positions). Mapping the whole file instead (``mmap`` with ``MAP_POPULATE``, then
+    ``munmap``) cost a worker more CPU in page-table work than copying the bytes it keeps
+    (docs/performance.md, "Ingest, the path"). Use as a context manager or :meth:`close` it;
+    the descriptor is also closed when the object is dropped.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        raise CaptureError(f"{path}: capture file not found") from None
-    try:
-        size = os.fstat(fd).st_size
-        if size < 8:
-            raise CaptureError(f"{path}: unreadable capture file: {size} bytes")
-        mapped = mmap.mmap(
-            fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ
-        )
-    finally:
-        os.close(fd)
-    try:
-        return _parse(mapped, size)
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-        raise CaptureError(f"{path}: unreadable capture file: {exc}") from exc
 
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise CaptureError(f"{path}: capture file not found") from None
+        self._closer = weakref.finalize(self, os.close, self._fd)
+        try:
+            self._tensors = self._header()
+            if "hidden_states" not in self._tensors or "token_ids" not in self._tensors:
+                raise CaptureError(f"{path}: capture file lacks hidden_states or token_ids")
+            _, self.dtype, self.shape = self._tensors["hidden_states"]
+            num_ids = math.prod(self._tensors["token_ids"][2])
+            if len(self.shape) != 3 or self.shape[0] != num_ids:
+                raise CaptureError(
+                    f"{path}: hidden_states shape {self.shape} does not match {num_ids} token ids"
+                )
+        except BaseException:
+            self.close()
+            raise
+        self._row_bytes = self.shape[1] * self.shape[2] * self.dtype.itemsize
 
-def _parse(mapped: mmap.mmap, size: int) -> dict[str, np.ndarray]:
-    head_len = int.from_bytes(mapped[:8], "little")
-    if head_len > size - 8:
-        raise ValueError(f"header of {head_len} bytes in a file of {size}")
-    header = orjson.loads(mapped[8 : 8 + head_len])
-    base, tensors = 8 + head_len, {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if info["dtype"] not in _DTYPES:
-            raise ValueError(f"tensor {name}: dtype {info['dtype']}")
-        dtype, shape = np.dtype(_DTYPES[info["dtype"]]), [int(n) for n in info["shape"]]
-        begin, end = (int(x) for x in info["data_offsets"])
-        count = math.prod(shape)
-        if end - begin != count * dtype.itemsize or begin < 0 or base + end > size:
-            raise ValueError(
-                f"tensor {name}: bytes [{begin}, {end}) do not hold {shape} "
-                f"{info['dtype']} in a file of {size} (truncated?)"
+    def _header(self) -> dict[str, tuple[int, np.dtype, tuple[int, ...]]]:
+        """Each tensor's (file offset, dtype, shape), checked against the file's size. The
+        layout is safetensors' own: an 8-byte little-endian header length, a JSON header, the
+        data."""
+        try:
+            size = os.fstat(self._fd).st_size
+            if size < 8:
+                raise ValueError(f"{size} bytes")
+            head_len = int.from_bytes(os.pread(self._fd, 8, 0), "little")
+            if head_len > size - 8:
+                raise ValueError(f"header of {head_len} bytes in a file of {size}")
+            header = orjson.loads(os.pread(self._fd, head_len, 8))
+            base, tensors = 8 + head_len, {}
+            for name, info in header.items():
+                if name == "__metadata__":
+                    continue
+                if info["dtype"] not in _DTYPES:
+                    raise ValueError(f"tensor {name}: dtype {info['dtype']}")
+                dtype = np.dtype(_DTYPES[info["dtype"]])
+                shape = tuple(int(n) for n in info["shape"])
+                begin, end = (int(x) for x in info["data_offsets"])
+                if (
+                    end - begin != math.prod(shape) * dtype.itemsize
+                    or begin < 0
+                    or base + end > size
+                ):
+                    raise ValueError(
+                        f"tensor {name}: bytes [{begin}, {end}) do not hold {list(shape)} "
+                        f"{info['dtype']} in a file of {size} (truncated?)"
+                    )
+                tensors[name] = (base + begin, dtype, shape)
+            return tensors
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise CaptureError(f"{self.path}: unreadable capture file: {exc}") from exc
+
+    def token_ids(self) -> np.ndarray:
+        """The file's ``token_ids`` (read whole: a few bytes per token)."""
+        offset, dtype, shape = self._tensors["token_ids"]
+        return self._read(offset, dtype, shape)
+
+    def __getitem__(self, key: slice | np.ndarray) -> np.ndarray:
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self.shape[0])
+            if step != 1:
+                raise IndexError("capture rows are read in contiguous slices")
+            stop = max(start, stop)
+            offset, dtype, _ = self._tensors["hidden_states"]
+            return self._read(
+                offset + start * self._row_bytes, dtype, (stop - start, *self.shape[1:])
             )
-        tensors[name] = np.frombuffer(mapped, dtype, count, base + begin).reshape(shape)
-    return tensors
+        index = np.asarray(key, np.intp)  # a gather: each run of consecutive rows read once
+        out = np.empty((len(index), *self.shape[1:]), self.dtype)
+        i = 0
+        while i < len(index):
+            j = i + 1
+            while j < len(index) and index[j] == index[j - 1] + 1:
+                j += 1
+            out[i:j] = self[int(index[i]) : int(index[j - 1]) + 1]
+            i = j
+        return out
+
+    def _read(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        out = np.empty(shape, dtype)
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        done = 0
+        while done < len(view):
+            n = os.preadv(self._fd, [view[done:]], offset + done)
+            if n == 0:
+                raise CaptureError(f"{self.path}: unreadable capture file: it ended early")
+            done += n
+        return out
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        self._closer()
+
+    def __enter__(self) -> CaptureFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def select_rows(
-    hidden: np.ndarray,
+    hidden: np.ndarray | CaptureFile,
     *,
     prompt_len: int,
     response_len: int,

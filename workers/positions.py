@@ -15,7 +15,7 @@ import numpy as np
 
 from contracts.exact_answer import exact_answer_span
 from contracts.positions import ResolvedPositions, num_captured, resolve_positions
-from workers.capture import CapturedRows, CaptureError, transpose_cast
+from workers.capture import CapturedRows, CaptureError, CaptureFile, transpose_cast
 
 __all__ = [
     "PositionRows",
@@ -35,7 +35,7 @@ class PositionRows(CapturedRows):
 
 
 def select_positions(
-    hidden: np.ndarray,
+    hidden: np.ndarray | CaptureFile,
     *,
     prompt_len: int,
     response_len: int,

@@ -30,7 +30,7 @@ from contracts.answer_kinds import Grade, answer_grader as kinds_answer_grader
 from contracts.process import die_with_parent
 from contracts.ids import activation_key, sample_seed
 from contracts.prompt_group import PromptGroup
-from workers.capture import (CaptureError, CapturedRows, discard_capture, load_capture,
+from workers.capture import (CaptureError, CapturedRows, discard_capture, open_capture,
                              select_rows)
 from workers.client import BackendClient, Completion, is_retryable
 from workers.group_commit import GroupCommitter
@@ -346,18 +346,20 @@ class GroupWorker:
         prompt_ids, response_ids = comp.prompt_token_ids, comp.token_ids
         expected = (prompt_ids + response_ids[:-1] if spec.capture_mode == "generation"
                     else prompt_ids + response_ids)
-        hidden = load_capture(path, expected)
-        if hidden.shape[1] != len(spec.layer_ids) or hidden.shape[2] != spec.hidden_size:
-            raise CaptureError(f"{path}: capture has {hidden.shape[1]} layer ids x "
-                               f"{hidden.shape[2]}, expected {len(spec.layer_ids)} x "
-                               f"{spec.hidden_size}")
-        if spec.positions:
-            return select_positions(hidden, prompt_len=len(prompt_ids),
-                                    response_len=len(response_ids),
-                                    capture_mode=spec.capture_mode, names=spec.positions,
-                                    exact_answer_span=span, layer_index=None, dtype=spec.dtype)
-        return select_rows(hidden, prompt_len=len(prompt_ids), response_len=len(response_ids),
-                           sequence_mode=spec.sequence_mode, layer_index=None, dtype=spec.dtype)
+        with open_capture(path, expected) as hidden:  # only the rows kept are read
+            if hidden.shape[1] != len(spec.layer_ids) or hidden.shape[2] != spec.hidden_size:
+                raise CaptureError(f"{path}: capture has {hidden.shape[1]} layer ids x "
+                                   f"{hidden.shape[2]}, expected {len(spec.layer_ids)} x "
+                                   f"{spec.hidden_size}")
+            if spec.positions:
+                return select_positions(hidden, prompt_len=len(prompt_ids),
+                                        response_len=len(response_ids),
+                                        capture_mode=spec.capture_mode, names=spec.positions,
+                                        exact_answer_span=span, layer_index=None,
+                                        dtype=spec.dtype)
+            return select_rows(hidden, prompt_len=len(prompt_ids),
+                               response_len=len(response_ids), sequence_mode=spec.sequence_mode,
+                               layer_index=None, dtype=spec.dtype)
 
     def _attach(self, record: GenerationRecord, group: PromptGroup, sample_id: int,
                 comp: Completion, rows: CapturedRows) -> None:

@@ -89,6 +89,25 @@ def test_unfinalized_store_says_how_to_recover(tmp_path):
     assert len(open_store(tmp_path)) == 1
 
 
+def test_an_emptied_commit_log_beside_data_is_refused_not_restarted(tmp_path):
+    """A commit log cut to nothing while a shard holds data is damage: reopening for writing
+    names the log instead of starting a new one (which would drop every committed sample).
+    An empty log without data (a crash while the store was being created) starts afresh."""
+    w = open_writer("packed", tmp_path, layer_ids=[0], hidden_size=4)
+    w.write("a_0", *make_sample(0, 1, 4))
+    w.close()
+    log_path = tmp_path / "activations" / "commit.log"
+    log_path.write_bytes(b"")
+    with pytest.raises(ManifestError, match="commit.log: the commit log is empty but"):
+        open_writer("packed", tmp_path, layer_ids=[0], hidden_size=4)
+    assert log_path.read_bytes() == b""  # untouched
+    fresh = tmp_path / "fresh"
+    (fresh / "activations").mkdir(parents=True)
+    (fresh / "activations" / "commit.log").write_bytes(b"")
+    open_writer("packed", fresh, layer_ids=[0], hidden_size=4).close()
+    assert len(open_store(fresh)) == 0
+
+
 def test_reopen_with_other_shape_refused(tmp_path):
     open_writer("packed", tmp_path, layer_ids=[0, 1], hidden_size=4).close()
     with pytest.raises(Exception, match="created with"):
