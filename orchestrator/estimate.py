@@ -64,7 +64,7 @@ def estimate(
         num_layers, hidden = model_shape
         name = f"{num_layers}x{hidden}"
     else:
-        from orchestrator.run.servers import hallulog_cache_dir, resolve_model
+        from orchestrator.run.models import hallulog_cache_dir, resolve_model
 
         info = resolve_model(config.model, hallulog_cache_dir(config.cache_dir))
         num_layers, hidden, name, model_dir = (

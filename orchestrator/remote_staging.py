@@ -44,7 +44,7 @@ def staging_dir_for(url: str, configured: Path | None, cache_dir: Path | None) -
     """``--staging-dir``, else ``$HALLULOG_CACHE_DIR/staging/<bucket>-<hash of the URL>``."""
     if configured is not None:
         return Path(configured)
-    from orchestrator.run.servers import hallulog_cache_dir
+    from orchestrator.run.models import hallulog_cache_dir
 
     bucket = url.partition("://")[2].split("/", 1)[0]
     digest = hashlib.sha256(url.encode()).hexdigest()[:16]

@@ -1,4 +1,5 @@
-"""Turn a backend's capture file into the rows a run stores.
+"""Turn a backend's capture file into the rows a run stores (reading the file:
+``workers/capture_file.py``, whose names are re-exported here).
 
 Token alignment (docs/alignment.md): row j of a stored activation is the hidden state at one
 input position, after the model has read that token. A capture file holds the positions
@@ -8,18 +9,21 @@ token was never fed back, so there are ``P + R - 1`` positions; with prefill cap
 
 from __future__ import annotations
 
-import fcntl
-import math
-import os
 import threading
-import time
 import warnings
-import weakref
 from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
-import orjson
+
+from workers.capture_file import (
+    CaptureError,
+    CaptureFile,
+    discard_capture,
+    load_capture,
+    open_capture,
+    wait_for_capture,
+)
 
 __all__ = [
     "CaptureError",
@@ -34,10 +38,6 @@ __all__ = [
 ]
 
 
-class CaptureError(RuntimeError):
-    """A capture file is missing or disagrees with the generation it belongs to."""
-
-
 @dataclass
 class CapturedRows:
     """Activations of one generation, ready for the store."""
@@ -50,217 +50,6 @@ class CapturedRows:
     """How many rows are prompt positions."""
     response_rows: int
     """How many rows are response positions."""
-
-
-def wait_for_capture(path: str, timeout: float = 60.0) -> None:
-    """Wait until the backend has finished writing ``path``.
-
-    vLLM may answer before its connector wrote the file (the write happens in the next engine
-    step); the writer holds an exclusive ``flock`` on ``path + ".lock"`` while writing and
-    renames the data into place, so: take the lock shared, then expect the file.
-    """
-    deadline = time.monotonic() + timeout
-    lock_path = path + ".lock"
-    while True:
-        try:  # a bare descriptor: a file object costs three more syscalls per capture
-            lock = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            pass
-        else:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_SH)  # returns once the writer has let go
-            finally:
-                os.close(lock)  # releases the shared lock
-        if os.path.exists(path):
-            return
-        if time.monotonic() > deadline:
-            raise CaptureError(f"{path}: capture file not written within {timeout:.0f} s")
-        time.sleep(0.02)
-
-
-def discard_capture(path: str | None) -> None:
-    """Delete a capture file and its lock file (the servers never delete them)."""
-    if not path:
-        return
-    for leftover in (path, path + ".lock"):
-        try:
-            os.unlink(leftover)
-        except FileNotFoundError:
-            pass
-
-
-def load_capture(
-    path: str, expected_token_ids: list[int], *, delete: bool = True, timeout: float = 60.0
-) -> np.ndarray:
-    """Read a capture file, check its token ids, return ``(num_tokens, num_layer_ids, hidden)``.
-
-    The spool file is deleted after reading (the server never deletes it). To read only the
-    rows a run keeps, use :func:`open_capture` and slice it.
-    """
-    with open_capture(path, expected_token_ids, delete=delete, timeout=timeout) as capture:
-        return capture[0 : capture.shape[0]]
-
-
-def open_capture(
-    path: str, expected_token_ids: list[int], *, delete: bool = True, timeout: float = 60.0
-) -> CaptureFile:
-    """Open a capture file, check its header and token ids; its rows are read when sliced.
-
-    With ``delete`` the spool file is unlinked at once (the open descriptor still reads it):
-    the server never deletes it, and a worker that dies from now on leaves nothing behind.
-    """
-    try:
-        wait_for_capture(path, timeout)
-        capture = CaptureFile(path)
-    finally:
-        if delete:
-            discard_capture(path)
-    try:
-        token_ids = capture.token_ids()
-        if token_ids.tolist() != list(expected_token_ids):
-            raise CaptureError(
-                f"{path}: captured token ids differ from the generation's "
-                f"({token_ids.shape[0]} vs {len(expected_token_ids)} tokens)"
-            )
-    except BaseException:
-        capture.close()
-        raise
-    return capture
-
-
-#: safetensors dtype names this module reads. BF16 (what vLLM writes for a bf16 model) is
-#: ml_dtypes' numpy bfloat16: copied as is into a bfloat16 store, else cast once, by torch,
-#: into the stored dtype.
-_DTYPES = {
-    "F64": "<f8",
-    "F32": "<f4",
-    "F16": "<f2",
-    "BF16": ml_dtypes.bfloat16,
-    "I64": "<i8",
-    "I32": "<i4",
-    "I16": "<i2",
-    "I8": "i1",
-    "U8": "u1",
-    "BOOL": "?",
-}
-_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-
-
-class CaptureFile:
-    """A capture file's ``hidden_states`` ``(num_tokens, num_layer_ids, hidden)``, read on
-    demand: ``capture[a:b]`` (a slice along the token axis) or ``capture[index_array]`` is read
-    from the file into a new array with ``pread``, and nothing else of the file is.
-
-    Only the rows a run keeps are read (the response rows of a ``response`` run, a few named
-    positions). Mapping the whole file instead (``mmap`` with ``MAP_POPULATE``, then
-    ``munmap``) cost a worker more CPU in page-table work than copying the bytes it keeps
-    (docs/performance.md, "Ingest, the path"). Use as a context manager or :meth:`close` it;
-    the descriptor is also closed when the object is dropped.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        try:
-            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise CaptureError(f"{path}: capture file not found") from None
-        self._closer = weakref.finalize(self, os.close, self._fd)
-        try:
-            self._tensors = self._header()
-            if "hidden_states" not in self._tensors or "token_ids" not in self._tensors:
-                raise CaptureError(f"{path}: capture file lacks hidden_states or token_ids")
-            _, self.dtype, self.shape = self._tensors["hidden_states"]
-            num_ids = math.prod(self._tensors["token_ids"][2])
-            if len(self.shape) != 3 or self.shape[0] != num_ids:
-                raise CaptureError(
-                    f"{path}: hidden_states shape {self.shape} does not match {num_ids} token ids"
-                )
-        except BaseException:
-            self.close()
-            raise
-        self._row_bytes = self.shape[1] * self.shape[2] * self.dtype.itemsize
-
-    def _header(self) -> dict[str, tuple[int, np.dtype, tuple[int, ...]]]:
-        """Each tensor's (file offset, dtype, shape), checked against the file's size. The
-        layout is safetensors' own: an 8-byte little-endian header length, a JSON header, the
-        data."""
-        try:
-            size = os.fstat(self._fd).st_size
-            if size < 8:
-                raise ValueError(f"{size} bytes")
-            head_len = int.from_bytes(os.pread(self._fd, 8, 0), "little")
-            if head_len > size - 8:
-                raise ValueError(f"header of {head_len} bytes in a file of {size}")
-            header = orjson.loads(os.pread(self._fd, head_len, 8))
-            base, tensors = 8 + head_len, {}
-            for name, info in header.items():
-                if name == "__metadata__":
-                    continue
-                if info["dtype"] not in _DTYPES:
-                    raise ValueError(f"tensor {name}: dtype {info['dtype']}")
-                dtype = np.dtype(_DTYPES[info["dtype"]])
-                shape = tuple(int(n) for n in info["shape"])
-                begin, end = (int(x) for x in info["data_offsets"])
-                if (
-                    end - begin != math.prod(shape) * dtype.itemsize
-                    or begin < 0
-                    or base + end > size
-                ):
-                    raise ValueError(
-                        f"tensor {name}: bytes [{begin}, {end}) do not hold {list(shape)} "
-                        f"{info['dtype']} in a file of {size} (truncated?)"
-                    )
-                tensors[name] = (base + begin, dtype, shape)
-            return tensors
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-            raise CaptureError(f"{self.path}: unreadable capture file: {exc}") from exc
-
-    def token_ids(self) -> np.ndarray:
-        """The file's ``token_ids`` (read whole: a few bytes per token)."""
-        offset, dtype, shape = self._tensors["token_ids"]
-        return self._read(offset, dtype, shape)
-
-    def __getitem__(self, key: slice | np.ndarray) -> np.ndarray:
-        if isinstance(key, slice):
-            start, stop, step = key.indices(self.shape[0])
-            if step != 1:
-                raise IndexError("capture rows are read in contiguous slices")
-            stop = max(start, stop)
-            offset, dtype, _ = self._tensors["hidden_states"]
-            return self._read(
-                offset + start * self._row_bytes, dtype, (stop - start, *self.shape[1:])
-            )
-        index = np.asarray(key, np.intp)  # a gather: each run of consecutive rows read once
-        out = np.empty((len(index), *self.shape[1:]), self.dtype)
-        i = 0
-        while i < len(index):
-            j = i + 1
-            while j < len(index) and index[j] == index[j - 1] + 1:
-                j += 1
-            out[i:j] = self[int(index[i]) : int(index[j - 1]) + 1]
-            i = j
-        return out
-
-    def _read(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        out = np.empty(shape, dtype)
-        view = memoryview(out.reshape(-1).view(np.uint8))
-        done = 0
-        while done < len(view):
-            n = os.preadv(self._fd, [view[done:]], offset + done)
-            if n == 0:
-                raise CaptureError(f"{self.path}: unreadable capture file: it ended early")
-            done += n
-        return out
-
-    def close(self) -> None:
-        """Close the file (idempotent)."""
-        self._closer()
-
-    def __enter__(self) -> CaptureFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def select_rows(
@@ -305,6 +94,8 @@ def select_rows(
         response_rows=(stop - start) - prompt_rows,
     )
 
+
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 #: Casts of at least this many elements go through torch (below it numpy is fast enough, and a
 #: worker that only stores small slices never imports torch: ~1 s and ~150 MB per process).

@@ -18,11 +18,9 @@ import logging
 import os
 import signal
 import threading
-import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +36,11 @@ from workers.positions import (PositionRows, exact_answer_spans, index_fields,
                                missing_positions, select_positions)
 from workers.persist import GenerationRecord, PersistBroken, WorkerDir
 from workers.runtime import run_event_loop, run_on, tune_gc
+from workers.errors import FULL_DISK, disk_full, error_record, utc_now
 
 __all__ = ["WorkerSpec", "GroupWorker", "worker_main", "answer_grader"]
 
 log = logging.getLogger(__name__)
-
-#: errnos after which writing on is pointless until a person frees space: the worker stops
-_FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
-
 
 #: a group's capture files up to this size are loaded on the event loop's own thread: handing
 #: them to a thread cost more (GIL hand-offs, futex calls) than reading them
@@ -114,7 +109,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         run_event_loop(GroupWorker(spec, channel).run())
     except BaseException as exc:  # report, then die: the orchestrator decides what happens next
         channel.send({"event": "fatal", "worker_id": spec.worker_id,
-                      "error": _error_record(spec, exc, None, None, "worker_crash")})
+                      "error": error_record(exc, None, None, "worker_crash", worker_id=spec.worker_id,
+                                           server_url=spec.server_url)})
         raise
     finally:
         conn.close()
@@ -213,7 +209,7 @@ class GroupWorker:
                 if not isinstance(o, BaseException):
                     discard_capture(o.hidden_states_path)
             sample_id, exc = failures[0]
-            if _disk_full(exc):  # the server's spool (the artifact root's, or --spool-root)
+            if disk_full(exc):  # the server's spool (the artifact root's, or --spool-root)
                 self._report_failure(group.prompt_id, sample_id, self._full(exc),
                                      "storage_full", fatal=True)
                 return
@@ -225,7 +221,7 @@ class GroupWorker:
                 discard_capture(comp.hidden_states_path)
 
         records, errors = await self._capture_all(group, completions, requests)
-        full = [e for e in errors if _disk_full(e["error_message"])]
+        full = [e for e in errors if disk_full(e["error_message"])]
         if full:  # committing the group without its activations would hide a full disk
             for rec in records:
                 rec.acts = None
@@ -237,7 +233,7 @@ class GroupWorker:
         try:
             await self.committer.commit(prompt_row, records)
         except OSError as exc:  # persist_groups rolled the group back (or says it could not)
-            full = exc.errno in _FULL_DISK
+            full = exc.errno in FULL_DISK
             self._report_failure(group.prompt_id, None, exc,
                                  "storage_full" if full else "storage_error",
                                  fatal=full or isinstance(exc, PersistBroken))
@@ -298,7 +294,7 @@ class GroupWorker:
             if isinstance(rows, BaseException):  # activations are optional: keep the generation
                 log.warning("capture failed for %s sample %d: %s", group.prompt_id, sample_id,
                             rows)
-                errors.append(_error_record(self.spec, rows, group.prompt_id, sample_id,
+                errors.append(self._error(rows, group.prompt_id, sample_id,
                                             "capture_failed"))
                 record.row["activation_key"] = None
             else:
@@ -387,7 +383,7 @@ class GroupWorker:
             "text": comp.text, "finish_reason": comp.finish_reason,
             "usage": comp.usage, "logprobs": comp.logprobs, "token_ids": comp.token_ids,
             "request_params": {**params, "model": self.spec.model_name, "n": 1,
-                               "timestamp": _now()},
+                               "timestamp": utc_now()},
             "generation_time_ms": comp.elapsed_ms,
             **_grade_fields(graded),
             "answer_span": list(graded.span) if graded and graded.span is not None else None,
@@ -409,12 +405,17 @@ class GroupWorker:
             "label_status": primary_row["label_status"], "meta": group.meta,
             "prompt_token_ids": primary.prompt_token_ids,
             "num_generations": self.spec.k_samples + 1, "worker_id": self.spec.worker_id,
-            "completed_at": _now(),
+            "completed_at": utc_now(),
         }
+
+    def _error(self, exc: BaseException, prompt_id: str | None, sample_id: int | None,
+               kind: str) -> dict[str, Any]:
+        return error_record(exc, prompt_id, sample_id, kind, worker_id=self.spec.worker_id,
+                            server_url=self.spec.server_url)
 
     def _report_failure(self, prompt_id: str, sample_id: int | None, exc: BaseException,
                         kind: str, fatal: bool = False) -> None:
-        err = _error_record(self.spec, exc, prompt_id, sample_id, kind)
+        err = self._error(exc, prompt_id, sample_id, kind)
         try:
             self.out.record_error(err)
         except OSError:
@@ -432,26 +433,3 @@ def _grade_fields(graded: Grade | None) -> dict[str, Any]:
     if graded is None:
         return {"label": None, "label_grader": None, "label_status": None}
     return {"label": graded.label, "label_grader": graded.grader, "label_status": graded.status}
-
-
-def _disk_full(exc: BaseException | str) -> bool:
-    """A full disk or quota, said by an OSError here or in a server's error message."""
-    if isinstance(exc, OSError) and exc.errno in _FULL_DISK:
-        return True
-    text = str(exc)
-    return any(m in text for m in ("No space left on device", "Disk quota exceeded",
-                                   "[Errno 28]", "[Errno 122]"))
-
-
-def _error_record(spec: WorkerSpec, exc: BaseException, prompt_id: str | None,
-                  sample_id: int | None, kind: str) -> dict[str, Any]:
-    return {
-        "timestamp": _now(), "error_type": kind, "prompt_id": prompt_id, "sample_id": sample_id,
-        "error_message": f"{type(exc).__name__}: {exc}",
-        "stack_trace": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-        "worker_id": spec.worker_id, "server_url": spec.server_url,
-    }
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat()

@@ -33,8 +33,8 @@ from orchestrator.run.budget import preflight
 from orchestrator.run.dispatch import Drive
 from orchestrator.run.pool import WorkerPool
 from orchestrator.run.progress import Progress
-from orchestrator.run.servers import (ModelInfo, ServerProcess, hallulog_cache_dir, remote_model,
-                                      remove_spools, resolve_model, start_servers)
+from orchestrator.run.models import ModelInfo, hallulog_cache_dir, remote_model, resolve_model
+from orchestrator.run.servers import ServerProcess, remove_spools, start_servers
 from orchestrator.run.status import StatusBoard
 from orchestrator.run.supervision import Supervision
 from orchestrator.postrun.finish import finish

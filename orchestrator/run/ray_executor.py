@@ -53,7 +53,7 @@ from orchestrator.run.ray_plan import (
     plan_actors,
     server_launch,
 )
-from orchestrator.run.servers import ModelInfo
+from orchestrator.run.models import ModelInfo
 from orchestrator.run.slots import Notice, WorkerSlot
 from workers.ray_actor import PROBE_NAME, SlotActor
 from workers.worker import WorkerSpec

@@ -10,7 +10,8 @@ from typing import Any
 
 from orchestrator.config import RunConfig
 from orchestrator.errors import HallulogError
-from orchestrator.run.servers import ModelInfo, server_command
+from orchestrator.run.models import ModelInfo
+from orchestrator.run.servers import server_command
 
 __all__ = ["RayExecutorError", "plan_actors", "actor_options", "server_launch"]
 

