@@ -4,16 +4,19 @@ and what a node loss costs.
 Starts a local Ray cluster (``ray.cluster_utils``: a head without CPUs for the driver and
 ``--nodes`` nodes of ``--cpus-per-node`` CPUs), then runs the same job three times with the real
 embedded server: local executor (one server, ``--nodes`` workers), Ray (one actor + server per
-node), Ray with one node removed after the first commit. Prints generations/s of each over the
+node), Ray with one node removed after the first commit; with ``--bucket`` a fourth: Ray with the
+root in a bucket (an S3 server on loopback, moto: ``tests/s3_server.py``) and every node staging
+in its own directory, nothing shared but the bucket. Prints generations/s of each over the
 generation phase (first request → last commit, server start-up excluded) and over the whole
 command, their ratio to the local run, and the groups the node loss made redo.
 
-    python bench/bench_ray_executor.py --limit 8 --k-samples 1 --max-tokens 8 --nodes 2
+    python bench/bench_ray_executor.py --limit 8 --k-samples 1 --max-tokens 8 --nodes 2 [--bucket]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -50,14 +53,18 @@ def run(
     extra: list[str],
     cluster=None,
     remove_after_first_commit: bool = False,
+    url: str | None = None,
+    env_extra: dict | None = None,
 ) -> dict:
+    """One run; with ``url`` the root is that bucket prefix and ``root`` the driver's staging."""
+    where = [url, "--staging-dir", str(root)] if url else [str(root)]
     cmd = [
         sys.executable,
         "-m",
         "orchestrator",
         "run",
         "--artifact-root",
-        str(root),
+        *where,
         "--progress",
         "false",
         "--limit",
@@ -74,6 +81,7 @@ def run(
     ]
     env = {
         **os.environ,
+        **(env_extra or {}),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
     started = time.monotonic()
@@ -110,40 +118,70 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--cpus-per-node", type=int, default=1)
     p.add_argument("--groups-in-flight", type=int, default=2)
+    p.add_argument(
+        "--bucket", action="store_true", help="add a Ray run with the root in a bucket (moto)"
+    )
     args = p.parse_args()
 
     from ray.cluster_utils import Cluster
 
+    with contextlib.ExitStack() as stack:
+        s3 = None
+        if args.bucket:
+            sys.path.insert(0, str(REPO))
+            from tests.s3_server import MotoServer
+
+            s3 = stack.enter_context(MotoServer())
+            s3.create_bucket("bench")
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-ray-")))
+        results = _runs(args, Cluster, s3, tmp)
+    _report(args, *results)
+
+
+def _runs(args, Cluster, s3, tmp: Path):
     cluster = Cluster(
         initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
     )
-    cluster.bench_nodes = [cluster.add_node(num_cpus=args.cpus_per_node) for _ in range(args.nodes)]
+    cluster.bench_nodes = [
+        cluster.add_node(
+            num_cpus=args.cpus_per_node,
+            # a node's own disk (where its actors stage) and the bucket's endpoint
+            env_vars={**s3.env, "HALLULOG_CACHE_DIR": str(tmp / f"node-{i}")} if s3 else None,
+        )
+        for i in range(args.nodes)
+    ]
     cluster.wait_for_nodes()
+    bucket = None
     try:
-        with tempfile.TemporaryDirectory(prefix="bench-ray-") as tmp:
-            tmp = Path(tmp)
-            local = run(tmp / "local", args, ["--num-workers", str(args.nodes)])
-            ray_args = [
-                "--executor",
-                "ray",
-                "--ray-address",
-                cluster.address,
-                "--ray-actors",
-                str(args.nodes),
-                "--ray-cpus-per-actor",
-                str(args.cpus_per_node),
-            ]
-            on_ray = run(tmp / "ray", args, ray_args)
-            lossy = run(
-                tmp / "ray-loss", args, ray_args, cluster=cluster, remove_after_first_commit=True
-            )
+        local = run(tmp / "local", args, ["--num-workers", str(args.nodes)])
+        ray_args = [
+            "--executor",
+            "ray",
+            "--ray-address",
+            cluster.address,
+            "--ray-actors",
+            str(args.nodes),
+            "--ray-cpus-per-actor",
+            str(args.cpus_per_node),
+        ]
+        on_ray = run(tmp / "ray", args, ray_args)
+        if s3 is not None:  # before the node loss: on every node
+            bucket = run(tmp / "ray-bucket", args, ray_args, url="s3://bench/ray", env_extra=s3.env)
+        lossy = run(
+            tmp / "ray-loss", args, ray_args, cluster=cluster, remove_after_first_commit=True
+        )
     finally:
         cluster.shutdown()
+    return local, on_ray, lossy, bucket
+
+
+def _report(args, local, on_ray, lossy, bucket) -> None:
     print(
         f"{args.limit} prompts x {args.k_samples + 1} generations, {args.max_tokens} tokens, "
         f"{args.nodes} node(s)"
     )
-    for name, r in (("local", local), ("ray", on_ray), ("ray, node lost", lossy)):
+    runs = [("local", local), ("ray", on_ray), ("ray, node lost", lossy)]
+    for name, r in runs + ([("ray, bucket", bucket)] if bucket else []):
         print(
             f"  {name:15s} {r['gen_per_s']:7.2f} gen/s generation phase "
             f"({r['gen_per_s'] / local['gen_per_s']:.2f}x local), "
@@ -155,6 +193,21 @@ def main() -> None:
         f"  node loss: {ex.get('slots_lost')} slot(s) lost, {ex.get('groups_redone')} group(s) "
         f"redone, {ex.get('recovered_committed')} found committed; wall "
         f"+{lossy['wall_s'] - on_ray['wall_s']:.0f} s vs the ray run without loss"
+    )
+    if bucket:
+        print(
+            f"  bucket: {bucket['gen_per_s'] / on_ray['gen_per_s']:.2f}x the shared-volume ray "
+            f"run's generation phase, {bucket['gen_per_s_wall'] / on_ray['gen_per_s_wall']:.2f}x "
+            "its whole command"
+        )
+    print(
+        json.dumps(
+            {
+                "bench": "ray_executor",
+                **{name: r for name, r in runs},
+                **({"ray_bucket": bucket} if bucket else {}),
+            }
+        )
     )
 
 

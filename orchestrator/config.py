@@ -205,10 +205,9 @@ class RunConfig:
     captures in flight (requests in flight × one capture). With --executor ray each actor's
     server spools to a temporary directory on its node instead."""
     staging_dir: Path | None = outside_fingerprint(None)
-    """With an ``s3://`` --artifact-root: the local directory a command works in (the run writes
-    it and ships its committed work to the bucket; consolidate, validate and retry copy the root
-    there from the bucket first). Default: a directory per URL under $HALLULOG_CACHE_DIR/staging
-    (docs/object-storage.md)."""
+    """With an ``s3://`` --artifact-root: the local directory a command works in, rebuilt from the
+    bucket first (the run writes it and ships its committed work). Default: a directory per URL
+    under $HALLULOG_CACHE_DIR/staging (docs/object-storage.md)."""
     gpus: tuple[int, ...] = outside_fingerprint(())
     """GPU ids; one server per GPU (per --tensor-parallel-size x --pipeline-parallel-size
     GPUs). Empty: one server on CPU."""

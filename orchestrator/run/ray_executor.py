@@ -45,6 +45,7 @@ from contracts.extras import require
 from orchestrator.config import RunConfig
 from orchestrator.errors import HallulogError
 from orchestrator.manifest import update_manifest
+from orchestrator.run.models import ModelInfo
 from orchestrator.run.pool import WorkerPool
 from orchestrator.run.ray_bucket import BucketSlots
 from orchestrator.run.ray_plan import (
@@ -53,7 +54,6 @@ from orchestrator.run.ray_plan import (
     plan_actors,
     server_launch,
 )
-from orchestrator.run.models import ModelInfo
 from orchestrator.run.slots import Notice, WorkerSlot
 from workers.ray_actor import PROBE_NAME, SlotActor
 from workers.worker import WorkerSpec

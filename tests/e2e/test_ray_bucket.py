@@ -30,7 +30,7 @@ ray = pytest.importorskip("ray", reason="--executor ray needs `pip install 'ray[
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
-LIMIT, K = 8, 1
+LIMIT, K = 32, 1  # enough that the run outlasts the kills
 URL = "s3://ray-bucket/study"
 
 

@@ -15,6 +15,7 @@ from orchestrator.config import ConfigError, RunConfig
 from orchestrator.engine_options import gpu_groups
 from orchestrator.manifest import build_manifest
 from orchestrator.run import servers as servers_mod
+from orchestrator.run.models import ModelInfo
 from orchestrator.run.ports import release_port
 from orchestrator.run.ray_executor import (
     RayExecutorError,
@@ -22,7 +23,6 @@ from orchestrator.run.ray_executor import (
     plan_actors,
     server_launch,
 )
-from orchestrator.run.models import ModelInfo
 from orchestrator.run.servers import server_command, start_servers
 from orchestrator.run.vllm_backend import cpu_thread_binding, vllm_server_env
 from workers.ray_actor import SlotActor, _fill

@@ -166,6 +166,24 @@ def test_segments_hold_the_committed_prefix_only_and_restore_it(tmp_path, s3env)
         shipper._put(piece, b"other bytes", "00000000")
 
 
+def test_commands_on_a_bucket_root_fail_in_one_line(tmp_path, s3env, capsys):
+    """Bad roots for the commands that take a bucket: one line each (2 for a bad flag)."""
+    from orchestrator.cli import main
+
+    assert main(["merge", "--out", "gs://b/merged", str(tmp_path / "shard")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "gs:// is not supported" in err[0]
+
+    s3env.create_bucket("empty")
+    assert main(["evaluate", "--artifact-root", "s3://empty/study", "--no-plots"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "s3://empty/study holds no hallulog run" in err[0], err
+
+    assert main(["validate", "--artifact-root", "s3://no-such-bucket/study"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the bucket does not exist" in err[0], err
+
+
 @pytest.mark.e2e
 def test_run_into_a_bucket_then_sigkill_and_resume_on_a_new_node(tmp_path, s3, monkeypatch):
     """A finished run to a bucket validates and pulls; a run SIGKILLed (orchestrator, workers
