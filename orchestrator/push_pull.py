@@ -3,7 +3,9 @@
 Push copies a finished artifact root to a bucket, pull copies it back (storage/object_sync.py:
 create-only writes, exactly once, resumable after a kill). What travels: every file of the root
 except what only the live run uses (``spool/``, server pid files, ``*.tmp``, ``*.partial``,
-lock files, the shared-filesystem probe). docs/object-storage.md.
+lock files, the shared-filesystem probe). A push holds the prefix's lease
+(``orchestrator/bucket_lock.py``): a second writer on the prefix is refused up front.
+docs/object-storage.md.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 from pathlib import Path
 
 from contracts import layout
+from contracts.errors import HallulogError
 from storage.object_store import Bucket, ObjectStoreError, object_url, split_url
 from storage.object_sync import SyncSummary, download_tree, scan_tree, upload_tree
 
@@ -66,13 +69,22 @@ def _check_finished(root: Path) -> dict:
 def push_root(
     root: str | os.PathLike, url: str, concurrency: int = 8, bucket: Bucket | None = None
 ) -> SyncSummary:
-    """Copy the finished artifact root ``root`` to ``url`` (exactly once, resumable)."""
+    """Copy the finished artifact root ``root`` to ``url`` (exactly once, resumable), holding
+    the prefix's lease while it writes."""
+    from orchestrator.bucket_lock import bucket_lock
+    from storage.object_sync import read_tree_list
+
     root = Path(root)
     manifest = _check_finished(root)
     bucket = bucket or Bucket(url)
     entries = scan_tree(root, excluded)
     extra = {"kind": "hallulog artifact root", "run_id": manifest.get("run_id")}
-    return upload_tree(root, bucket, entries, extra=extra, concurrency=concurrency)
+    if read_tree_list(bucket) is not None:  # complete already (a no-op) or refused: no write
+        return upload_tree(root, bucket, entries, extra=extra, concurrency=concurrency)
+    with bucket_lock(bucket, "push") as lease:
+        return upload_tree(
+            root, bucket, entries, extra=extra, concurrency=concurrency, guard=lease.check
+        )
 
 
 def pull_root(
@@ -158,7 +170,7 @@ def _run(prog: str, args: argparse.Namespace, fn, *fn_args) -> int:
         return 2
     try:
         summary = fn(*fn_args, concurrency=args.concurrency)
-    except (PushRefused, ObjectStoreError, OSError) as exc:
+    except (PushRefused, ObjectStoreError, OSError, HallulogError) as exc:
         if args.debug:
             raise
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -22,7 +22,9 @@ what it writes back create-only. The rule for what a bucket already holds: **a f
 - ``estimate`` checks free space on the staging directory, where the run writes.
 
 An upload killed half-way is resumed by rerunning the command: objects it left that differ are
-removed first (without the file list they were never part of a complete tree).
+removed first (without the file list they were never part of a complete tree). Every command
+that writes a prefix holds its lease (``orchestrator/bucket_lock.py``) from before it stages
+until it has pushed: a second writer, on any node, is refused up front naming the first.
 docs/object-storage.md.
 """
 
@@ -38,6 +40,7 @@ from pathlib import Path
 
 from contracts import layout
 from contracts.root_lock import root_lock
+from orchestrator.bucket_lock import bucket_lock
 from orchestrator.errors import HallulogError
 from orchestrator.remote_staging import (
     drop_partial_upload,
@@ -120,7 +123,10 @@ def _consolidate(config, url: str, staging: Path, *, merge: bool) -> int:
             "a finished root is written once (pull it to consolidate it otherwise)"
         )
         return 0
-    with root_lock(staging, "consolidate"):
+    with bucket_lock(bucket, "consolidate"), root_lock(staging, "consolidate"):
+        if read_tree_list(bucket) is not None:  # pushed by the lease's previous holder
+            print(f"{url} holds a finished root (consolidated, validated, pushed): nothing to do")
+            return 0
         stage_root(url, staging, bucket=bucket)
         done = finish(staging, expected_prompt_ids=_expected_ids(config), merge=merge)
         print_finished(done, local=(staging, url))
@@ -194,6 +200,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
                     f"{out_url} already holds an evaluation (written once); give --out "
                     "another prefix"
                 )
+            # the roots read, nothing computed yet: a second writer of the report is refused
+            lease = stack.enter_context(bucket_lock(out_bucket, "evaluate"))
             digest = hashlib.sha256(out_url.encode()).hexdigest()[:16]
             base = local.artifact_root if root_url is not None else Path(args.artifact_root)
             local.out = Path(base) / ".hallulog-out" / digest
@@ -207,6 +215,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
             out_bucket,
             scan_tree(local.out),
             extra={"kind": "hallulog evaluation", "root": root_url or str(args.artifact_root)},
+            guard=lease.check,
         )
     print(f"bucket: {out_url} ({summary.files} files, {summary.transferred} copied)")
     return 0
@@ -240,6 +249,8 @@ def merge_command(args: argparse.Namespace) -> int:
                     f"--out {out_url} already holds a finished root (written once); choose "
                     "another prefix"
                 )
+            # the shards read, nothing merged yet: a second writer of --out is refused
+            stack.enter_context(bucket_lock(out_url, "merge"))
             out = staging_dir_for(out_url, None, None)
         summary = merge_shards(out, roots, mode=args.mode)
         print_merge(summary, local=(out, out_url) if out_url else None)

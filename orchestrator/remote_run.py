@@ -23,6 +23,9 @@ markers, recovery, rollback unchanged) and ships what it has committed as immuta
   validate) runs on it and the finished root is pushed (create-only, the file list last), where
   ``hallulog pull`` and the bucket readers read it.
 
+One writer per prefix: the run holds the bucket's lease (``orchestrator/bucket_lock.py``) for its
+whole life, and every segment and the finished root's file list are shipped only while it does.
+
 ``retry`` is the same with only the prompts to redo; the CLI's entry for every command on a
 bucket root is ``orchestrator/remote_postrun.py``.
 docs/object-storage.md.
@@ -36,6 +39,7 @@ import sys
 from pathlib import Path
 
 from contracts.root_lock import root_lock
+from orchestrator.bucket_lock import BucketLease, BucketLockLost, bucket_lock
 from orchestrator.errors import HallulogError
 from orchestrator.remote_staging import (
     recover_worker_dirs,
@@ -80,15 +84,22 @@ def run_remote(config, *, retry: bool = False):
 
     url = object_url(config.artifact_root)
     bucket = Bucket(url)
-    if read_tree_list(bucket) is not None:
-        raise HallulogError(
-            f"{url} already holds a finished root; read it with `hallulog pull "
-            f"{url} DIR` or the bucket readers, or choose another prefix"
-        )
+
+    def refuse_finished() -> None:
+        if read_tree_list(bucket) is not None:
+            raise HallulogError(
+                f"{url} already holds a finished root; read it with `hallulog pull "
+                f"{url} DIR` or the bucket readers, or choose another prefix"
+            )
+
+    refuse_finished()  # before the lease: a refused command writes nothing
     staging = staging_dir_for(url, config.staging_dir, config.cache_dir)
-    staging.mkdir(parents=True, exist_ok=True)
-    with root_lock(staging, "retry" if retry else "run"):  # restoring rewrites the staging root
-        return _run_staged(config, url, bucket, staging, retry)
+    command = "retry" if retry else "run"
+    with bucket_lock(bucket, command) as lease:  # one writer per prefix, on any node
+        refuse_finished()  # pushed by the lease's previous holder
+        staging.mkdir(parents=True, exist_ok=True)
+        with root_lock(staging, command):  # restoring rewrites the staging root
+            return _run_staged(config, url, bucket, staging, retry, lease)
 
 
 def _fence_all(bucket: Bucket) -> dict[str, int]:
@@ -120,7 +131,7 @@ def _retry_set(config, staging: Path, states) -> tuple[set[str] | None, set[str]
     return retry, retry
 
 
-def _run_staged(config, url: str, bucket: Bucket, staging: Path, retry: bool):
+def _run_staged(config, url: str, bucket: Bucket, staging: Path, retry: bool, lease: BucketLease):
     from orchestrator.postrun.finish import finish
     from orchestrator.run import run
 
@@ -133,7 +144,9 @@ def _run_staged(config, url: str, bucket: Bucket, staging: Path, retry: bool):
     local = dataclasses.replace(config, artifact_root=staging)  # its manifest records it
     shipper = None
     if not ray:
-        shipper = SegmentShipper(staging, bucket, states, interval=config.checkpoint_interval)
+        shipper = SegmentShipper(
+            staging, bucket, states, interval=config.checkpoint_interval, guard=lease.check
+        )
         shipper.start()
     target = RemoteTarget(url, min(ACTOR_SHIP_GAP, config.checkpoint_interval), since)
     try:
@@ -142,6 +155,8 @@ def _run_staged(config, url: str, bucket: Bucket, staging: Path, retry: bool):
         if shipper is not None:
             try:  # what was committed before the error or the stop is kept in the bucket
                 shipper.stop()
+            except BucketLockLost:  # another command holds the prefix: nothing more is shipped
+                pass
             except Exception as exc:
                 log.error("shipping the last segments to %s: %s", url, exc)
         raise

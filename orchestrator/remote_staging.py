@@ -11,7 +11,8 @@ default one directory per URL under ``$HALLULOG_CACHE_DIR/staging``), made by
   (``workers/segment_restore.py``), rolled back to their last commit as a resume does, and no
   ``consolidated/`` (it is never shipped before the root is finished).
 
-What a command writes goes back with :func:`ship_finished` (the root, create-only, once).
+What a command writes goes back with :func:`ship_finished` (the root, create-only, once), under
+the prefix's lease (``orchestrator/bucket_lock.py``).
 docs/object-storage.md.
 """
 
@@ -173,11 +174,14 @@ def ship_finished(staging: Path, url: str, *, bucket=None, drop_partial: bool = 
     the summary of ``push_root``. Objects of an interrupted earlier push that differ are
     deleted first (``drop_partial``; the prefix holds no file list, so they were never part of
     a complete root)."""
+    from orchestrator.bucket_lock import bucket_lock
     from orchestrator.push_pull import push_root
     from storage.object_store import Bucket
     from storage.object_sync import read_tree_list
 
     bucket = bucket or Bucket(url)
-    if drop_partial and read_tree_list(bucket) is None:
-        drop_partial_upload(staging, bucket)
-    return push_root(staging, url, bucket=bucket)
+    with bucket_lock(bucket, "push") as lease:  # the caller's, when it holds it
+        lease.check()
+        if drop_partial and read_tree_list(bucket) is None:
+            drop_partial_upload(staging, bucket)
+        return push_root(staging, url, bucket=bucket)

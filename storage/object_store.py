@@ -1,7 +1,8 @@
 """Object storage (``s3://bucket/prefix``) through obstore: one client wrapper for the whole project.
 
 URLs are recognised and parsed in ``storage.object_url`` (re-exported here). :class:`Bucket` is
-the client of one ``s3://bucket/prefix``: create-only writes (``If-None-Match: *``, obstore ``mode="create"``),
+the client of one ``s3://bucket/prefix``: create-only writes (``If-None-Match: *``, obstore ``mode="create"``)
+and writes conditional on an ETag (``If-Match``, obstore ``UpdateVersion``),
 listings, whole and ranged reads (coalesced and concurrent: ``obstore.get_ranges``), streamed
 downloads. Every failure is one :class:`ObjectStoreError` line naming the endpoint and the bucket.
 
@@ -289,7 +290,8 @@ class Bucket:
                 raise self._error(what, key, exc) from None
             raise
         except Exception as exc:
-            if type(exc).__name__ == "AlreadyExistsError":  # obstore's, on HTTP 412
+            # obstore's on HTTP 412, and PreconditionError on 404 of an If-Match PUT too
+            if type(exc).__name__ in ("AlreadyExistsError", "PreconditionError"):
                 raise FileExistsError(str(exc).splitlines()[0]) from None
             raise self._error(what, key, exc) from None
 
@@ -307,24 +309,50 @@ class Bucket:
         """Create ``key`` with ``data`` (bytes or a buffer) only if it does not exist (one PUT with
         ``If-None-Match: *``). True when this call created it, False when it already existed
         (the caller compares: a retried PUT whose first try landed looks the same)."""
+        return self.put_tagged(key, data, attributes, create=True) is not None
+
+    def put_tagged(
+        self, key: str, data, attributes=None, *, create: bool = False, if_match: str | None = None
+    ) -> str | None:
+        """Write ``key`` in one PUT; its new ETag, or None when the condition failed (412; 404 of
+        an If-Match on a missing key). ``create``: only if absent (``If-None-Match: *``, obstore
+        ``mode="create"``); ``if_match``: only over the version with that ETag (``If-Match``,
+        obstore ``UpdateVersion``); neither: unconditionally."""
         obstore = self._obstore()
 
+        mode = "create" if create else "overwrite" if if_match is None else {"e_tag": if_match}
         try:
-            self._again(
+            done = self._again(
                 lambda: self._call(
-                    "create",
+                    "create" if create else "write",
                     key,
                     obstore.put,
                     key,
                     data,
-                    mode="create",
+                    mode=mode,
                     attributes=attributes,
                     use_multipart=False,
                 )
             )
         except FileExistsError:
-            return False
-        return True
+            return None
+        return done.get("e_tag") or ""
+
+    def get_tagged(self, key: str) -> tuple[bytes, str] | None:
+        """``(bytes, ETag)`` of ``key`` (one GET), None when absent."""
+        obstore = self._obstore()
+
+        def whole() -> tuple[bytes, str]:
+            result = self._call("read", key, obstore.get, key)
+            try:
+                return bytes(result.bytes()), str(result.meta.get("e_tag") or "")
+            except Exception as exc:
+                raise self._error("read", key, exc) from None
+
+        try:
+            return self._again(whole)
+        except FileNotFoundError:
+            return None
 
     def head(self, key: str) -> dict | None:
         """``{size, e_tag, ...}`` of ``key``, None when absent."""

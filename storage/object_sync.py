@@ -197,10 +197,13 @@ def upload_tree(
     entries: list[FileEntry],
     extra: dict | None = None,
     concurrency: int = 8,
+    guard: Callable[[], None] | None = None,
 ) -> SyncSummary:
     """Upload ``entries`` of ``root`` (from :func:`scan_tree`) to ``bucket``, then the file list.
 
     Exactly once and resumable: see the module docstring. ``extra`` goes into the file list.
+    ``guard`` is called before the uploads and before the file list, the commit point: it
+    raises to stop the upload (the writer's lease of the prefix was lost).
     """
     root = os.fspath(root)
     t0 = time.monotonic()
@@ -218,6 +221,8 @@ def upload_tree(
         summary.already_complete = True
         summary.seconds = time.monotonic() - t0
         return summary
+    if guard is not None:
+        guard()
     present = bucket.list()
     todo = []
     for e in entries:
@@ -236,6 +241,8 @@ def upload_tree(
                 summary.bytes_transferred += e.size
             else:
                 summary.skipped += 1
+    if guard is not None:
+        guard()
     if not bucket.put_create(TREE_LIST, doc, {"Content-Type": "application/json"}):
         existing = read_tree_list(bucket)
         if existing is None or existing["entries"] != entries:

@@ -9,7 +9,9 @@ manifest, the commit point. ``start()`` runs a pass every ``interval`` seconds o
 
 Exactly once: every object is create-only; a retried PUT whose first try landed meets 412 and is
 compared (same size and CRC-32C: kept; other bytes: :class:`ObjectExistsError`, as when another
-writer took the segment number — a fence, or another run on the prefix).
+writer took the segment number — a fence, or another run on the prefix). ``guard``, when given,
+is called before each pass and each segment manifest: it raises when this writer no longer
+holds the prefix (``orchestrator/bucket_lock.py``), and nothing more is shipped.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import logging
 import mmap
 import threading
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -83,9 +86,15 @@ class SegmentShipper:
     """Ships the committed work of ``root``'s worker directories as segments."""
 
     def __init__(
-        self, root: Path, bucket: Bucket, states: dict[str, WorkerState], interval: float
+        self,
+        root: Path,
+        bucket: Bucket,
+        states: dict[str, WorkerState],
+        interval: float,
+        guard: Callable[[], None] | None = None,
     ) -> None:
         self.root, self.bucket, self.states, self.interval = Path(root), bucket, states, interval
+        self.guard = guard or (lambda: None)
         self.nonce = uuid.uuid4().hex[:12]
         self.segments = 0
         self._manifest_shipped = False
@@ -111,6 +120,10 @@ class SegmentShipper:
                     exc,
                     self.interval,
                 )
+            except Exception as exc:  # the guard's refusal: nothing more is shipped
+                self.error = exc
+                log.error("stopped shipping segments to %s: %s", self.bucket.url, exc)
+                return
 
     def stop(self) -> None:
         """Stop the thread and ship what is committed now (raises what that last pass raised)."""
@@ -122,6 +135,7 @@ class SegmentShipper:
     def ship(self) -> int:
         """One pass: a segment for each worker directory with newly committed bytes."""
         with self._lock:
+            self.guard()
             self._ship_manifest()
             written = 0
             for wdir in sorted(self.root.glob("worker_*")):
@@ -202,6 +216,7 @@ class SegmentShipper:
         }
         body = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
         key = manifest_key(wdir.name, st.seq)
+        self.guard()  # the segment's commit point
         if not self.bucket.put_create(key, body, {CHECKSUM_ATTRIBUTE: crc_of(body)}):
             if self.bucket.get_bytes(key) != body:
                 raise ObjectExistsError(

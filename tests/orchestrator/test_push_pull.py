@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from orchestrator.bucket_lock import LOCK_KEY as LEASE_KEY
 from orchestrator.push_pull import add_pull_parser, add_push_parser, run_pull, run_push
 from storage import SampleMeta, open_store, open_writer
 from storage.object_store import Bucket, RetryPolicy
@@ -96,13 +97,20 @@ def pull(url, root, *extra):
 
 
 def versions(s3, bucket, prefix=""):
+    """``{key: versions}``, but the writer's lease (rewritten by design; see ``lease_of``)."""
     out: dict[str, int] = {}
     for page in (
         s3.client().get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=prefix)
     ):
         for v in page.get("Versions", []):
-            out[v["Key"]] = out.get(v["Key"], 0) + 1
+            if not v["Key"].endswith(f"/{LEASE_KEY}"):
+                out[v["Key"]] = out.get(v["Key"], 0) + 1
     return out
+
+
+def lease_of(s3, bucket, prefix) -> dict:
+    body = s3.client().get_object(Bucket=bucket, Key=f"{prefix}/{LEASE_KEY}")["Body"].read()
+    return json.loads(body)
 
 
 def shipped(root: Path) -> set[str]:
@@ -123,6 +131,12 @@ def test_push_pull_round_trip_once(tmp_path, s3env, bucket_name, capsys):
     want = shipped(root)
     assert set(keys) == {f"study/a/{p}" for p in want | {TREE_LIST}}
     assert set(keys.values()) == {1}  # one version each: nothing written twice
+    lease = lease_of(s3env, bucket_name, "study/a")  # held while it wrote, released, not listed
+    assert lease["command"] == "push" and lease["released"]
+    tree = json.loads(
+        s3env.client().get_object(Bucket=bucket_name, Key=f"study/a/{TREE_LIST}")["Body"].read()
+    )
+    assert LEASE_KEY not in {f["path"] for f in tree["files"]}
     # a second push is a no-op: no PUT, no new version
     assert push(root, url) == 0
     assert "already complete" in capsys.readouterr().out

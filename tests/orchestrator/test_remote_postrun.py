@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from bench.instant_run import InstantFleet, write_task
+from orchestrator.bucket_lock import LOCK_KEY
 from tests.s3_server import MotoServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,7 +147,9 @@ def test_validate_consolidate_evaluate_on_a_bucket_root(cli, s3, tmp_path):
     assert (tmp_path / "pulled" / "evaluation" / "report.json").is_file()
     pages = s3.client().get_paginator("list_object_versions").paginate(Bucket="postrun")
     versions = Counter(v["Key"] for page in pages for v in page.get("Versions", []))
-    assert set(versions.values()) == {1}  # create-only throughout
+    leases = {k for k in versions if k.endswith(LOCK_KEY)}  # rewritten by design: heartbeats
+    assert leases == {f"study/{LOCK_KEY}", f"study/evaluation/{LOCK_KEY}"}
+    assert {n for k, n in versions.items() if k not in leases} == {1}  # create-only throughout
 
 
 def test_retry_and_merge_on_bucket_roots(cli, s3, tmp_path):
