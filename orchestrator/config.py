@@ -191,8 +191,8 @@ class RunConfig:
     """Worker processes, spread over the servers round-robin (worker i talks to server
     i mod servers). Default: one per server. Fewer workers than servers is refused: every server
     gets its share."""
-    groups_in_flight: int = outside_fingerprint(4)
-    """Prompt groups each worker has in flight at once."""
+    groups_in_flight: int | None = outside_fingerprint(None)
+    """Prompt groups each worker has in flight at once (default: 32 embedded, 4 with vLLM)."""
     commit_interval_ms: float = outside_fingerprint(20.0)
     """A worker starts a commit (one fsync per file) at most this often; the groups finished
     meanwhile share it. 0: commit as soon as the previous commit is done. A crash loses at most
@@ -320,7 +320,8 @@ class RunConfig:
         _check(self.ray_actors is None or self.ray_actors >= 1, "--ray-actors must be >= 1")
         _check(self.ray_cpus_per_actor > 0, "--ray-cpus-per-actor must be > 0")
         _check(self.ray_max_restarts >= 0, "--ray-max-restarts must be >= 0")
-        _check(self.groups_in_flight >= 1, "--groups-in-flight must be >= 1")
+        _check(self.groups_in_flight is None or self.groups_in_flight >= 1, "--groups-in-flight must be >= 1")
+        object.__setattr__(self, "groups_in_flight", self.groups_in_flight or (32 if self.backend == "embedded" else 4))
         _check(0 <= self.commit_interval_ms <= 60_000,
                "--commit-interval-ms must be between 0 and 60000")
         from orchestrator.remote_root import check_artifact_root

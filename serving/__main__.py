@@ -14,24 +14,25 @@ logger = logging.getLogger("serving")
 
 def build_server(config: ServerConfig):
     """Load the model and return the FastAPI app with its engine started."""
+    import torch
+
     from serving.app import create_app
     from serving.capture import SpoolWriter, num_layer_ids, parse_layer_ids
-    from serving.engine import Engine
+    from serving.engine_pool import EnginePool, plan_threads
     from serving.metrics import ServingMetrics
     from serving.model_loader import load_model
 
-    if config.num_threads:
-        import torch
-
-        torch.set_num_threads(config.num_threads)
+    engines, threads = plan_threads(config.engines, config.num_threads)
+    torch.set_num_threads(threads)
     loaded = load_model(config.model, config.dtype, config.max_model_len)
     spool = layers = None
     if config.spool_dir:
         spool = SpoolWriter(config.spool_dir)
         layers = parse_layer_ids(config.capture_layers, num_layer_ids(loaded.model))
     metrics = ServingMetrics(config.model_name)
-    engine = Engine(
+    engine = EnginePool(
         loaded,
+        engines,
         max_batch_size=config.max_batch_size,
         batch_wait_ms=config.batch_wait_ms,
         spool=spool,
@@ -40,6 +41,7 @@ def build_server(config: ServerConfig):
         fused_decode=config.fused_decode,
     )
     engine.start()
+    logger.info("%d engine(s), %d intra-op thread(s) each", len(engine.engines), threads)
     return create_app(engine, config.model_name, metrics)
 
 

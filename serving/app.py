@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving import protocol as P
 from serving.engine import Engine, SamplingParams, SequenceOutput
+from serving.engine_pool import EnginePool
 from serving.metrics import ServingMetrics
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ class ApiError(Exception):
         self.message = message
 
 
-def create_app(engine: Engine, model_name: str, metrics: ServingMetrics) -> FastAPI:
+def create_app(engine: Engine | EnginePool, model_name: str, metrics: ServingMetrics) -> FastAPI:
     """The HTTP app over a started (or startable) engine; the app's lifespan stops the engine."""
 
     @contextlib.asynccontextmanager

@@ -38,9 +38,10 @@ class ServerConfig:
     last decoder layer)."""
     dtype: Dtype = "float32"
     """Model dtype."""
-    max_batch_size: int = 32
-    """Most sequences in one forward pass (a run keeps --groups-in-flight x (k + 1) = 24 in flight
-    by default; a step's cost grows far less than its number of rows)."""
+    max_batch_size: int = 256
+    """Most sequences in one forward pass (a run keeps --groups-in-flight x (k + 1) = 192 in
+    flight by default; the key/value cache grows with the rows in use, ~46 KB per row and
+    token for SmolLM2-135M)."""
     batch_wait_ms: float = 5.0
     """How long the engine waits for more sequences before a batch."""
     max_model_len: int = 2048
@@ -51,9 +52,13 @@ class ServerConfig:
     fused_decode: bool = True
     """Decode Llama models with the fused step (serving/decode.py); false: the model's own forward
     every step."""
+    engines: int = 0
+    """Engines, each decoding its own batch on its own thread over the one model (0: two when
+    this process may use two cores or more, else one). The sequences of one prompt go to the
+    same engine."""
     num_threads: int = 0
-    """Torch intra-op CPU threads (0: torch's default, one per core); use 1 on a shared,
-    oversubscribed machine."""
+    """Torch intra-op CPU threads of each engine (0: this process's cores divided among the
+    engines); use 1 on a shared, oversubscribed machine."""
     log_level: LogLevel = "info"
     """Log level."""
 
@@ -67,6 +72,8 @@ class ServerConfig:
             raise ValueError(f"--max-batch-size must be >= 1, got {self.max_batch_size}")
         if self.batch_wait_ms < 0:
             raise ValueError(f"--batch-wait-ms must be >= 0, got {self.batch_wait_ms}")
+        if self.engines < 0:
+            raise ValueError(f"--engines must be >= 0, got {self.engines}")
         if self.num_threads < 0:
             raise ValueError(f"--num-threads must be >= 0, got {self.num_threads}")
         if self.max_model_len < 2:

@@ -13,16 +13,19 @@ run batch-at-a-time on a ``DynamicCache``.
 
 Sequences admitted together with the same prompt (a run's ``k + 1`` answers of one question) are
 prefilled once: one row per distinct prompt goes through the model, and its KV, logits and
-captured states are copied to every sequence that shares it. Decode steps of a plain Llama run
-through ``serving.decode.FusedDecoder`` (fewer ops, the same arithmetic); other models, and
-``fused_decode=False``, through the model's own forward.
+captured states are copied to every sequence that shares it. Prefill and decode steps of a plain
+Llama run through ``serving.decode.FusedDecoder`` (fewer ops, oneDNN's packed matrix products);
+other models, and ``fused_decode=False``, through the model's own forward with capture hooks.
 
 Logprobs are vLLM's default ``raw_logprobs``: ``log_softmax`` of the raw logits, before
 temperature and top-p. The raw logit of each chosen token is kept as well. Per step the batch's
-chosen and top-k logprobs are computed as tensors and moved to Python in one call each.
+tokens are chosen by ``serving.sampling.choose_tokens`` (batched; one draw per sampled row from
+its own generator), one ``topk`` serves the top-k logprobs and the top-p candidates, and the
+chosen and top-k logprobs are moved to Python in one call each.
 
-Captured hidden states go from the hooks' outputs straight into one growing buffer per sequence
-(``[tokens, layers, hidden]``), which is what the spool file is written from.
+Captured hidden states come out of each forward pass as one ``[rows, tokens, layer_ids, hidden]``
+tensor; each capturing sequence copies its rows into its own growing buffer
+(``[tokens, layer_ids, hidden]``), which is what the spool file is written from.
 """
 
 from __future__ import annotations
@@ -41,9 +44,15 @@ from serving.decode import FusedDecoder, supports_fused_decode
 from serving.kvslots import SlotKVCache
 from serving.metrics import ServingMetrics
 from serving.model_loader import LoadedModel
-from serving.running_batch import RunningBatch, supports_joining
-from serving.sampling import SAMPLING_EPS, choose_tokens
-from serving.sequences import SamplingParams, SequenceOutput, SequenceState, TokenLogprob
+from serving.running_batch import Prompts, RunningBatch, supports_joining
+from serving.sampling import SAMPLING_EPS, candidates_needed, choose_tokens
+from serving.sequences import (
+    BufferPool,
+    SamplingParams,
+    SequenceOutput,
+    SequenceState,
+    TokenLogprob,
+)
 
 __all__ = ["Engine", "SamplingParams", "SequenceOutput", "TokenLogprob"]
 
@@ -59,14 +68,17 @@ class Engine:
         self,
         loaded: LoadedModel,
         *,
-        max_batch_size: int = 32,
+        max_batch_size: int = 256,
         batch_wait_ms: float = 5.0,
         spool: SpoolWriter | None = None,
         capture_layers: Sequence[int] | None = None,
         metrics: ServingMetrics | None = None,
         fused_decode: bool = True,
         share_prefill: bool = True,
+        decoder: FusedDecoder | None = None,
     ):
+        """``decoder``: a ``FusedDecoder`` of the same model to share (``EnginePool``: engines
+        on one model hold its packed weights once)."""
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         self.loaded = loaded
@@ -88,15 +100,18 @@ class Engine:
         self._queue: queue.Queue[SequenceState] = queue.Queue()
         self._joinable = supports_joining(self.model)
         self.share_prefill = share_prefill
-        self._fused = (
-            FusedDecoder(self.model, self.recorder.layer_ids if self.recorder else None)
-            if fused_decode and self._joinable and supports_fused_decode(self.model)
-            else None
-        )
+        fused = fused_decode and self._joinable and supports_fused_decode(self.model)
+        fused = fused and self.device.type == "cpu"  # its buffers and kernels are the CPU's
+        if fused and decoder is None:
+            decoder = FusedDecoder(self.model, self.recorder.layer_ids if self.recorder else None)
+        self._fused = decoder if fused else None
         self._num_cache_layers = self.model.config.num_hidden_layers
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="serving-engine", daemon=True)
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="capture-writer")
+        self._buffers = BufferPool(keep=max_batch_size)  # capture buffers, reused
+        self._shown = {"running": 0, "waiting": 0}  # what this engine added to the gauges
+        self._shown_lock = threading.Lock()
 
     @property
     def capture_enabled(self) -> bool:
@@ -133,9 +148,17 @@ class Engine:
                 generator.manual_seed(params.seed)
         seq = SequenceState(list(prompt_ids), params, concurrent.futures.Future(), generator)
         self._queue.put(seq)
-        if self.metrics:
-            self.metrics.waiting.set(self._queue.qsize())
+        self._show(waiting=self._queue.qsize())
         return seq.future
+
+    def _show(self, **values: int) -> None:
+        """Set this engine's share of the running/waiting gauges (engines of a pool share them)."""
+        if self.metrics is None:
+            return
+        with self._shown_lock:
+            for name, value in values.items():
+                getattr(self.metrics, name).inc(value - self._shown[name])
+                self._shown[name] = value
 
     # ---- engine thread ---------------------------------------------------------------------
 
@@ -144,9 +167,7 @@ class Engine:
             batch = self._next_batch()
             if not batch:
                 continue
-            if self.metrics:
-                self.metrics.waiting.set(self._queue.qsize())
-                self.metrics.running.set(len(batch))
+            self._show(waiting=self._queue.qsize(), running=len(batch))
             try:
                 with torch.inference_mode():
                     self._generate(batch)
@@ -156,8 +177,7 @@ class Engine:
                     if not seq.future.done():
                         seq.future.set_exception(exc)
             finally:
-                if self.metrics:
-                    self.metrics.running.set(0)
+                self._show(running=0)
 
     def _next_batch(self) -> list[SequenceState]:
         try:
@@ -187,7 +207,7 @@ class Engine:
         caller can fail every one of them on error.
         """
         run = RunningBatch(self._new_cache())
-        self._admit(run, batch)
+        self._admit(run, self._prompts(batch))
         while True:
             finished = self._sample_step(run.active, run.logits)
             for seq in finished:
@@ -198,23 +218,17 @@ class Engine:
             batch[:] = run.active + newcomers  # what is still owed an answer
             if not run.active and not newcomers:
                 return
+            joining = self._prompts(newcomers) if newcomers else None
             if run.active:
                 next_ids = torch.tensor(
                     [[seq.out_ids[-1]] for seq in run.active], device=self.device
                 )
                 run.positions = run.positions + 1
-                if self._fused is not None:
-                    run.logits = self._decode_fused(next_ids, run)
-                else:
-                    run.logits = self._forward(
-                        next_ids, run.step_mask(), run.positions, run.cache, run.active, None
-                    )
+                run.logits = self._decode(next_ids, run, joining)
                 run.advance()
-            if newcomers:
-                self._admit(run, newcomers)
-            if self.metrics:
-                self.metrics.running.set(len(run.active))
-                self.metrics.waiting.set(self._queue.qsize())
+            if joining is not None:
+                self._admit(run, joining)
+            self._show(running=len(run.active), waiting=self._queue.qsize())
 
     def _new_cache(self):
         from transformers import DynamicCache
@@ -233,56 +247,89 @@ class Engine:
                 break
         return taken
 
-    def _admit(self, run: RunningBatch, batch: list[SequenceState]) -> None:
-        """Prefill ``batch`` (left-padded, on its own cache) and add its rows to ``run``.
+    def _prompts(self, batch: list[SequenceState]) -> Prompts:
+        prompts = Prompts.of(batch, self.pad_id, self.share_prefill)
+        for name in ("input_ids", "mask", "positions"):
+            setattr(prompts, name, getattr(prompts, name).to(self.device))
+        return prompts
 
-        Sequences with the same prompt share one prefill row (``share_prefill``): the distinct
-        prompts are prefilled, then their cache rows, logits and captured states are copied to
-        every sequence of that prompt.
-        """
-        from transformers import DynamicCache
-
+    def _admit(self, run: RunningBatch, prompts: Prompts) -> None:
+        """Add the sequences of ``prompts`` to ``run``, prefilling them unless a decode step
+        did already (``prompts.outputs``): each distinct prompt's keys/values, logits and
+        captured states are copied to every sequence of that prompt."""
+        batch, source, width = prompts.batch, prompts.source, prompts.input_ids.shape[1]
         if self.metrics:
             self.metrics.prompt_tokens.inc(sum(len(seq.prompt_ids) for seq in batch))
-        slots = isinstance(run.cache, SlotKVCache)
-        rows_of: dict[tuple[int, ...], int] = {}
-        source = [
-            rows_of.setdefault(tuple(seq.prompt_ids), len(rows_of)) if self.share_prefill else i
-            for i, seq in enumerate(batch)
-        ]
-        if len(rows_of) == len(batch) or not rows_of:
-            unique, source = batch, None
-        else:
-            unique = [batch[source.index(row)] for row in range(len(rows_of))]
-        lengths = [len(seq.prompt_ids) for seq in unique]
-        width = max(lengths)
-        input_ids = torch.full((len(unique), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(unique), width), dtype=torch.long)
-        for row, seq in enumerate(unique):
-            input_ids[row, width - lengths[row] :] = torch.tensor(seq.prompt_ids)
-            mask[row, width - lengths[row] :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        input_ids, mask, positions = (t.to(self.device) for t in (input_ids, mask, positions))
-        cache = DynamicCache(config=self.model.config) if slots else run.cache
-        logits = self._forward(input_ids, mask, positions, cache, unique, lengths, batch, source)
-        if source is not None:  # copy each distinct prompt's row to the sequences that share it
-            index = torch.tensor(source, device=self.device)
-            cache.batch_select_indices(index)  # DynamicCache: every layer's keys and values
+        capturing = self._capturing(batch)
+        if prompts.outputs is None:
+            prompts.outputs = self._prefill(prompts, run, capturing)
+        logits, kv, states = prompts.outputs
+        if capturing:
+            for seq, row in zip(batch, source):
+                if seq.params.capture:
+                    rows = states[row, width - prompts.lengths[row] :]
+                    seq.capture(rows, self.loaded.max_model_len, self._buffers)
+        mask, positions = prompts.mask, prompts.positions
+        if prompts.unique < len(batch):  # copy each distinct prompt's row to its sequences
+            index = torch.tensor(source)
+            if isinstance(kv, list):
+                kv = [(keys[index], values[index]) for keys, values in kv]
+            else:
+                kv.batch_select_indices(index)  # DynamicCache: every layer's keys and values
             mask, positions, logits = mask[index], positions[index], logits[index]
-        run.add(batch, cache, mask, positions[:, -1:], logits)
+        run.add(batch, kv, mask, positions[:, -1:], logits)
 
-    def _forward(
-        self, input_ids, mask, positions, cache, active, prompt_lengths, sequences=None, source=None
-    ):
-        """One forward pass over the rows of ``active``; returns the last logits.
+    def _capturing(self, sequences: list[SequenceState]) -> bool:
+        return self.recorder is not None and any(seq.params.capture for seq in sequences)
 
-        Records the capture states of the sequences that asked: ``sequences`` (default
-        ``active``), where sequence i reads row ``source[i]`` (default i) of the outputs.
-        """
-        sequences = active if sequences is None else sequences
-        capturing = self.recorder is not None and any(seq.params.capture for seq in sequences)
+    def _prefill(self, prompts: Prompts, run: RunningBatch, capturing: bool):
+        """One forward pass over the prompts alone: last logits, their keys/values (a list of
+        ``(keys, values)`` per layer, or a ``DynamicCache``) and the captured states
+        ``[rows, width, layer_ids, hidden]`` (None unless ``capturing``)."""
+        from transformers import DynamicCache
+
+        inputs = prompts.input_ids, prompts.mask, prompts.positions
         if self.metrics:
-            self.metrics.batch_size.observe(len(active))
+            self.metrics.batch_size.observe(prompts.unique)
+        if self._fused is not None:
+            return self._fused.prefill(*inputs, capturing)
+        cache = DynamicCache(config=self.model.config) if run.slots else run.cache
+        logits, states = self._forward(*inputs, cache, capturing)
+        return logits, cache, states
+
+    def _decode(
+        self, next_ids: torch.Tensor, run: RunningBatch, joining: Prompts | None = None
+    ) -> torch.Tensor:
+        """One decode step of every running row; returns its logits. With the fused path the
+        prompts ``joining`` are prefilled in the same pass (their outputs kept for ``_admit``)."""
+        capturing = self._capturing(run.active)
+        rows = len(run.active)
+        if self._fused is not None and joining is not None:
+            both = capturing or self._capturing(joining.batch)
+            step = (next_ids, run.positions, run.cache, run.step_mask())
+            prefill = (joining.input_ids, joining.mask, joining.positions)
+            logits, states, *joined = self._fused.forward(both, step=step, prefill=prefill)
+            joining.outputs = tuple(joined)
+            rows += joining.unique
+        elif self._fused is not None:
+            logits, states = self._fused.step(
+                next_ids, run.positions, run.cache, run.step_mask(), capturing
+            )
+        else:
+            logits, states = self._forward(
+                next_ids, run.step_mask(), run.positions, run.cache, capturing
+            )
+        if self.metrics:
+            self.metrics.batch_size.observe(rows)
+        if capturing:
+            for row, seq in enumerate(run.active):
+                if seq.params.capture:
+                    seq.capture(states[row, -1:], self.loaded.max_model_len, self._buffers)
+        return logits
+
+    def _forward(self, input_ids, mask, positions, cache, capturing: bool):
+        """The model's own forward pass (no fused path): the last logits, and the captured
+        states ``[rows, tokens, layer_ids, hidden]`` when ``capturing``."""
         if capturing:
             self.recorder.arm()
         out = self.model(
@@ -293,45 +340,31 @@ class Engine:
             use_cache=True,
             logits_to_keep=1,
         )
-        if capturing:
-            outputs = self.recorder.collect_layers()  # per layer [rows, seq, hidden], no copy
-            for i, seq in enumerate(sequences):
-                if seq.params.capture:
-                    row = i if source is None else source[i]
-                    tokens = prompt_lengths[row] if prompt_lengths else 1
-                    seq.capture(outputs, row, tokens, self.loaded.max_model_len)
-        return out.logits[:, -1, :].float()
-
-    def _decode_fused(self, next_ids: torch.Tensor, run: RunningBatch) -> torch.Tensor:
-        """One decode step of every running row through ``FusedDecoder``; returns its logits."""
-        capturing = self.recorder is not None and any(seq.params.capture for seq in run.active)
-        if self.metrics:
-            self.metrics.batch_size.observe(len(run.active))
-        logits, outputs = self._fused.step(
-            next_ids, run.positions, run.cache, run.step_mask(), capturing
-        )
-        if capturing:
-            for row, seq in enumerate(run.active):
-                if seq.params.capture:
-                    seq.capture(outputs, row, 1, self.loaded.max_model_len)
-        return logits
+        states = self.recorder.collect() if capturing else None
+        return out.logits[:, -1, :].float(), states
 
     def _sample_step(
         self, active: list[SequenceState], logits: torch.Tensor
     ) -> list[SequenceState]:
-        """Choose one token per row, record logprobs, apply stop rules; return rows that finished."""
-        chosen = choose_tokens(logits, active)
+        """Choose one token per row, record logprobs, apply stop rules; return rows that finished.
+
+        One ``topk`` serves both the top-k logprobs and the top-p candidates; logprobs are
+        gathered from one ``log_softmax`` of the batch and moved to Python in one call each."""
+        logits = logits.cpu()  # the rows' generators are CPU generators
+        want_top = max((seq.params.top_logprobs or 0 for seq in active), default=0)
         want_lp = any(seq.params.top_logprobs is not None for seq in active)
+        k = min(max(want_top, candidates_needed(active)), logits.shape[-1])
+        top = torch.topk(logits, k, dim=-1) if k else None
+        chosen_t = choose_tokens(logits, active, top)
+        chosen = chosen_t.tolist()
         if want_lp:
             logprobs = torch.log_softmax(logits, dim=-1)
-            chosen_t = torch.tensor(chosen, device=logits.device).unsqueeze(1)
-            chosen_lp = logprobs.gather(1, chosen_t).squeeze(1).clamp_(min=LOGPROB_FLOOR).tolist()
-            chosen_logit = logits.gather(1, chosen_t).squeeze(1).tolist()
-            want_top = max((seq.params.top_logprobs or 0 for seq in active), default=0)
-            top_ids = top_values = None
+            index = chosen_t.unsqueeze(1)
+            chosen_lp = logprobs.gather(1, index).squeeze(1).clamp_(min=LOGPROB_FLOOR).tolist()
+            chosen_logit = logits.gather(1, index).squeeze(1).tolist()
             if want_top:
-                values, ids = torch.topk(logprobs, want_top, dim=-1)
-                top_values = values.clamp_(min=LOGPROB_FLOOR).tolist()
+                ids = top[1][:, :want_top]
+                top_values = logprobs.gather(1, ids).clamp_(min=LOGPROB_FLOOR).tolist()
                 top_ids = ids.tolist()
         if self.metrics:
             self.metrics.generation_tokens.inc(len(active))
@@ -341,8 +374,8 @@ class Engine:
             seq.out_ids.append(token)
             k = seq.params.top_logprobs
             if k is not None:
-                top = list(zip(top_ids[row][:k], top_values[row][:k])) if k else []
-                seq.logprobs.append(TokenLogprob(token, chosen_lp[row], chosen_logit[row], top))
+                top_k = list(zip(top_ids[row][:k], top_values[row][:k])) if k else []
+                seq.logprobs.append(TokenLogprob(token, chosen_lp[row], chosen_logit[row], top_k))
             if self._check_stop(seq):
                 finished.append(seq)
         return finished
@@ -385,14 +418,15 @@ class Engine:
         if not (seq.params.capture and self.recorder is not None):
             seq.future.set_result(output)
             return
-        states = seq.states[: seq.n_states]  # a view of the capture buffer
+        buffer, rows = seq.states, seq.n_states
         seq.states, seq.n_states = None, 0
-        tokens = (seq.prompt_ids + seq.out_ids)[: states.shape[0]]
-        self._writer.submit(self._write_capture, seq.future, output, states, tokens)
+        tokens = (seq.prompt_ids + seq.out_ids)[:rows]
+        self._writer.submit(self._write_capture, seq.future, output, buffer, rows, tokens)
 
-    def _write_capture(self, future, output: SequenceOutput, states, tokens) -> None:
+    def _write_capture(self, future, output: SequenceOutput, buffer, rows: int, tokens) -> None:
         try:
-            output.hidden_states_path = self.spool.write(states, tokens)
+            output.hidden_states_path = self.spool.write(buffer[:rows], tokens)
+            self._buffers.give(buffer)  # the file holds the rows now
             if self.metrics:
                 self.metrics.captures.inc()
             future.set_result(output)

@@ -10,8 +10,11 @@ position ids are explicit per row, so rows of different lengths share the column
   columns ``hi - width .. hi - 1`` — the other rows are not touched (``admit``).
 - A finished row is replaced by the last row (one row copied, ``remove``); columns that are
   padding in every remaining row are dropped by moving ``lo`` (no copy).
-- Only when a buffer is full (columns or rows) is it reallocated, with room to spare, so the copy
-  is amortised over many steps.
+- When the columns run out, the live ones move back to the start of the buffers (in place);
+  only when the rows run out are new buffers allocated (rows doubling up to the batch limit),
+  uninitialised, so the copy is amortised over many steps and memory is touched only where rows
+  are used. Columns a row can see but never wrote (left of its prompt) are zeroed when it joins:
+  attention reads them masked, so they must be finite.
 
 Only for models whose every cache layer is a plain full-attention ``DynamicLayer``
 (``serving.running_batch.supports_joining``).
@@ -19,11 +22,18 @@ Only for models whose every cache layer is a plain full-attention ``DynamicLayer
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-HEADROOM = 64  # free columns left of ``lo`` after a reallocation, for prompts longer than the batch
-GROWTH = 256  # free columns right of ``hi`` after a reallocation (decode steps before the next one)
+HEADROOM = 64  # free columns left of ``lo`` after making room, for prompts longer than the batch
+GROWTH = 64  # free columns right of ``hi`` after making room (decode steps before the next time)
+
+
+def _uninitialised(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """A new buffer whose contents are garbage (its pages are touched only where written)."""
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
 
 
 class _SlotLayer(DynamicLayer):
@@ -62,50 +72,71 @@ class SlotKVCache(Cache):
         self.mask: torch.Tensor | None = None  # [row_capacity, capacity], 1 = a real token
 
     # ---- buffers --------------------------------------------------------------------------
-    def _reallocate(self, rows: int, left: int, right: int, like: torch.Tensor) -> None:
-        """New buffers for ``rows`` rows: ``left`` free columns, the live ones, ``right`` free."""
-        width = self.hi - self.lo
-        row_cap = self.row_capacity
-        if rows > row_cap:  # grow by doubling, up to the batch limit
-            row_cap = max(rows, min(self.max_rows, 2 * row_cap))
-        cap = left + width + right
-        _, heads, _, dim = like.shape
-        for layer in self.layers:
-            keys = torch.zeros((row_cap, heads, cap, dim), dtype=like.dtype, device=like.device)
-            values = torch.zeros_like(keys)
-            if self.rows and width:
-                keys[: self.rows, :, left : left + width] = layer.keys[
-                    : self.rows, :, self.lo : self.hi
-                ]
-                values[: self.rows, :, left : left + width] = layer.values[
-                    : self.rows, :, self.lo : self.hi
-                ]
-            layer.keys, layer.values = keys, values
-        mask = torch.zeros((row_cap, cap), dtype=torch.bool, device=like.device)
-        if self.rows and width:
-            mask[: self.rows, left : left + width] = self.mask[: self.rows, self.lo : self.hi]
-        self.mask = mask
-        self.lo, self.hi = left, left + width
-        self.capacity, self.row_capacity = cap, row_cap
+    def _make_room(self, rows: int, left: int, right: int, like: torch.Tensor) -> None:
+        """Room for ``rows`` rows, ``left`` free columns before the live ones and ``right`` after.
 
-    def admit(self, prefill: Cache, prefill_mask: torch.Tensor) -> None:
-        """Append the rows of a prefilled (left-padded) cache as new rows of the running batch."""
+        When the buffers hold that many rows and columns, the live columns move within them (no
+        allocation); otherwise new buffers are allocated uninitialised (pages are touched only
+        where written) and the live columns copied. Columns outside ``lo..hi-1`` hold garbage:
+        ``admit`` zeroes every column a row can see before its own tokens."""
+        width = self.hi - self.lo
+        cap = left + width + right
+        if rows <= self.row_capacity and cap <= self.capacity:
+            if self.lo != left and self.rows and width:
+                dst, src = slice(left, left + width), slice(self.lo, self.hi)
+                overlap = abs(left - self.lo) < width
+                for layer in self.layers:
+                    for buf in (layer.keys, layer.values):
+                        live = buf[: self.rows, :, src]
+                        buf[: self.rows, :, dst] = live.clone() if overlap else live
+                self.mask[: self.rows, dst] = self.mask[: self.rows, src].clone()
+        else:
+            row_cap = self.row_capacity
+            if rows > row_cap:  # grow by doubling, up to the batch limit
+                row_cap = max(rows, min(self.max_rows, 2 * row_cap))
+            cap = max(cap, self.capacity)
+            _, heads, _, dim = like.shape
+            for layer in self.layers:
+                keys = _uninitialised((row_cap, heads, cap, dim), like)
+                values = _uninitialised((row_cap, heads, cap, dim), like)
+                if self.rows and width:
+                    keys[: self.rows, :, left : left + width] = layer.keys[
+                        : self.rows, :, self.lo : self.hi
+                    ]
+                    values[: self.rows, :, left : left + width] = layer.values[
+                        : self.rows, :, self.lo : self.hi
+                    ]
+                layer.keys, layer.values = keys, values
+            mask = torch.zeros((row_cap, cap), dtype=torch.bool, device=like.device)
+            if self.rows and width:
+                mask[: self.rows, left : left + width] = self.mask[: self.rows, self.lo : self.hi]
+            self.mask = mask
+            self.capacity, self.row_capacity = cap, row_cap
+        self.lo, self.hi = left, left + width
+
+    def admit(
+        self, prefill: Sequence[tuple[torch.Tensor, torch.Tensor]], prefill_mask: torch.Tensor
+    ) -> None:
+        """Append prefilled (left-padded) rows to the running batch: ``prefill`` holds each
+        layer's keys and values ``[n, kv_heads, width, head_dim]``."""
         n, width = prefill_mask.shape
-        like = prefill.layers[0].keys
+        like = prefill[0][0]
         if self.rows == 0:  # an empty batch: restart the columns where the buffer has room
             self.lo = self.hi = min(max(width, HEADROOM), self.capacity)
+        if self.rows + n > self.row_capacity or self.hi < width or self.hi + 1 > self.capacity:
+            left = max(width - (self.hi - self.lo), 0) + HEADROOM
+            self._make_room(self.rows + n, left, GROWTH, like)
         new_lo = min(self.lo, self.hi - width)
-        if self.rows + n > self.row_capacity or new_lo < 0 or self.hi + 1 > self.capacity:
-            self._reallocate(
-                self.rows + n, max(width - (self.hi - self.lo), 0) + HEADROOM, GROWTH, like
-            )
-            new_lo = min(self.lo, self.hi - width)
         start, end = self.rows, self.rows + n
-        for mine, theirs in zip(self.layers, prefill.layers):
-            mine.keys[start:end, :, self.hi - width : self.hi] = theirs.keys
-            mine.values[start:end, :, self.hi - width : self.hi] = theirs.values
+        first = self.hi - width
+        for mine, (keys, values) in zip(self.layers, prefill):
+            for buf, new in ((mine.keys, keys), (mine.values, values)):
+                buf[start:end, :, first : self.hi] = new
+                buf[start:end, :, new_lo:first] = 0  # seen (masked) by attention: finite
+                if new_lo < self.lo:
+                    buf[:start, :, new_lo : self.lo] = 0
         self.mask[start:end] = False
-        self.mask[start:end, self.hi - width : self.hi] = prefill_mask
+        self.mask[start:end, first : self.hi] = prefill_mask
         if new_lo < self.lo:
             self.mask[:start, new_lo : self.lo] = False
             self.lo = new_lo
@@ -114,9 +145,7 @@ class SlotKVCache(Cache):
     def step_mask(self, q: int = 1) -> torch.Tensor:
         """Before a decode forward of ``q`` tokens per row: the attention mask ``[rows, width + q]``."""
         if self.hi + q > self.capacity:
-            self._reallocate(
-                self.rows, HEADROOM, max(GROWTH, self.hi - self.lo, q), self.layers[0].keys
-            )
+            self._make_room(self.rows, HEADROOM, max(GROWTH, q), self.layers[0].keys)
         self.mask[: self.rows, self.hi : self.hi + q] = True
         return self.mask[: self.rows, self.lo : self.hi + q]
 

@@ -1,8 +1,10 @@
 """The rows the engine is decoding: their cache (slots, or a DynamicCache for models whose cache
-layers cannot take joining rows), positions and next logits, kept in cache row order."""
+layers cannot take joining rows), positions and next logits, kept in cache row order; and the
+prefill inputs of sequences joining them (``Prompts``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -12,7 +14,41 @@ from serving.kvslots import SlotKVCache
 if TYPE_CHECKING:
     from serving.sequences import SequenceState
 
-__all__ = ["RunningBatch", "supports_joining"]
+__all__ = ["Prompts", "RunningBatch", "supports_joining"]
+
+
+@dataclasses.dataclass
+class Prompts:
+    """Sequences to admit and their prefill: the distinct prompts, left-padded, ``source[i]`` the
+    prompt row of ``batch[i]``; ``outputs`` (logits, keys/values, states) once computed."""
+
+    batch: list[SequenceState]
+    source: list[int]
+    unique: int
+    lengths: list[int]
+    input_ids: torch.Tensor
+    mask: torch.Tensor
+    positions: torch.Tensor
+    outputs: tuple | None = None
+
+    @classmethod
+    def of(cls, batch: list[SequenceState], pad_id: int, share: bool = True) -> Prompts:
+        """``share``: the sequences of one prompt share its row (one prefill per prompt)."""
+        rows_of: dict[tuple[int, ...], int] = {}
+        source = [
+            rows_of.setdefault(tuple(seq.prompt_ids), len(rows_of)) if share else i
+            for i, seq in enumerate(batch)
+        ]
+        unique = [batch[source.index(row)] for row in range(len(rows_of))] or batch
+        lengths = [len(seq.prompt_ids) for seq in unique]
+        width = max(lengths)
+        input_ids = torch.full((len(unique), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(unique), width), dtype=torch.long)
+        for row, seq in enumerate(unique):
+            input_ids[row, width - lengths[row] :] = torch.tensor(seq.prompt_ids)
+            mask[row, width - lengths[row] :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        return cls(batch, source, len(unique), lengths, input_ids, mask, positions)
 
 
 class RunningBatch:
@@ -29,9 +65,13 @@ class RunningBatch:
     def slots(self) -> bool:
         return isinstance(self.cache, SlotKVCache)
 
-    def add(self, seqs, prefill_cache, mask, positions, logits) -> None:
+    def add(self, seqs, prefill, mask, positions, logits) -> None:
+        """Append rows: ``prefill`` is their own cache (a ``DynamicCache``), or each layer's
+        ``(keys, values)`` for the slot cache."""
         if self.slots:
-            self.cache.admit(prefill_cache, mask)
+            if not isinstance(prefill, list):
+                prefill = [(layer.keys, layer.values) for layer in prefill.layers]
+            self.cache.admit(prefill, mask)
         else:  # batch-at-a-time: the prefill's cache is the run's cache
             self.mask = mask
         if self.active:

@@ -1,5 +1,15 @@
-"""Choosing each row's next token: greedy by argmax, or a draw from the row's own generator
-(temperature, vLLM's top-p), so a row's draw never depends on what else is in the batch."""
+"""Choosing each row's next token for a whole batch at once: greedy rows by argmax, sampled rows
+by one draw from the row's own generator (temperature, vLLM's top-p), so a row's draw never
+depends on what else is in the batch.
+
+A sampled row draws one uniform number ``u`` from its ``torch.Generator`` per step and takes the
+token where the cumulative probability of its candidates passes ``u`` times their mass (inverse
+transform sampling: exact for the renormalised nucleus). With top-p the candidates are the
+nucleus, found among the row's ``NUCLEUS_CANDIDATES`` most likely tokens (one ``topk`` for the
+batch, shared with the top-k logprobs; a full sort only for a row whose candidates hold less
+than ``top_p``); without it, the whole vocabulary in token order. Everything but the one draw
+per row is a batched tensor op.
+"""
 
 from __future__ import annotations
 
@@ -10,47 +20,92 @@ import torch
 if TYPE_CHECKING:
     from serving.sequences import SequenceState
 
-__all__ = ["SAMPLING_EPS", "NUCLEUS_CANDIDATES", "choose_tokens", "draw_top_p"]
+__all__ = ["SAMPLING_EPS", "NUCLEUS_CANDIDATES", "candidates_needed", "choose_tokens"]
 
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy, as in vLLM
-NUCLEUS_CANDIDATES = 256  # top-p looks at the most likely tokens first (a full sort when short)
+NUCLEUS_CANDIDATES = 64  # top-p looks at the most likely tokens first (a full sort when short)
 
 
-def draw_top_p(probs: torch.Tensor, top_p: float, generator: torch.Generator | None) -> int:
-    """vLLM's top-p draw: ``multinomial`` over the probabilities sorted high to low with every
-    token past the nucleus zeroed, without sorting the whole vocabulary.
+def candidates_needed(active: list[SequenceState]) -> int:
+    """How many top tokens per row ``choose_tokens`` wants (0: none)."""
+    nucleus = any(
+        seq.params.temperature >= SAMPLING_EPS and seq.params.top_p < 1.0 for seq in active
+    )
+    return NUCLEUS_CANDIDATES if nucleus else 0
 
-    ``torch.multinomial(x, 1)`` picks ``argmax(x / q)`` with ``q ~ Exp(1)`` drawn for every
-    entry of ``x``. The nucleus is found in the top ``NUCLEUS_CANDIDATES`` (``topk``; the full
-    sort only when they hold less than ``top_p``), and ``q`` is drawn over the full vocabulary,
-    so the generator advances and the token drawn are those of the full sort.
+
+def choose_tokens(
+    logits: torch.Tensor,
+    active: list[SequenceState],
+    top: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """One token per row (``[rows]`` int64).
+
+    ``top``: ``torch.topk(logits, k)`` with ``k >= candidates_needed(active)`` when top-p rows
+    are present (computed here otherwise).
     """
-    vocab = probs.shape[-1]
-    values, order = torch.topk(probs, min(NUCLEUS_CANDIDATES, vocab))
-    cumulative = torch.cumsum(values, dim=-1)
-    if values.shape[-1] < vocab and cumulative[-1] <= top_p:  # the nucleus is larger
-        values, order = torch.sort(probs, descending=True)
-        cumulative = torch.cumsum(values, dim=-1)
-    values = values.masked_fill((cumulative - values) > top_p, 0.0)
-    q = torch.empty(vocab, dtype=probs.dtype).exponential_(generator=generator)
-    return int(order[torch.argmax(values / q[: values.shape[-1]])])
-
-
-def choose_tokens(logits: torch.Tensor, active: list[SequenceState]) -> list[int]:
-    """One token per row: greedy rows by argmax; sampled rows share one batched softmax,
-    then draw with their own generator (so a row's draw never depends on the batch)."""
-    chosen = torch.argmax(logits, dim=-1).tolist()
-    rows = [r for r, seq in enumerate(active) if seq.params.temperature >= SAMPLING_EPS]
-    if not rows:
-        return chosen
-    temps = torch.tensor(
-        [active[r].params.temperature for r in rows], dtype=logits.dtype, device=logits.device
-    ).unsqueeze(1)
-    probs = torch.softmax(logits[rows] / temps, dim=-1).cpu()
-    for i, r in enumerate(rows):
-        params, generator = active[r].params, active[r].generator
-        if params.top_p < 1.0:
-            chosen[r] = draw_top_p(probs[i], params.top_p, generator)
+    chosen = torch.empty(logits.shape[0], dtype=torch.long)
+    greedy, nucleus, plain = [], [], []
+    for r, seq in enumerate(active):
+        params = seq.params
+        if params.temperature < SAMPLING_EPS:
+            greedy.append(r)
+        elif params.top_p < 1.0:
+            nucleus.append(r)
         else:
-            chosen[r] = int(torch.multinomial(probs[i], 1, generator=generator))
+            plain.append(r)
+    if greedy:
+        chosen[greedy] = torch.argmax(logits[greedy], dim=-1)
+    if nucleus:
+        if top is None or top[1].shape[-1] < min(NUCLEUS_CANDIDATES, logits.shape[-1]):
+            top = torch.topk(logits, min(NUCLEUS_CANDIDATES, logits.shape[-1]), dim=-1)
+        count = min(NUCLEUS_CANDIDATES, logits.shape[-1])
+        chosen[nucleus] = _draw_nucleus(
+            logits[nucleus], top[1][nucleus, :count], [active[r] for r in nucleus]
+        )
+    if plain:
+        rows = [active[r] for r in plain]
+        probs = torch.softmax(logits[plain] / _temperatures(rows, logits), dim=-1)
+        chosen[plain] = _draw(probs, rows)
     return chosen
+
+
+def _temperatures(rows: list[SequenceState], like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor([seq.params.temperature for seq in rows], dtype=like.dtype).unsqueeze(1)
+
+
+def _draw(probs: torch.Tensor, rows: list[SequenceState]) -> torch.Tensor:
+    """Index of each row's draw from ``probs`` ``[n, k]`` (unnormalised, in any order)."""
+    cumulative = torch.cumsum(probs, dim=-1)
+    u = torch.cat([torch.rand(1, generator=seq.generator, dtype=probs.dtype) for seq in rows])
+    target = (u * cumulative[:, -1]).unsqueeze(1)
+    index = torch.searchsorted(cumulative, target, right=True)
+    return index.squeeze(1).clamp_(max=probs.shape[-1] - 1)
+
+
+def _draw_nucleus(
+    logits: torch.Tensor, order: torch.Tensor, rows: list[SequenceState]
+) -> torch.Tensor:
+    """vLLM's top-p: the smallest set of most likely tokens whose probability (at the row's
+    temperature) reaches ``top_p``, renormalised; ``order`` holds each row's top token ids."""
+    probs = torch.softmax(logits / _temperatures(rows, logits), dim=-1)
+    top_p = torch.tensor([seq.params.top_p for seq in rows], dtype=probs.dtype).unsqueeze(1)
+    values = probs.gather(1, order)
+    chosen = torch.empty(len(rows), dtype=torch.long)
+    short = torch.cumsum(values, dim=-1)[:, -1] <= top_p.squeeze(1)
+    if order.shape[-1] >= probs.shape[-1]:
+        short[:] = False  # the candidates are the whole vocabulary
+    within = (~short).nonzero().flatten().tolist()
+    if within:
+        picked = _draw(_nucleus(values[within], top_p[within]), [rows[r] for r in within])
+        chosen[within] = order[within].gather(1, picked.unsqueeze(1)).squeeze(1)
+    for r in short.nonzero().flatten().tolist():  # the nucleus is larger: sort the whole row
+        values_r, order_r = torch.sort(probs[r : r + 1], descending=True)
+        chosen[r] = order_r[0, _draw(_nucleus(values_r, top_p[r : r + 1]), [rows[r]])[0]]
+    return chosen
+
+
+def _nucleus(values: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Probabilities sorted high to low with every token past the nucleus zeroed."""
+    cumulative = torch.cumsum(values, dim=-1)
+    return values.masked_fill((cumulative - values) > top_p, 0.0)

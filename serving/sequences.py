@@ -4,11 +4,12 @@ state of one sequence while it decodes (tokens, logprobs, its capture buffer).""
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["SamplingParams", "TokenLogprob", "SequenceOutput", "SequenceState"]
+__all__ = ["SamplingParams", "TokenLogprob", "SequenceOutput", "SequenceState", "BufferPool"]
 
 
 @dataclass(frozen=True)
@@ -70,26 +71,52 @@ class SequenceState:
     n_states: int = 0
 
     def capture(
-        self, outputs: list[torch.Tensor], row: int, tokens: int, max_model_len: int
+        self, block: torch.Tensor, max_model_len: int, pool: BufferPool | None = None
     ) -> None:
-        """Append the last ``tokens`` positions of ``row`` of every layer output to the buffer."""
-        first = outputs[0]
+        """Append ``block`` ``[tokens, layers, hidden]`` (the next fed positions) to the buffer
+        (taken from ``pool`` when given, an outgrown one given back to it)."""
+        tokens = block.shape[0]
         need = self.n_states + tokens
         if self.states is None or need > self.states.shape[0]:
             cap = max(need, len(self.prompt_ids) + min(self.params.max_tokens, 64))
             if self.states is not None:
                 cap = max(cap, 2 * self.states.shape[0])
             cap = min(cap, max(max_model_len, need))
-            grown = torch.empty(
-                (cap, len(outputs), first.shape[-1]), dtype=first.dtype, device="cpu"
-            )
+            shape = (cap, *block.shape[1:])
+            grown = pool.take(shape, block.dtype) if pool else torch.empty(shape, dtype=block.dtype)
             if self.states is not None:
                 grown[: self.n_states] = self.states[: self.n_states]
+                if pool:
+                    pool.give(self.states)
             self.states = grown
-        seq_len = first.shape[1]
-        torch.stack(
-            [out[row, seq_len - tokens :] for out in outputs],
-            dim=1,
-            out=self.states[self.n_states : need],
-        )
+        self.states[self.n_states : need] = block
         self.n_states = need
+
+
+class BufferPool:
+    """Capture buffers for reuse: a finished sequence's buffer comes back once its file is
+    written, so the sequences of a run do not each touch fresh memory (a page fault per 4 KB).
+    Capacities are rounded up to ``ROWS`` tokens; at most ``keep`` buffers of a shape are kept."""
+
+    ROWS = 64
+
+    def __init__(self, keep: int = 256):
+        self.keep = keep
+        self._free: dict[tuple, list[torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        rows = -(-shape[0] // self.ROWS) * self.ROWS
+        key = (rows, *shape[1:], dtype)
+        with self._lock:
+            free = self._free.get(key)
+            if free:
+                return free.pop()
+        return torch.empty((rows, *shape[1:]), dtype=dtype)
+
+    def give(self, buffer: torch.Tensor) -> None:
+        key = (*buffer.shape, buffer.dtype)
+        with self._lock:
+            free = self._free.setdefault(key, [])
+            if len(free) < self.keep:
+                free.append(buffer)

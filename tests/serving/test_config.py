@@ -33,11 +33,19 @@ def test_flags():
     assert (cfg.port, cfg.max_batch_size, cfg.batch_wait_ms) == (9, 4, 2.5)
     assert cfg.model_name == "/m" and cfg.capture_layers == "0,3" and cfg.spool_dir == "/s"
     assert parse_args(["--served-model-name", "x"]).model_name == "x"
+    cfg = parse_args(["--engines", "3", "--num-threads", "2"])
+    assert (cfg.engines, cfg.num_threads) == (3, 2)
 
 
 @pytest.mark.parametrize(
     "argv",
-    [["--dtype", "int8"], ["--port", "x"], ["--max-batch-size", "0"], ["--batch-wait-ms", "-1"]],
+    [
+        ["--dtype", "int8"],
+        ["--port", "x"],
+        ["--max-batch-size", "0"],
+        ["--batch-wait-ms", "-1"],
+        ["--engines", "-1"],
+    ],
 )
 def test_bad_flags_exit_with_usage(argv, capsys):
     with pytest.raises(SystemExit) as info:

@@ -187,7 +187,7 @@ def test_a_failing_forward_pass_fails_every_waiting_request():
         def broken(*_args, **_kwargs):
             raise RuntimeError("out of memory (simulated)")
 
-        engine._forward = broken
+        engine._prefill = broken  # every path (fused or not) prefills first
         futures = [engine.submit(p, SamplingParams(max_tokens=3)) for p in PROMPTS]
         for future in futures:
             assert "simulated" in str(future.exception(timeout=30))
@@ -240,23 +240,3 @@ def test_slots_are_reused_and_buffers_regrow(tmp_path, monkeypatch):
             torch.testing.assert_close(
                 sa["hidden_states"], sb["hidden_states"], rtol=1e-4, atol=1e-5
             )
-
-
-def test_top_p_draw_equals_multinomial_over_the_fully_sorted_row():
-    """The top-p draw from the top candidates is the draw of the full sort, seed for seed, for
-    peaked distributions (nucleus among the candidates) and flat ones (the full sort)."""
-    from serving.sampling import NUCLEUS_CANDIDATES, draw_top_p
-
-    torch.manual_seed(0)
-    for scale in (0.3, 2.0, 8.0):
-        probs = torch.softmax(torch.randn(4 * NUCLEUS_CANDIDATES) * scale, dim=-1)
-        for top_p in (0.5, 0.95):
-            for seed in range(20):
-                ref_gen = torch.Generator().manual_seed(seed)
-                sorted_probs, order = torch.sort(probs, descending=True)
-                cumulative = torch.cumsum(sorted_probs, dim=-1)
-                sorted_probs[(cumulative - sorted_probs) > top_p] = 0.0
-                want = int(order[torch.multinomial(sorted_probs, 1, generator=ref_gen)])
-                gen = torch.Generator().manual_seed(seed)
-                assert draw_top_p(probs, top_p, gen) == want
-                assert torch.equal(gen.get_state(), ref_gen.get_state())

@@ -1,0 +1,217 @@
+"""A fused decode-attention kernel in C over the slot KV cache, built once with the system's C
+compiler and called through ``ctypes``; ``matmul`` attention where it cannot be built.
+
+One decode step of grouped-query attention as two batched matrix products (scores, then the
+weighted values) spends its time in per-matrix overhead (each row and key/value head is a
+``[groups, head_dim] x [head_dim, columns]`` product) and reads every live column of every row,
+including the columns left of a row's own tokens. The kernel reads each row's keys and values
+once, only from the row's first real column, and computes the scores, the softmax and the
+weighted sum of all the query heads of one key/value head in one pass (float32 throughout;
+the sums in another order than ``matmul``, so results differ by rounding only).
+
+It runs on the calling thread (no OpenMP): engines of an ``EnginePool`` with one intra-op
+thread each call it side by side (``ctypes`` releases the GIL). ``decode_attention`` is None
+when no compiler is found, the build fails, ``HALLULOG_ATTENTION_KERNEL=0`` is set, or the shape
+does not fit (``head_dim`` a multiple of 16, at most 128; at most 16 query heads per key/value
+head). The shared object goes to ``$HALLULOG_CACHE_DIR/kernels/`` under a name derived from the
+source, the flags and the CPU, written to a temporary name and renamed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+__all__ = ["load_kernel", "decode_attention", "kernel_fits"]
+
+logger = logging.getLogger(__name__)
+
+SOURCE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_GROUPS 16
+#define MAX_CHUNKS 8 /* head_dim <= 128 */
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+
+static inline float hsum(v16 a) {
+    float t = 0.f;
+    for (int i = 0; i < 16; i++) t += a[i];
+    return t;
+}
+
+/* The query heads of one key/value head over n columns: q [groups, dim] (scaled), keys and
+   values [n, dim] (column stride dim), out [groups, dim]; s: groups * n floats. */
+static void one(const float *q, const float *k, const float *v, int64_t n, int64_t groups,
+                int64_t dim, float *out, float *s) {
+    int64_t w = dim / 16;
+    float m[MAX_GROUPS], inv[MAX_GROUPS];
+    for (int64_t c = 0; c < n; c++) {
+        const v16 *kc = (const v16 *)(k + c * dim);
+        for (int64_t g = 0; g < groups; g++) {
+            const v16 *qg = (const v16 *)(q + g * dim);
+            v16 acc = qg[0] * kc[0];
+            for (int64_t i = 1; i < w; i++) acc += qg[i] * kc[i];
+            float x = hsum(acc);
+            s[g * n + c] = x;
+            if (c == 0 || x > m[g]) m[g] = x;
+        }
+    }
+    for (int64_t g = 0; g < groups; g++) {
+        float *sg = s + g * n, total = 0.f;
+        for (int64_t c = 0; c < n; c++) {
+            float e = expf(sg[c] - m[g]);
+            sg[c] = e;
+            total += e;
+        }
+        inv[g] = 1.f / total;
+    }
+    v16 acc[MAX_GROUPS * MAX_CHUNKS];
+    memset(acc, 0, sizeof(v16) * groups * w);
+    for (int64_t c = 0; c < n; c++) {
+        const v16 *vc = (const v16 *)(v + c * dim);
+        for (int64_t g = 0; g < groups; g++) {
+            float p = s[g * n + c];
+            for (int64_t i = 0; i < w; i++) acc[g * w + i] += p * vc[i];
+        }
+    }
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t i = 0; i < w; i++) {
+            v16 r = acc[g * w + i] * inv[g];
+            memcpy(out + g * dim + i * 16, &r, sizeof(v16));
+        }
+}
+
+/* q, out: [rows, kv_heads, groups, dim] contiguous. keys, values: [rows, kv_heads, columns, dim]
+   with row stride rs, head stride hs (in floats), column stride dim. Row r attends columns
+   start[r] .. end - 1. scratch: groups * (end - min(start)) floats. */
+void decode_attention(const float *q, const float *keys, const float *values, int64_t rs,
+                      int64_t hs, const int64_t *start, int64_t end, int64_t rows,
+                      int64_t kv_heads, int64_t groups, int64_t dim, float *out, float *scratch) {
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t c0 = start[r];
+        for (int64_t h = 0; h < kv_heads; h++) {
+            int64_t at = r * rs + h * hs + c0 * dim, o = (r * kv_heads + h) * groups * dim;
+            one(q + o, keys + at, values + at, end - c0, groups, dim, out + o, scratch);
+        }
+    }
+}
+"""
+
+# -ffast-math for the compile only (vectorised sums and expf): linked without it, so the shared
+# object does not carry crtfastmath, whose constructor would flush denormals process-wide
+COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fPIC", "-c"]
+LINK_FLAGS = ["-shared"]
+
+_lock = threading.Lock()
+_loaded: list = []  # [function or None] once tried
+
+
+def _cpu_key() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    return f"{platform.machine()} {flags}"
+
+
+def _build(target: Path) -> None:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc, gcc or $CC) on PATH")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        src, obj, out = (Path(tmp) / name for name in ("attention.c", "attention.o", "out.so"))
+        src.write_text(SOURCE)
+        _run([compiler, *COMPILE_FLAGS, "-o", str(obj), str(src)])
+        try:  # glibc's vector expf (libmvec) where it exists
+            _run([compiler, *LINK_FLAGS, "-o", str(out), str(obj), "-lmvec", "-lm"])
+        except RuntimeError:
+            _run([compiler, *LINK_FLAGS, "-o", str(out), str(obj), "-lm"])
+        os.replace(out, target)
+
+
+def _run(argv: list[str]) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:2])} failed: {done.stderr.strip()[-500:]}")
+
+
+def load_kernel():
+    """The ``decode_attention`` C function (built on first use), or None (see the module)."""
+    with _lock:
+        if _loaded:
+            return _loaded[0]
+        function = None
+        if os.environ.get("HALLULOG_ATTENTION_KERNEL", "1") != "0":
+            from serving.model_loader import cache_dir
+
+            key = "\0".join([SOURCE, *COMPILE_FLAGS, *LINK_FLAGS, _cpu_key()])
+            key = hashlib.sha256(key.encode()).hexdigest()
+            target = cache_dir() / "kernels" / f"decode_attention-{key[:16]}.so"
+            try:
+                if not target.exists():
+                    _build(target)
+                library = ctypes.CDLL(str(target))
+                function = library.decode_attention
+                function.restype = None
+                pointer, size = ctypes.c_void_p, ctypes.c_int64
+                function.argtypes = [pointer, pointer, pointer, size, size, pointer]
+                function.argtypes += [size] * 5 + [pointer, pointer]
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                logger.info("decode attention through matmul (no C kernel: %s)", exc)
+                function = None
+        _loaded.append(function)
+        return function
+
+
+def kernel_fits(head_dim: int, groups: int, dtype: torch.dtype) -> bool:
+    return dtype == torch.float32 and head_dim % 16 == 0 and head_dim <= 128 and groups <= 16
+
+
+def decode_attention(
+    function,
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    start: torch.Tensor,
+    end: int,
+) -> torch.Tensor:
+    """Attention of ``query`` ``[rows, kv_heads, groups, head_dim]`` (scaled, contiguous) over
+    columns ``start[r] .. end - 1`` of each row of the slot buffers ``keys``/``values``
+    ``[row_capacity, kv_heads, columns, head_dim]``; returns ``[rows, kv_heads, groups,
+    head_dim]``."""
+    rows, kv_heads, groups, dim = query.shape
+    if keys.stride(2) != dim or keys.stride(3) != 1 or values.stride() != keys.stride():
+        raise ValueError("the slot buffers must be contiguous in their last two dimensions")
+    start = start.to(torch.int64).contiguous()
+    out = torch.empty_like(query)
+    scratch = torch.empty(groups * max(end - int(start.min()), 1), dtype=torch.float32)
+    function(
+        query.data_ptr(),
+        keys.data_ptr(),
+        values.data_ptr(),
+        keys.stride(0),
+        keys.stride(1),
+        start.data_ptr(),
+        end,
+        rows,
+        kv_heads,
+        groups,
+        dim,
+        out.data_ptr(),
+        scratch.data_ptr(),
+    )
+    return out
