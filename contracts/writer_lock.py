@@ -13,7 +13,8 @@ signal — and would commit the groups already in its pipe after the next sessio
 directory and handed the same groups to another worker: one prompt committed twice. With the
 fence, such a leftover holder on this host is killed (it belongs to no live run: the caller
 holds the root) and the lock is taken once the kernel has released it; a holder on another host
-(a Ray actor of an earlier driver) is waited for, up to ``timeout`` seconds.
+(a Ray actor of an earlier driver, or of a lost node) is waited for, up to
+:func:`fence_seconds`.
 
 On file systems without ``flock`` (``ENOLCK``, ``ENOSYS``, ``EOPNOTSUPP``) there is no fence: a
 warning says so once per directory (docs/reliability.md, "Shared file systems").
@@ -37,13 +38,12 @@ from typing import Any
 from contracts.errors import HallulogError
 from contracts.layout import WRITER_LOCK
 from contracts.process import pid_alive, proc_start
+from contracts.root_lock import lease_seconds
 
-__all__ = ["WriterBusy", "WriterLock", "hold_writer", "fence_writer", "FENCE_SECONDS"]
+__all__ = ["WriterBusy", "WriterLock", "hold_writer", "fence_writer", "fence_seconds"]
 
 log = logging.getLogger(__name__)
 
-FENCE_SECONDS = 60.0
-"""How long :func:`fence_writer` waits for a holder to let go before giving up."""
 _POLL_SECONDS = 0.01
 _NO_FLOCK = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
@@ -143,8 +143,15 @@ def hold_writer(directory: str | Path) -> WriterLock:
         raise
 
 
+def fence_seconds() -> float:
+    """How long :func:`fence_writer` waits for a holder on another host: the root lease
+    (``HALLULOG_ROOT_LEASE_SECONDS``, 120 s), longer than an NFSv4 server's lease (90 s by
+    default) after which it releases a dead client's locks."""
+    return lease_seconds()
+
+
 @contextmanager
-def fence_writer(directory: str | Path, *, timeout: float = FENCE_SECONDS) -> Iterator[None]:
+def fence_writer(directory: str | Path, *, timeout: float | None = None) -> Iterator[None]:
     """Hold ``directory``'s writer lock while the body runs (the body reads and rolls the
     directory back); any earlier writer is gone first.
 
@@ -160,6 +167,7 @@ def fence_writer(directory: str | Path, *, timeout: float = FENCE_SECONDS) -> It
     path = directory / WRITER_LOCK
     fd = _open(path)
     locked: bool | None = False
+    timeout = fence_seconds() if timeout is None else timeout
     try:
         deadline = time.monotonic() + timeout
         killed: set[int] = set()

@@ -88,7 +88,7 @@ def test_two_servers_share_the_work_and_sigkilled_workers_lose_nothing(tmp_path:
     """Default: one worker per server, both busy; SIGKILL workers at random moments. The
     servers' spools are on a tmpfs (``--spool-root``, /dev/shm where there is one): the run's
     own directory there is used and removed at the end, the artifact root gets no spool/."""
-    prompts = 8
+    prompts = 24  # enough work to outlast both kills on a fast engine
     shm = Path("/dev/shm")
     spool_root = Path(
         tempfile.mkdtemp(prefix="hallulog-test-", dir=shm if shm.is_dir() else tmp_path.parent)
@@ -98,14 +98,14 @@ def test_two_servers_share_the_work_and_sigkilled_workers_lose_nothing(tmp_path:
 
     def killer(proc):
         first: list[int] = []
-        for threshold in (1, 4):
+        for threshold in (1, 6):
             while _committed(tmp_path) < threshold and proc.poll() is None:
-                time.sleep(0.2)
-            time.sleep(rng.uniform(0, 3))
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0, 0.5))
             pids = _worker_pids(proc.pid)
             first = first or pids
             # one original worker per kill: killing the same server's worker twice could
-            # leave it no time to take its share of 8 short prompts
+            # leave it no time to take its share of the short prompts
             untouched = sorted(set(first) & set(pids) - set(killed))
             if pids and proc.poll() is None:
                 victim = rng.choice(untouched or pids)
@@ -123,7 +123,14 @@ def test_two_servers_share_the_work_and_sigkilled_workers_lose_nothing(tmp_path:
     try:
         returncode, _, err = run_with_saboteur(
             orchestrator_cmd(
-                tmp_path, "--limit", str(prompts), "--spool-root", str(spool_root), *ARGS
+                tmp_path,
+                "--limit",
+                str(prompts),
+                "--spool-root",
+                str(spool_root),
+                *ARGS,
+                "--max-tokens",
+                "16",
             ),
             saboteur,
             timeout=1500,
@@ -140,7 +147,7 @@ def test_two_servers_share_the_work_and_sigkilled_workers_lose_nothing(tmp_path:
     per_server = collections.Counter(
         r["worker_id"] for r in worker_rows(tmp_path, "prompt_index.jsonl")
     )
-    # worker i talks to server i: each served a fair share of the 8 prompts
+    # worker i talks to server i: each served a fair share of the prompts
     assert set(per_server) == {0, 1} and min(per_server.values()) >= 2, per_server
     manifest = json.loads((tmp_path / "run_manifest.json").read_text())
     assert manifest["worker_count"] == 2
@@ -148,8 +155,9 @@ def test_two_servers_share_the_work_and_sigkilled_workers_lose_nothing(tmp_path:
 
 def test_server_dying_at_startup_is_retried_then_retired_and_the_run_finishes(tmp_path: Path):
     """server_1 is SIGKILLed during every start-up: retried with backoff, then retired; the
-    run finishes on server_0, every prompt with K+1 generations."""
-    prompts = 4
+    run finishes on server_0, every prompt with K+1 generations (enough of them, with long
+    enough answers, that server_0 alone outlasts server_1's two failed starts)."""
+    prompts = 12
     pidfile = tmp_path / "servers" / "server_1.pid"
     kills = []
 
@@ -179,6 +187,8 @@ def test_server_dying_at_startup_is_retried_then_retired_and_the_run_finishes(tm
             "1",
             "--server-restart-backoff",
             "1",
+            "--max-tokens",
+            "24",
         ),
         killer,
         timeout=1500,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -26,8 +27,8 @@ ray = pytest.importorskip("ray", reason="--executor ray needs `pip install 'ray[
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
-LIMIT, K = 4, 1
-RUN = ("--limit", str(LIMIT), "--k-samples", str(K), "--max-tokens", "4", "--storage-format", "npy")
+LIMIT, K = 8, 1  # enough work left after both actors are up and one group is committed
+RUN = ("--limit", str(LIMIT), "--k-samples", str(K), "--max-tokens", "8", "--storage-format", "npy")
 
 
 @pytest.fixture(scope="module")
@@ -92,14 +93,20 @@ def test_ray_run_survives_a_node_loss_and_matches_the_local_run(cluster, tmp_pat
         *RUN,
     ]
     started = time.monotonic()
+
+    def log_text() -> str:
+        return (tmp_path / "ray.log").read_text(errors="replace")
+
     with open(tmp_path / "ray.log", "w") as log:
         driver = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=log, text=True)
         removed = False
         while driver.poll() is None and time.monotonic() - started < 900:
-            if not removed and _committed(root):  # the first group is committed: pull a node
+            # both actors up (one per node) and a group committed: pull a node
+            up = re.findall(r"ray executor: slot \d+ on node \S+, server", log_text())
+            if not removed and len(up) >= 2 and _committed(root):
                 cluster.remove_node(cluster.worker_nodes_list[1])
                 removed = True
-            time.sleep(0.5)
+            time.sleep(0.1)
         if driver.poll() is None:
             driver.kill()
     out = (tmp_path / "ray.log").read_text()
