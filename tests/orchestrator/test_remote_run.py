@@ -263,7 +263,15 @@ def test_run_into_a_bucket_then_sigkill_and_resume_on_a_new_node(tmp_path, s3, m
             "s3://remote-run/big",
             big,
             k=k,
-            extra=["--checkpoint-interval", "0.3", "--staging-dir", str(tmp_path / "node-a")],
+            # 4 groups in flight (not the embedded default's 32): the kill lands mid-run
+            extra=[
+                "--checkpoint-interval",
+                "0.3",
+                "--groups-in-flight",
+                "4",
+                "--staging-dir",
+                str(tmp_path / "node-a"),
+            ],
         )
         proc = subprocess.Popen(
             cmd,
