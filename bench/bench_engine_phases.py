@@ -115,7 +115,12 @@ def run_engine(engine, questions, groups: int, args):
         futures = [
             engine.submit(
                 questions[q],
-                SamplingParams(**_sampling(q, sample, args), top_logprobs=5, capture=True),
+                SamplingParams(
+                    **_sampling(q, sample, args),
+                    top_logprobs=5,
+                    capture=True,
+                    capture_rows=getattr(args, "capture_rows", "all"),
+                ),
             )
             for sample in range(args.k + 1)
         ]

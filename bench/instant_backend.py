@@ -13,6 +13,9 @@ docs/contracts.md) as far as the worker uses them:
   logit), ``token_ids`` and ``prompt_token_ids`` (``return_token_ids``), usage;
   ``kv_transfer_params: {"include_output_tokens": true}`` writes a capture file of prompt + every
   generated token but the last (the last choice, as vLLM does);
+- ``kv_transfer_params.hallulog_capture_rows`` (``all``, ``prompt``, ``response``, ``last``, a
+  position): the file holds only those positions and says where it starts (``row0`` in its
+  metadata; docs/contracts.md);
 - ``POST /v1/completions`` with ``prompt`` a list of token ids and ``max_tokens=1``: prefill
   capture of every token given; with a text ``prompt`` (``--chat false``): the same canned
   answer as chat, legacy ``logprobs`` (``tokens``, ``token_logprobs``, ``top_logprobs`` as
@@ -44,12 +47,22 @@ import asyncio
 import fcntl
 import json
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+# run as a script: this checkout's contracts/ (the capture-rows rule the servers share)
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+from contracts.capture_rows import (  # noqa: E402
+    CAPTURE_ROWS_FIELD,
+    ROW0_KEY,
+    capture_span,
+    check_capture_rows,
+)
 
 #: extra pool rows: captures start at one of this many offsets (``InstantBackend.pool_offset``)
 _POOL_SPARE = 61
@@ -161,9 +174,17 @@ class InstantBackend:
         n = min(self.answer_tokens, max_tokens or self.answer_tokens)
         return [1000 + (offset + j) % len(_VOCAB) for j in range(n)]
 
-    def capture(self, token_ids: list[int]) -> str | None:
+    def capture(
+        self, token_ids: list[int], kv: dict[str, Any] | None = None, prompt_len: int = 0
+    ) -> str | None:
+        """Write the capture file of positions ``token_ids`` (the positions that
+        ``kv[hallulog_capture_rows]`` asks for; ``prompt_len``: the request's prompt tokens)."""
         if self.spool_dir is None:
             return None
+        try:
+            rows = check_capture_rows((kv or {}).get(CAPTURE_ROWS_FIELD))
+        except ValueError as exc:
+            raise _HttpError(400, str(exc)) from None
         name = f"hs-{uuid.uuid4().hex}"
         final = self.spool_dir / f"{name}.safetensors"
         tmp = self.spool_dir / f".{name}.safetensors.partial"
@@ -171,13 +192,15 @@ class InstantBackend:
         if n > len(self._pool) - _POOL_SPARE:
             raise _HttpError(400, f"{n} tokens to capture, the pool holds {len(self._pool)}")
         start = self.pool_offset(token_ids) if self.vary_rows else 0
-        hidden = self._pool[start : start + n]  # contiguous rows of the pool
-        ids = np.asarray(token_ids, dtype="<i8")
+        row0, stop = capture_span(rows, prompt_len=prompt_len, num_tokens=n)
+        hidden = self._pool[start + row0 : start + stop]  # contiguous rows of the pool
+        ids = np.asarray(token_ids[row0:stop], dtype="<i8")
         head = _safetensors_header(
             {
                 "hidden_states": ("F16", hidden.shape, hidden.nbytes),
                 "token_ids": ("I64", ids.shape, ids.nbytes),
-            }
+            },
+            {ROW0_KEY: str(row0)},
         )
         with open(f"{final}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -238,7 +261,11 @@ class InstantBackend:
                 }
             )
         kv = req.get("kv_transfer_params") or {}
-        path = self.capture(prompt + answer[:-1]) if kv.get("include_output_tokens") else None
+        path = (
+            self.capture(prompt + answer[:-1], kv, len(prompt))
+            if kv.get("include_output_tokens")
+            else None
+        )
         self._count(len(prompt) * n, completion)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -267,9 +294,11 @@ class InstantBackend:
         answer = self.answer(limit, int(req.get("seed") or 0))
         kv = req.get("kv_transfer_params") or {}
         if isinstance(prompt, list) and limit == 1:  # prefill capture of every token given
-            path = self.capture(ids)
+            path = self.capture(ids, kv, len(ids))
+        elif kv.get("include_output_tokens"):
+            path = self.capture(ids + answer[:-1], kv, len(ids))
         else:
-            path = self.capture(ids + answer[:-1]) if kv.get("include_output_tokens") else None
+            path = None
         self._count(len(ids), len(answer))
         want_ids = bool(req.get("return_token_ids"))
         top = req.get("logprobs")
@@ -421,9 +450,13 @@ class _HttpError(Exception):
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}
 
 
-def _safetensors_header(tensors: dict[str, tuple[str, tuple[int, ...], int]]) -> bytes:
-    """The 8-byte length and JSON header of a safetensors file whose tensors follow in order."""
-    meta, offset = {}, 0
+def _safetensors_header(
+    tensors: dict[str, tuple[str, tuple[int, ...], int]], metadata: dict[str, str] | None = None
+) -> bytes:
+    """The 8-byte length and JSON header of a safetensors file whose tensors follow in order
+    (``metadata``: its ``__metadata__``, string values)."""
+    meta: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
     for name, (dtype, shape, nbytes) in tensors.items():
         meta[name] = {
             "dtype": dtype,

@@ -168,6 +168,7 @@ def create_app(engine: Engine | EnginePool, model_name: str, metrics: ServingMet
         temperature = 1.0 if req.temperature is None else req.temperature
         futures = []
         try:
+            capture_rows = req.capture_rows()
             for i in range(req.n):
                 params = SamplingParams(
                     max_tokens=max_tokens,
@@ -178,6 +179,7 @@ def create_app(engine: Engine | EnginePool, model_name: str, metrics: ServingMet
                     top_logprobs=req.num_top_logprobs(),
                     # like vLLM only the last child's file is returned, so only it is written
                     capture=capture and i == req.n - 1,
+                    capture_rows=capture_rows,
                 )
                 futures.append(engine.submit(prompt_ids, params))
         except ValueError as exc:

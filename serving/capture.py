@@ -6,7 +6,9 @@ the same for ids 0..N-1, but its last entry is after the final norm.)
 
 The file format is the one of vLLM's ``ExampleHiddenStatesConnector`` (docs/contracts.md):
 ``hidden_states`` ``[num_tokens, num_layer_ids, hidden]`` in the model dtype and ``token_ids``
-``[num_tokens]`` int64, written to a temporary name and renamed into place. Like vLLM's
+``[num_tokens]`` int64, written to a temporary name and renamed into place; the metadata's
+``row0`` is the position of row 0 (a request's ``hallulog_capture_rows`` keeps fewer positions
+than all, ``contracts/capture_rows.py``). Like vLLM's
 connector, ``PATH.lock`` is created next to it and held with ``flock(LOCK_EX)`` while the file is
 written, so readers that follow vLLM's protocol (``flock(LOCK_SH)`` on ``PATH.lock``, read, delete
 both) work unchanged. Here the file is complete before the response is sent; neither file is ever
@@ -23,6 +25,8 @@ from collections.abc import Sequence
 
 import torch
 from safetensors.torch import save_file
+
+from contracts.capture_rows import ROW0_KEY
 
 
 def decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.Module, Sequence[torch.nn.Module]]:
@@ -112,8 +116,9 @@ class SpoolWriter:
         self.spool_dir = pathlib.Path(spool_dir).expanduser().resolve()
         self.spool_dir.mkdir(parents=True, exist_ok=True)
 
-    def write(self, hidden_states: torch.Tensor, token_ids: Sequence[int]) -> str:
-        """Save ``hidden_states`` ``[T, L, H]`` and ``token_ids`` ``[T]``; return the absolute path."""
+    def write(self, hidden_states: torch.Tensor, token_ids: Sequence[int], row0: int = 0) -> str:
+        """Save ``hidden_states`` ``[T, L, H]`` and ``token_ids`` ``[T]`` of the positions
+        ``row0 ..`` (recorded in the file's metadata); return the absolute path."""
         if hidden_states.ndim != 3 or hidden_states.shape[0] != len(token_ids):
             raise ValueError(
                 f"hidden_states {tuple(hidden_states.shape)} does not match {len(token_ids)} tokens"
@@ -128,7 +133,7 @@ class SpoolWriter:
         with open(f"{final}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                save_file(tensors, str(tmp))
+                save_file(tensors, str(tmp), metadata={ROW0_KEY: str(row0)})
                 os.replace(tmp, final)
             finally:
                 if tmp.exists():

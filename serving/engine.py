@@ -24,8 +24,9 @@ its own generator), one ``topk`` serves the top-k logprobs and the top-p candida
 chosen and top-k logprobs are moved to Python in one call each.
 
 Captured hidden states come out of each forward pass as one ``[rows, tokens, layer_ids, hidden]``
-tensor; each capturing sequence copies its rows into its own growing buffer
-(``[tokens, layer_ids, hidden]``), which is what the spool file is written from.
+tensor; each capturing sequence copies the rows its ``capture_rows`` keeps (every position, or
+from the last prompt token on, ...) into its own growing buffer (``[tokens, layer_ids, hidden]``),
+which is what the spool file is written from.
 """
 
 from __future__ import annotations
@@ -418,14 +419,14 @@ class Engine:
         if not (seq.params.capture and self.recorder is not None):
             seq.future.set_result(output)
             return
-        buffer, rows = seq.states, seq.n_states
+        buffer, rows, row0 = seq.states, seq.n_states, seq.row0
         seq.states, seq.n_states = None, 0
-        tokens = (seq.prompt_ids + seq.out_ids)[:rows]
-        self._writer.submit(self._write_capture, seq.future, output, buffer, rows, tokens)
+        tokens = (seq.prompt_ids + seq.out_ids)[row0 : row0 + rows]
+        self._writer.submit(self._write_capture, seq.future, output, buffer, row0, tokens)
 
-    def _write_capture(self, future, output: SequenceOutput, buffer, rows: int, tokens) -> None:
+    def _write_capture(self, future, output: SequenceOutput, buffer, row0: int, tokens) -> None:
         try:
-            output.hidden_states_path = self.spool.write(buffer[:rows], tokens)
+            output.hidden_states_path = self.spool.write(buffer[: len(tokens)], tokens, row0)
             self._buffers.give(buffer)  # the file holds the rows now
             if self.metrics:
                 self.metrics.captures.inc()

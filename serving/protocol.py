@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from contracts.capture_rows import CAPTURE_ROWS_FIELD, check_capture_rows
+
 MAX_TOP_LOGPROBS = 20
 
 
@@ -48,6 +50,11 @@ class _SamplingFields(BaseModel):
 
     def include_output_tokens(self) -> bool:
         return bool((self.kv_transfer_params or {}).get("include_output_tokens"))
+
+    def capture_rows(self) -> str | int:
+        """``kv_transfer_params.hallulog_capture_rows``: the positions a capture file holds
+        (``contracts/capture_rows.py``; default ``all``); ValueError for a bad value."""
+        return check_capture_rows((self.kv_transfer_params or {}).get(CAPTURE_ROWS_FIELD))
 
 
 class ChatMessage(BaseModel):

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from contracts.capture_rows import capture_window, check_capture_rows
+
 __all__ = ["SamplingParams", "TokenLogprob", "SequenceOutput", "SequenceState", "BufferPool"]
 
 
@@ -25,8 +27,11 @@ class SamplingParams:
     """None: no logprobs; k >= 0: the chosen token's logprob and the k most likely tokens."""
     capture: bool = False
     """Save the hidden states of every token fed to the model (prompt + all generated but last)."""
+    capture_rows: str | int = "all"
+    """Which of those positions the file holds (``contracts/capture_rows.py``)."""
 
     def __post_init__(self) -> None:
+        check_capture_rows(self.capture_rows)
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         if self.temperature < 0:
@@ -69,16 +74,40 @@ class SequenceState:
     stop_reason: int | str | None = None
     states: torch.Tensor | None = None  # [capacity, layers, hidden] capture buffer
     n_states: int = 0
+    row0: int = 0  # the position of the buffer's row 0
+    fed: int = 0  # positions fed to the model so far
+    keep: tuple[int, int | None] = (0, None)  # the positions params.capture_rows keeps
+
+    def __post_init__(self) -> None:
+        self.keep = capture_window(self.params.capture_rows, len(self.prompt_ids))
 
     def capture(
         self, block: torch.Tensor, max_model_len: int, pool: BufferPool | None = None
     ) -> None:
-        """Append ``block`` ``[tokens, layers, hidden]`` (the next fed positions) to the buffer
-        (taken from ``pool`` when given, an outgrown one given back to it)."""
-        tokens = block.shape[0]
+        """Take ``block`` ``[tokens, layers, hidden]`` (the next fed positions): the positions of
+        ``params.capture_rows`` are appended to the buffer (taken from ``pool`` when given, an
+        outgrown one given back to it). Until the first of them comes, the buffer holds the
+        newest position (the file then ends with the last position: ``last``)."""
+        fed, tokens = self.fed, block.shape[0]
+        self.fed = fed + tokens
+        start, stop = self.keep
+        lo = start - fed
+        if lo >= tokens:  # none kept yet: hold the newest position only
+            lo, self.n_states = tokens - 1, 0
+        elif lo < 0:
+            lo = 0
+        hi = tokens if stop is None else min(stop - fed, tokens)
+        if hi <= lo:  # past the prompt of a ``prompt`` capture
+            return
+        if self.row0 + self.n_states != fed + lo or self.row0 < start:  # not a continuation
+            self.n_states, self.row0 = 0, fed + lo
+        if lo or hi < tokens:
+            block = block[lo:hi]
+            tokens = hi - lo
         need = self.n_states + tokens
         if self.states is None or need > self.states.shape[0]:
-            cap = max(need, len(self.prompt_ids) + min(self.params.max_tokens, 64))
+            ahead = min(self.params.max_tokens, 64)  # decode rows to come
+            cap = max(need, len(self.prompt_ids) - min(start, len(self.prompt_ids)) + ahead)
             if self.states is not None:
                 cap = max(cap, 2 * self.states.shape[0])
             cap = min(cap, max(max_model_len, need))

@@ -1,8 +1,11 @@
 """Read a backend's capture file (the spool protocol, docs/vllm.md): wait for its writer, check
 its safetensors header and token ids, read the rows asked for; delete it.
 
-A capture file holds ``hidden_states [num_tokens, num_layer_ids, hidden]`` and ``token_ids
-[num_tokens]``; which rows a run keeps, and their cast, is ``workers/capture.py``'s.
+A capture file holds ``hidden_states [num_rows, num_layer_ids, hidden]`` and ``token_ids
+[num_rows]``: the positions ``row0 .. row0 + num_rows - 1`` of prompt + response, ``row0`` from
+its safetensors ``__metadata__`` (0 when absent: a server that writes every position;
+``contracts/capture_rows.py``). Rows are addressed by absolute position. Which rows a run keeps,
+and their cast, is ``workers/capture.py``'s.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import weakref
 import ml_dtypes
 import numpy as np
 import orjson
+
+from contracts.capture_rows import row0_metadata
 
 __all__ = [
     "CaptureError",
@@ -71,19 +76,25 @@ def discard_capture(path: str | None) -> None:
 def load_capture(
     path: str, expected_token_ids: list[int], *, delete: bool = True, timeout: float = 60.0
 ) -> np.ndarray:
-    """Read a capture file, check its token ids, return ``(num_tokens, num_layer_ids, hidden)``.
+    """Read a capture file, check its token ids, return the rows it holds ``(num_rows,
+    num_layer_ids, hidden)``: positions ``row0 ..`` (every position of a file without ``row0``).
 
     The spool file is deleted after reading (the server never deletes it). To read only the
     rows a run keeps, use :func:`open_capture` and slice it.
     """
     with open_capture(path, expected_token_ids, delete=delete, timeout=timeout) as capture:
-        return capture[0 : capture.shape[0]]
+        return capture[capture.row0 : capture.row0 + capture.num_rows]
 
 
 def open_capture(
     path: str, expected_token_ids: list[int], *, delete: bool = True, timeout: float = 60.0
 ) -> CaptureFile:
     """Open a capture file, check its header and token ids; its rows are read when sliced.
+
+    ``expected_token_ids`` are the ids of every position the capture covers (prompt + response,
+    less the last with generation capture); the file's must equal ``expected[row0:row0 +
+    num_rows]``. The capture's ``shape[0]`` is then ``len(expected_token_ids)`` and a row the file
+    does not hold raises :class:`CaptureError` when sliced.
 
     With ``delete`` the spool file is unlinked at once (the open descriptor still reads it):
     the server never deletes it, and a worker that dies from now on leaves nothing behind.
@@ -95,12 +106,7 @@ def open_capture(
         if delete:
             discard_capture(path)
     try:
-        token_ids = capture.token_ids()
-        if token_ids.tolist() != list(expected_token_ids):
-            raise CaptureError(
-                f"{path}: captured token ids differ from the generation's "
-                f"({token_ids.shape[0]} vs {len(expected_token_ids)} tokens)"
-            )
+        capture.check_token_ids(expected_token_ids)
     except BaseException:
         capture.close()
         raise
@@ -126,8 +132,10 @@ _DTYPES = {
 
 class CaptureFile:
     """A capture file's ``hidden_states`` ``(num_tokens, num_layer_ids, hidden)``, read on
-    demand: ``capture[a:b]`` (a slice along the token axis) or ``capture[index_array]`` is read
-    from the file into a new array with ``pread``, and nothing else of the file is.
+    demand: ``capture[a:b]`` (a slice along the token axis, in absolute positions) or
+    ``capture[index_array]`` is read from the file into a new array with ``pread``, and nothing
+    else of the file is. The file holds positions ``row0 .. row0 + num_rows - 1``; ``shape[0]``
+    is ``row0 + num_rows`` until :meth:`check_token_ids` sets it to the whole capture's length.
 
     Only the rows a run keeps are read (the response rows of a ``response`` run, a few named
     positions). Mapping the whole file instead (``mmap`` with ``MAP_POPULATE``, then
@@ -147,15 +155,17 @@ class CaptureFile:
             self._tensors = self._header()
             if "hidden_states" not in self._tensors or "token_ids" not in self._tensors:
                 raise CaptureError(f"{path}: capture file lacks hidden_states or token_ids")
-            _, self.dtype, self.shape = self._tensors["hidden_states"]
+            _, self.dtype, shape = self._tensors["hidden_states"]
             num_ids = math.prod(self._tensors["token_ids"][2])
-            if len(self.shape) != 3 or self.shape[0] != num_ids:
+            if len(shape) != 3 or shape[0] != num_ids:
                 raise CaptureError(
-                    f"{path}: hidden_states shape {self.shape} does not match {num_ids} token ids"
+                    f"{path}: hidden_states shape {shape} does not match {num_ids} token ids"
                 )
         except BaseException:
             self.close()
             raise
+        self.num_rows = shape[0]
+        self.shape = (self.row0 + shape[0], *shape[1:])
         self._row_bytes = self.shape[1] * self.shape[2] * self.dtype.itemsize
 
     def _header(self) -> dict[str, tuple[int, np.dtype, tuple[int, ...]]]:
@@ -170,6 +180,7 @@ class CaptureFile:
             if head_len > size - 8:
                 raise ValueError(f"header of {head_len} bytes in a file of {size}")
             header = orjson.loads(os.pread(self._fd, head_len, 8))
+            self.row0 = row0_metadata(header.get("__metadata__"))
             base, tensors = 8 + head_len, {}
             for name, info in header.items():
                 if name == "__metadata__":
@@ -194,9 +205,21 @@ class CaptureFile:
             raise CaptureError(f"{self.path}: unreadable capture file: {exc}") from exc
 
     def token_ids(self) -> np.ndarray:
-        """The file's ``token_ids`` (read whole: a few bytes per token)."""
+        """The file's ``token_ids``, of positions ``row0 ..`` (read whole: a few bytes each)."""
         offset, dtype, shape = self._tensors["token_ids"]
         return self._read(offset, dtype, shape)
+
+    def check_token_ids(self, expected: list[int]) -> None:
+        """Check the file's token ids against ``expected[row0:row0 + num_rows]`` (``expected``:
+        every position of the capture), then take ``len(expected)`` as the capture's length."""
+        ids = self.token_ids().tolist()
+        end = self.row0 + self.num_rows
+        if end > len(expected) or ids != list(expected[self.row0 : end]):
+            raise CaptureError(
+                f"{self.path}: captured token ids differ from the generation's (the file's "
+                f"{self.num_rows} from position {self.row0} against {len(expected)} tokens)"
+            )
+        self.shape = (len(expected), *self.shape[1:])
 
     def __getitem__(self, key: slice | np.ndarray) -> np.ndarray:
         if isinstance(key, slice):
@@ -204,9 +227,16 @@ class CaptureFile:
             if step != 1:
                 raise IndexError("capture rows are read in contiguous slices")
             stop = max(start, stop)
+            if stop > start and (start < self.row0 or stop > self.row0 + self.num_rows):
+                raise CaptureError(
+                    f"{self.path}: positions {start}..{stop - 1} asked for, the file holds "
+                    f"{self.row0}..{self.row0 + self.num_rows - 1}"
+                )
             offset, dtype, _ = self._tensors["hidden_states"]
             return self._read(
-                offset + start * self._row_bytes, dtype, (stop - start, *self.shape[1:])
+                offset + (start - self.row0) * self._row_bytes,
+                dtype,
+                (stop - start, *self.shape[1:]),
             )
         index = np.asarray(key, np.intp)  # a gather: each run of consecutive rows read once
         out = np.empty((len(index), *self.shape[1:]), self.dtype)

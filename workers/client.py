@@ -20,6 +20,7 @@ from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from contracts.capture_rows import CAPTURE_ROWS_FIELD
 from contracts.errors import HallulogError, RetryableError
 from contracts.jsonl import encode_line, parse_line
 from workers.http import HTTPPool
@@ -196,8 +197,10 @@ class BackendClient:
         max_tokens: int,
         seed: int,
         capture: bool,
+        capture_rows: str | int = "all",
     ) -> Completion:
-        """One chat completion (n=1) with top-5 logprobs and token ids; optionally captured."""
+        """One chat completion (n=1) with top-5 logprobs and token ids; optionally captured
+        (``capture_rows``: which positions the file holds, ``contracts/capture_rows.py``)."""
         body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -211,7 +214,7 @@ class BackendClient:
             "return_token_ids": True,
         }
         if capture:
-            body["kv_transfer_params"] = {"include_output_tokens": True}
+            body["kv_transfer_params"] = _capture_params(True, capture_rows)
         start = time.perf_counter()
         reply = await self._post("/chat/completions", body)
         elapsed_ms = int((time.perf_counter() - start) * 1000)
@@ -237,6 +240,7 @@ class BackendClient:
         max_tokens: int,
         seed: int,
         capture: bool,
+        capture_rows: str | int = "all",
     ) -> Completion:
         """One text completion (``/v1/completions``, n=1) of a raw prompt, no chat template:
         token ids and top-5 logprobs in the shape :meth:`chat` gives; optionally captured.
@@ -258,7 +262,7 @@ class BackendClient:
             "return_token_ids": True,
         }
         if capture:
-            body["kv_transfer_params"] = {"include_output_tokens": True}
+            body["kv_transfer_params"] = _capture_params(True, capture_rows)
         start = time.perf_counter()
         reply = await self._post("/completions", body)
         elapsed_ms = int((time.perf_counter() - start) * 1000)
@@ -286,8 +290,9 @@ class BackendClient:
             raise BackendRequestError(f"{self.base_url}: {what} reply's choice is not an object")
         return choice
 
-    async def prefill_capture(self, token_ids: list[int]) -> str:
-        """Prefill-only request over ``token_ids``; returns the capture file's path."""
+    async def prefill_capture(self, token_ids: list[int], capture_rows: str | int = "all") -> str:
+        """Prefill-only request over ``token_ids``; returns the capture file's path
+        (``capture_rows``: which positions the file holds, ``contracts/capture_rows.py``)."""
         reply = await self._post(
             "/completions",
             {
@@ -295,7 +300,7 @@ class BackendClient:
                 "prompt": token_ids,
                 "max_tokens": 1,
                 "temperature": 0.0,
-                "kv_transfer_params": {"include_output_tokens": False},
+                "kv_transfer_params": _capture_params(False, capture_rows),
             },
         )
         path = _hidden_states_path(reply)
@@ -305,6 +310,15 @@ class BackendClient:
                 "kv_transfer_params.hidden_states_path"
             )
         return path
+
+
+def _capture_params(include_output_tokens: bool, rows: str | int) -> dict[str, Any]:
+    """A capture request's ``kv_transfer_params``; every position (``all``) is the servers'
+    default, asked for without the field (a request as before it existed)."""
+    params: dict[str, Any] = {"include_output_tokens": include_output_tokens}
+    if rows != "all" and rows != 0:
+        params[CAPTURE_ROWS_FIELD] = rows
+    return params
 
 
 def _error_message(body: bytes) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.answer_kinds import Grade, answer_grader as kinds_answer_grader
+from contracts.capture_rows import prefill_start, rows_to_ask
 from contracts.process import die_with_parent
 from contracts.ids import activation_key, sample_seed
 from contracts.prompt_group import PromptGroup
@@ -156,6 +157,8 @@ class GroupWorker:
                              hidden_size=spec.hidden_size, dtype=spec.dtype)
         self.committer = GroupCommitter(self.out, min_interval_s=spec.commit_interval_ms / 1000)
         self.fatal = False
+        # the narrowest capture the server can make for the rows kept (contracts/capture_rows.py)
+        self.capture_rows = rows_to_ask(sequence_mode=spec.sequence_mode, positions=spec.positions)
         # large captures load on a thread kept for the run (the loop's default executor, up to
         # six threads, cost ~10 % of a worker's CPU in hand-offs)
         self._loading = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture-load")
@@ -198,10 +201,11 @@ class GroupWorker:
         spec = self.spec
         capture_in_generation = spec.capture_mode == "generation"
         requests = [self._request_params(group.prompt_id, sid) for sid in range(spec.k_samples + 1)]
+        capture = dict(capture=capture_in_generation, capture_rows=self.capture_rows)
         outcomes = await asyncio.gather(*[
-            self.client.chat(group.messages, capture=capture_in_generation, **params)
+            self.client.chat(group.messages, **capture, **params)
             if group.prompt is None else  # --chat false: the raw text to /v1/completions
-            self.client.complete(group.prompt, capture=capture_in_generation, **params)
+            self.client.complete(group.prompt, **capture, **params)
             for params in requests], return_exceptions=True)
         failures = [(sid, o) for sid, o in enumerate(outcomes) if isinstance(o, BaseException)]
         if failures:
@@ -315,7 +319,9 @@ class GroupWorker:
         if self.spec.capture_mode == "generation":
             path = comp.hidden_states_path
         else:
-            path = await self.client.prefill_capture(comp.prompt_token_ids + comp.token_ids)
+            start = prefill_start(self.capture_rows, prompt_len=len(comp.prompt_token_ids),
+                                  response_len=len(comp.token_ids))
+            path = await self.client.prefill_capture(comp.prompt_token_ids + comp.token_ids, start)
         if not path:
             raise CaptureError("backend returned no kv_transfer_params.hidden_states_path")
         return path

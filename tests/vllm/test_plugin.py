@@ -98,6 +98,7 @@ def _bare_connector(cls, cache: torch.Tensor, block_size: int):
     conn._executor = ThreadPoolExecutor(max_workers=1)
     conn.use_lock = True
     conn._connector_metadata = None
+    conn._file_row0 = {}
     return conn
 
 
@@ -160,4 +161,121 @@ def test_connector_writes_synchronously_on_cpu(tmp_path):
     assert torch.equal(data["hidden_states"], expected)
     assert data["token_ids"].tolist() == list(range(7))
     assert sorted(os.listdir(tmp_path / "spool")) == ["req-1.safetensors", "req-1.safetensors.lock"]
+    conn._executor.shutdown()
+
+
+# --- narrowed captures (kv_transfer_params.hallulog_capture_rows) ----------------------------
+
+
+def _request(req_id: str, prompt: int, total: int, rows):
+    """What request_finished reads of a vLLM ``Request`` (a finished chat request)."""
+    from types import SimpleNamespace
+
+    params = {"include_output_tokens": True, "hallulog_capture_rows": rows}
+    return SimpleNamespace(
+        request_id=req_id,
+        kv_transfer_params=params,
+        all_token_ids=list(range(100, 100 + total)),
+        prompt_token_ids=list(range(100, 100 + prompt)),
+        num_prompt_tokens=prompt,
+    )
+
+
+@pytest.mark.parametrize("rows", ["all", "prompt", "response", "last", 0, 9, 99])
+def test_narrowed_save_keeps_the_whole_blocks_of_the_positions_asked_for(rows):
+    """What upstream's (CUDA) extraction reads of a narrowed save: the rows from the first
+    block holding the positions asked for, the token ids alongside."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+        PendingSave,
+        extract_from_kv_cache,
+    )
+
+    from hallulog_vllm.capture_rows import capture_span
+    from hallulog_vllm.connector import RowsSave, narrow_save, slot_mapping_for_blocks
+
+    block_size, n, prompt = 4, 13, 6
+    cache = torch.randn(9, 3, block_size, 5)
+    blocks = [5, 2, 7, 1]
+    pending = PendingSave("r", "f", torch.arange(100, 100 + n), blocks)
+    whole = extract_from_kv_cache(cache, slot_mapping_for_blocks(blocks, block_size), n)
+    save = narrow_save(pending, rows, prompt, block_size)
+    start, stop = capture_span(rows, prompt, n)
+    if (start, stop) == (0, n):
+        assert save is pending
+        return
+    assert isinstance(save, RowsSave) and save.start == start
+    assert save.row0 % block_size == 0 and 0 <= start - save.row0 < block_size
+    got = extract_from_kv_cache(
+        cache, slot_mapping_for_blocks(save.block_ids, block_size), len(save.token_ids)
+    )
+    assert torch.equal(got, whole[save.row0 : stop])
+    assert save.token_ids.tolist() == list(range(100 + save.row0, 100 + stop))
+
+
+def test_an_unknown_value_writes_every_position():
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+        PendingSave,
+    )
+
+    from hallulog_vllm.connector import narrow_save
+
+    pending = PendingSave("r", "f", torch.arange(5), [0])
+    assert narrow_save(pending, "tbg", 3, 16) is pending
+
+
+@pytest.mark.parametrize(
+    ("rows", "start", "stop"),
+    [("response", 6, 13), ("last", 12, 13), (9, 9, 13), ("prompt", 0, 7), ("all", 0, 13)],
+)
+def test_connector_writes_only_the_positions_asked_for_on_cpu(tmp_path, rows, start, stop):
+    """request_finished (scheduler side) narrows the save; the CPU write path cuts it to the
+    exact first position and records it as the file's row0."""
+    from safetensors import safe_open
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+        ExampleHiddenStatesConnectorMetadata,
+        extract_from_kv_cache,
+    )
+
+    from hallulog_vllm.connector import HallulogHiddenStatesConnector, slot_mapping_for_blocks
+
+    block_size, blocks = 4, [5, 2, 7, 1]
+    cache = torch.randn(9, 3, block_size, 5)
+    conn = _bare_connector(HallulogHiddenStatesConnector, cache, block_size)
+    filename = str(tmp_path / "spool" / "r.safetensors")
+    conn._request_filenames, conn._pending_saves = {"r": filename}, {}
+    request = _request("r", prompt=7, total=14, rows=rows)  # 13 positions captured
+    delay, params = conn.request_finished(request, blocks)
+    assert delay and params == {"hidden_states_path": filename}
+
+    conn.bind_connector_metadata(
+        ExampleHiddenStatesConnectorMetadata(pending_saves=list(conn._pending_saves.values()))
+    )
+    assert conn.get_finished({"r"})[0] == {"r"}
+    whole = extract_from_kv_cache(cache, slot_mapping_for_blocks(blocks, block_size), 13)
+    with safe_open(filename, "pt") as f:
+        assert f.metadata() == {"row0": str(start)}
+        assert torch.equal(f.get_tensor("hidden_states"), whole[start:stop])
+        assert f.get_tensor("token_ids").tolist() == list(range(100 + start, 100 + stop))
+    conn._executor.shutdown()
+
+
+def test_cuda_writer_body_records_the_row0(tmp_path):
+    """Upstream's writer-thread body as the subclass overrides it (the CUDA path's only change
+    besides the narrowed save): the file's metadata carries the save's row0."""
+    from safetensors import safe_open
+
+    from hallulog_vllm.connector import HallulogHiddenStatesConnector, _Completed
+
+    conn = _bare_connector(HallulogHiddenStatesConnector, torch.zeros(1, 1, 4, 2), 4)
+    filename = str(tmp_path / "r.safetensors")
+    conn._file_row0[filename] = 8
+    lock_fd = os.open(filename + ".lock", os.O_CREAT | os.O_WRONLY, 0o644)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    tensors = {"hidden_states": torch.ones(3, 1, 2), "token_ids": torch.arange(8, 11)}
+    conn._write_tensors(tensors, _Completed(), filename, lock_fd)
+    with open(filename + ".lock") as lock:  # released
+        fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    with safe_open(filename, "pt") as f:
+        assert f.metadata() == {"row0": "8"}
+    assert conn._file_row0 == {}
     conn._executor.shutdown()

@@ -204,3 +204,125 @@ def test_metrics_and_engine_processes(vllm_server):
     assert engine_child_pids(vllm_server.process.pid)  # EngineCore (and its worker) exist
     for name in os.listdir(vllm_server.spool):  # the spool holds only what nobody collected
         os.remove(vllm_server.spool / name)
+
+
+def _chat_capture(server, rows=None) -> tuple[list[int], list[int], str]:
+    kv = {"include_output_tokens": True}
+    if rows is not None:
+        kv["hallulog_capture_rows"] = rows
+    resp = post_json(
+        server,
+        "/v1/chat/completions",
+        {
+            "messages": QUESTION,
+            "max_tokens": 12,
+            "temperature": 0,
+            "return_token_ids": True,
+            "kv_transfer_params": kv,
+        },
+    )
+    ids = resp["choices"][0]["token_ids"]
+    return resp["prompt_token_ids"], ids, resp["kv_transfer_params"]["hidden_states_path"]
+
+
+def _take_with_metadata(path: str) -> tuple[dict, torch.Tensor, list[int]]:
+    from safetensors import safe_open
+
+    import workers.capture as capture
+
+    capture.wait_for_capture(path)
+    with safe_open(path, "pt") as f:
+        out = f.metadata() or {}, f.get_tensor("hidden_states"), f.get_tensor("token_ids").tolist()
+    capture.discard_capture(path)
+    return out
+
+
+def test_capture_rows_narrow_the_file(vllm_server):
+    """kv_transfer_params.hallulog_capture_rows: the connector writes only those positions (the
+    CPU path cuts to the exact first one) and records it as the file's row0."""
+    prompt, answer, path = _chat_capture(vllm_server)
+    meta, whole, ids = _take_with_metadata(path)
+    p, n = len(prompt), len(prompt) + len(answer) - 1
+    assert meta.get("row0", "0") == "0" and ids == prompt + answer[:-1]
+    for rows, (start, stop) in {
+        "response": (p - 1, n),
+        "last": (n - 1, n),
+        "prompt": (0, p),
+        p + 3: (p + 3, n),
+    }.items():
+        prompt_again, answer_again, path = _chat_capture(vllm_server, rows)
+        assert (prompt_again, answer_again) == (prompt, answer), rows
+        meta, hidden, got_ids = _take_with_metadata(path)
+        assert meta == {"row0": str(start)}, rows
+        assert got_ids == ids[start:stop], rows
+        assert hidden.shape[0] == stop - start
+        assert rel_error(hidden, whole[start:stop]) < REL_TOL, rows
+    given = prompt + answer  # a prefill-only request, from the last prompt token on
+    resp = post_json(
+        vllm_server,
+        "/v1/completions",
+        {
+            "prompt": given,
+            "max_tokens": 1,
+            "temperature": 0,
+            "kv_transfer_params": {"hallulog_capture_rows": p - 1},
+        },
+    )
+    meta, hidden, got_ids = _take_with_metadata(resp["kv_transfer_params"]["hidden_states_path"])
+    assert meta == {"row0": str(p - 1)} and got_ids == given[p - 1 :]
+    assert rel_error(hidden[:-1], whole[p - 1 :]) < REL_TOL
+
+
+@pytest.mark.parametrize(
+    ("sequence_mode", "positions", "capture_mode"),
+    [
+        ("response", None, "generation"),
+        ("positions", ("tbg", "slt", "exact_answer", "last"), "generation"),
+        ("response", None, "prefill"),
+    ],
+)
+def test_the_worker_stores_the_same_activations_from_narrowed_captures(
+    vllm_server, tmp_path, sequence_mode, positions, capture_mode
+):
+    import numpy as np
+
+    from contracts import layout
+    from contracts.prompt_group import PromptGroup
+    from tests.workers.worker_harness import stored_activations
+    from workers.worker import WorkerSpec
+
+    group = PromptGroup.create(
+        "triviaqa", "dev", 0, QUESTION, reference={"value": "Paris", "aliases": ["Paris"]}
+    )
+
+    def spec(name: str) -> WorkerSpec:
+        return WorkerSpec(
+            worker_id=0,
+            server_url=vllm_server.base_url,
+            model_name=vllm_server.model,
+            worker_dir=str(layout.worker_dir(tmp_path / name, 0)),
+            storage_format="packed",
+            layer_ids=tuple(LAYER_IDS),
+            hidden_size=HIDDEN,
+            sequence_mode=sequence_mode,
+            dtype="float32",
+            capture_mode=capture_mode,
+            k_samples=1,
+            primary_temperature=0.0,
+            sample_temperature=0.7,
+            sample_top_p=0.95,
+            max_tokens=12,
+            seed=0,
+            groups_in_flight=1,
+            request_timeout=600.0,
+            positions=positions,
+        )
+
+    narrow = stored_activations(spec("narrow"), group)
+    whole = stored_activations(spec("whole"), group, capture_rows="all")
+    assert narrow.keys() == whole.keys() and len(narrow) == 2
+    for key, (fields, layers) in narrow.items():
+        assert fields == whole[key][0], key
+        got, want = np.stack(layers), np.stack(whole[key][1])
+        assert got.shape == want.shape and got.shape[1] >= 1
+        assert np.linalg.norm(got - want) <= REL_TOL * np.linalg.norm(want), key

@@ -4,13 +4,23 @@ the events it sent the driver: the shared harness of the worker tests against a 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
+import numpy as np
+
+import storage
+from contracts import layout
+from contracts.jsonl import iter_rows
 from contracts.prompt_group import PromptGroup
 from workers.worker import GroupWorker, WorkerSpec
 
 
-def process_group(spec: WorkerSpec, group: PromptGroup) -> list[dict]:
-    """Process ``group`` with a worker built from ``spec``; its events, in order."""
+def process_group(
+    spec: WorkerSpec, group: PromptGroup, *, capture_rows: str | None = None
+) -> list[dict]:
+    """Process ``group`` with a worker built from ``spec``; its events, in order.
+    ``capture_rows``: what the worker's capture requests ask for, in place of its own choice
+    (``all``: every position, as a server that ignores the field writes)."""
     events: list[dict] = []
 
     class Channel:
@@ -19,6 +29,8 @@ def process_group(spec: WorkerSpec, group: PromptGroup) -> list[dict]:
 
     async def main() -> None:
         worker = GroupWorker(spec, Channel())  # type: ignore[arg-type]
+        if capture_rows is not None:
+            worker.capture_rows = capture_rows
         try:
             await worker._process(group)
         finally:
@@ -29,3 +41,42 @@ def process_group(spec: WorkerSpec, group: PromptGroup) -> list[dict]:
 
     asyncio.run(main())
     return events
+
+
+#: activation index fields that are the same whatever the capture file held
+INDEX_FIELDS = (
+    "activation_key",
+    "layers",
+    "sequence_mode",
+    "capture_mode",
+    "prompt_token_count",
+    "response_token_count",
+    "row0_position",
+    "num_rows",
+    "prompt_rows",
+    "response_rows",
+    "positions",
+    "token_positions",
+    "exact_answer_span",
+)
+
+
+def stored_activations(
+    spec: WorkerSpec, group: PromptGroup, *, capture_rows: str | None = None
+) -> dict[str, tuple[dict, list[np.ndarray]]]:
+    """Run ``group`` (:func:`process_group`) into ``spec.worker_dir``; per activation key, its
+    index fields (:data:`INDEX_FIELDS`) and the stored rows of every layer."""
+    events = process_group(spec, group, capture_rows=capture_rows)
+    assert [e["event"] for e in events] == ["done"], events
+    assert events[0]["capture_errors"] == 0, events
+    wdir = Path(spec.worker_dir)
+    reader = storage.open_store(wdir)
+    try:
+        out = {}
+        for row in iter_rows(wdir / layout.ACTIVATION_INDEX):
+            i = reader.index_of(row["activation_key"])
+            layers = [np.array(reader.read(i, j)) for j in range(len(spec.layer_ids))]
+            out[row["activation_key"]] = ({k: row.get(k) for k in INDEX_FIELDS}, layers)
+        return out
+    finally:
+        reader.close()
