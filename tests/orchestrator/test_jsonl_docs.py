@@ -120,7 +120,10 @@ class FakeBackend:
         self.spool = spool
         spool.mkdir(parents=True, exist_ok=True)
 
-    async def chat(self, messages, *, temperature, top_p, max_tokens, seed, capture):
+    async def chat(
+        self, messages, *, temperature, top_p, max_tokens, seed, capture, capture_rows="all"
+    ):
+        # every position is written whatever capture_rows asks: a server that ignores the field
         prompt = messages[-1]["content"]
         if prompt == BROKEN.prompt_text:
             raise RuntimeError("backend went away")
