@@ -12,11 +12,10 @@ from importlib import resources
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from hallulog.api import metrics
+from hallulog.api.auth import TokenCheck
+from hallulog.api.errors import install_error_handlers
 from starlette.concurrency import run_in_threadpool
-
-from . import metrics
-from .auth import TokenCheck
-from .errors import install_error_handlers
 
 __all__ = ["create_app"]
 
@@ -32,7 +31,7 @@ def create_app(
     ``token``: when set, every route but the static ``/`` page requires
     ``Authorization: Bearer <token>`` (header only; the page takes the token from its URL
     fragment ``#token=`` and sends it as that header). ``app.state.stopping``
-    (a ``threading.Event``) ends open event streams; :class:`api.StatusServer` sets it on stop.
+    (a ``threading.Event``) ends open event streams; :class:`hallulog.api.StatusServer` sets it on stop.
     """
     if events_interval_s <= 0:
         raise ValueError(f"events_interval_s must be > 0, got {events_interval_s}")

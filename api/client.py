@@ -8,11 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-
-from contracts import layout
-from contracts.errors import ArtifactError, HallulogError, MalformedLineError
-from contracts.jsonl import iter_lines, read_document
-from contracts.run_manifest import RunManifest
+from hallulog.contracts import layout
+from hallulog.contracts.errors import ArtifactError, HallulogError, MalformedLineError
+from hallulog.contracts.jsonl import iter_lines, read_document
+from hallulog.contracts.run_manifest import RunManifest
 
 __all__ = ["fetch_status", "status_from_artifacts", "format_status", "StatusError"]
 
@@ -275,7 +274,7 @@ def _count_lines(path: Path) -> int:
 
 
 def _iter_jsonl(path: Path) -> Iterator[dict]:
-    """Objects of a JSONL file (:mod:`contracts.jsonl`: a torn last line is ignored); a
+    """Objects of a JSONL file (:mod:`hallulog.contracts.jsonl`: a torn last line is ignored); a
     malformed line is a :class:`StatusError` naming the file and line."""
     try:
         for line in iter_lines(path):

@@ -9,9 +9,8 @@ import time
 from collections.abc import Callable
 
 import uvicorn
-
-from .app import create_app
-from .auth import require_token_off_loopback
+from hallulog.api.app import create_app
+from hallulog.api.auth import require_token_off_loopback
 
 __all__ = ["StatusServer"]
 

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from instant_run import REPO, InstantFleet, free_port, write_task  # noqa: E402
 
 sys.path.insert(0, str(REPO))
-from orchestrator.run.shm import orphaned, shm_names  # noqa: E402
+from hallulog.backends.shm import orphaned, shm_names  # noqa: E402
 
 KINDS = ("orchestrator", "worker", "server")
 TAG_VAR = "HALLULOG_CHAOS_TAG"

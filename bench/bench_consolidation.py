@@ -1,6 +1,6 @@
 """Consolidation of a large synthetic run: N activation files (npy) across W worker dirs.
 
-Builds a run directory with the real writer path (``workers.persist.WorkerDir``, the npy store)
+Builds a run directory with the real writer path (``hallulog.workers.persist.WorkerDir``, the npy store)
 and tiny activations, then times ``consolidate`` (hard links) against a plain copy of the same
 files measured in the same run, and the validator over the result.
 
@@ -22,13 +22,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import orchestrator.postrun.consolidate  # noqa: E402,F401  (imported before timing)
-from contracts.ids import activation_key, prompt_id_for  # noqa: E402
-from orchestrator.config import RunConfig  # noqa: E402
-from orchestrator.manifest import build_manifest, write_manifest  # noqa: E402
-from orchestrator.postrun.consolidate import consolidate  # noqa: E402
-from orchestrator.postrun.validate import validate  # noqa: E402
-from workers.persist import GenerationRecord, WorkerDir  # noqa: E402
+import hallulog.postrun.consolidate  # noqa: E402,F401  (imported before timing)
+from hallulog.config.manifest import build_manifest, write_manifest  # noqa: E402
+from hallulog.config.run_config import RunConfig  # noqa: E402
+from hallulog.contracts.ids import activation_key, prompt_id_for  # noqa: E402
+from hallulog.postrun.consolidate import consolidate  # noqa: E402
+from hallulog.postrun.validate import validate  # noqa: E402
+from hallulog.workers.persist import GenerationRecord, WorkerDir  # noqa: E402
 
 L, T, H = 4, 3, 8
 

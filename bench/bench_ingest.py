@@ -9,7 +9,7 @@
 
 ``persist``: per prompt group, what the worker does after generation — read each sample's
 capture file (safetensors from the spool, as the servers write it; read and deleted by
-``workers.capture.load_capture``), slice and cast it (``select_rows``, mode ``all``, into
+``hallulog.workers.capture.load_capture``), slice and cast it (``select_rows``, mode ``all``, into
 ``--store-dtype``, float16 by default; the thread CPU time of ``select_rows`` per sample is
 reported as ``cast_cpu_ms_per_sample``), then ``WorkerDir.persist_group`` (store write + group
 commit, then the JSONL lines, each file fsynced once). Also timed alone: ``persist_group``
@@ -53,10 +53,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from serving.capture import SpoolWriter  # noqa: E402
-from storage._io import write_all  # noqa: E402
-from workers.capture import load_capture, select_rows  # noqa: E402
-from workers.persist import GenerationRecord, WorkerDir  # noqa: E402
+from hallulog.serving.capture import SpoolWriter  # noqa: E402
+from hallulog.storage._io import write_all  # noqa: E402
+from hallulog.workers.capture import load_capture, select_rows  # noqa: E402
+from hallulog.workers.persist import GenerationRecord, WorkerDir  # noqa: E402
 
 MB = 1e6
 

@@ -40,9 +40,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "bench"))
 
-from latency_fs import fuse_available, mounted  # noqa: E402
-
-from storage import (  # noqa: E402
+from hallulog.exports.wds import export_wds  # noqa: E402
+from hallulog.exports.wds_dataset import WdsPairsDataset  # noqa: E402
+from hallulog.storage import (  # noqa: E402
     ActivationPairsDataset,
     SampleMeta,
     collate_pairs,
@@ -50,9 +50,8 @@ from storage import (  # noqa: E402
     open_store,
     open_writer,
 )
-from storage._ranged import ReadPolicy  # noqa: E402
-from storage.wds import export_wds  # noqa: E402
-from storage.wds_dataset import WdsPairsDataset  # noqa: E402
+from hallulog.storage._ranged import ReadPolicy  # noqa: E402
+from latency_fs import fuse_available, mounted  # noqa: E402
 
 MB = 1e6
 

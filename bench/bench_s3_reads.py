@@ -36,9 +36,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from storage import SampleMeta, open_store, open_writer  # noqa: E402
-from storage.object_store import Bucket  # noqa: E402
-from storage.object_sync import scan_tree, upload_tree  # noqa: E402
+from hallulog.remote.client import Bucket  # noqa: E402
+from hallulog.remote.sync import scan_tree, upload_tree  # noqa: E402
+from hallulog.storage import SampleMeta, open_store, open_writer  # noqa: E402
+
 from tests.s3_server import MotoServer  # noqa: E402
 
 

@@ -27,7 +27,7 @@ phase. The last line is one JSON object.
     python bench/bench_scale.py --sizes 100000 --task-format parquet
         # the prompts as a Parquet file run by --task qa (jsonl, csv too; default: triviaqa)
     python bench/bench_scale.py --synthetic --sizes 100000 --baseline ../older-checkout
-        # post-run phases only, on a directory written by the real writer (workers.persist),
+        # post-run phases only, on a directory written by the real writer (hallulog.workers.persist),
         # with this checkout and with the baseline's code on a copy: ratios per phase
     python bench/bench_scale.py --sizes 1200 --model-shape 8b --profile integrated --postrun false
         # the bytes path at a real model's shape (8b: 33 layer ids x 4096, float16; 70b: 81 x
@@ -94,12 +94,12 @@ PHASES = RUN_PHASES + ON_DEMAND_PHASES
 
 def _phase(name: str, root: Path) -> None:
     """Run one post-run phase in this process (the child side of :func:`run_phase`)."""
-    from api.client import status_from_artifacts
-    from orchestrator.postrun.consolidate import consolidate
-    from orchestrator.postrun.exports import write_exports
-    from orchestrator.postrun.labels import label_counts
-    from orchestrator.postrun.repair import prompts_to_retry
-    from orchestrator.postrun.validate import validate
+    from hallulog.api.client import status_from_artifacts
+    from hallulog.exports.methods import write_exports
+    from hallulog.postrun.consolidate import consolidate
+    from hallulog.postrun.labels import label_counts
+    from hallulog.postrun.repair import prompts_to_retry
+    from hallulog.postrun.validate import validate
 
     ru0 = resource.getrusage(resource.RUSAGE_SELF)  # imports are not the phase's cost
     base_rss = psutil.Process().memory_info().rss
@@ -206,8 +206,8 @@ def write_qa_task(path: Path, prompts: int, fmt: str) -> None:
 
 
 def profile_layer_ids(profile: str, num_layers: int) -> list[int]:
-    """The layer ids a run of ``profile`` asks the server for (orchestrator/profiles.py)."""
-    from orchestrator.profiles import PROFILES, select_layer_ids
+    """The layer ids a run of ``profile`` asks the server for (config/profiles.py)."""
+    from hallulog.config.profiles import PROFILES, select_layer_ids
 
     return select_layer_ids(PROFILES[profile].target_layers, num_layers)
 
@@ -615,7 +615,7 @@ def bench_size(
 
 def _bytes_per_generation(profile: str, num_layer_ids: int, hidden: int, answer_tokens: int) -> int:
     """About what a generation stores (float16): sizes the sequential-write baseline."""
-    from orchestrator.profiles import PROFILES
+    from hallulog.config.profiles import PROFILES
 
     rows = {"all": 48 + answer_tokens, "prompt": 48, "response": answer_tokens + 1, "last": 1}.get(
         PROFILES[profile].sequence_mode, 4
@@ -644,7 +644,7 @@ def bench_synthetic(
 ) -> dict:
     """Post-run phases only, on a run directory written by the real writer (no orchestrator)."""
     sys.path.insert(0, str(REPO))
-    from tests.orchestrator.postrun_fixtures import build_run
+    from tests.postrun.postrun_fixtures import build_run
 
     prompts = -(-generations // (k + 1))
     tmp = Path(tempfile.mkdtemp(prefix=f"bench_scale_synth_{generations}_"))

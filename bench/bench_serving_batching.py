@@ -57,7 +57,7 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     cmd = [
         sys.executable,
         "-m",
-        "serving",
+        "hallulog.serving",
         "--port",
         str(port),
         "--log-level",
@@ -119,7 +119,7 @@ class Generate:
         import torch
 
         sys.path.insert(0, str(REPO))
-        from serving.model_loader import load_model
+        from hallulog.serving.model_loader import load_model
 
         if num_threads:
             torch.set_num_threads(num_threads)

@@ -35,7 +35,13 @@ import numpy as np
 warnings.filterwarnings("ignore", message=".*worker processes in total.*")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from storage import ActivationPairsDataset, SampleMeta, collate_pairs, open_store, open_writer  # noqa: E402
+from hallulog.storage import (  # noqa: E402
+    ActivationPairsDataset,
+    SampleMeta,
+    collate_pairs,
+    open_store,
+    open_writer,
+)
 
 FORMATS = ("packed", "zarr", "npy")
 MB = 1e6

@@ -7,7 +7,7 @@ processes the way a run reads it (``open_config_task({"task": "qa", "task_path":
 "question_field": "question", "answers_field": "answer", "id_field": "qid", "context_field":
 "context"})``):
 
-* ``reader``: the format's record reader only (``orchestrator.tasks.records.iter_records``;
+* ``reader``: the format's record reader only (``hallulog.tasks.records.iter_records``;
   for the baseline ``base.iter_jsonl``): no mapping, no id check, nothing kept;
 * ``groups``: ``stream.groups()`` iterated, nothing kept (a) — the loader's own duplicate-id
   check is included, it keeps one entry per id for the pass;
@@ -258,11 +258,10 @@ def child(mode: str, fmt: str, path: str) -> None:
     import pyarrow  # noqa: F401  -- every child starts from the same imports
     import pyarrow.ipc  # noqa: F401
     import pyarrow.parquet  # noqa: F401
-
-    from orchestrator.run import loop
-    from orchestrator.tasks import open_config_task
-    from orchestrator.tasks.base import MalformedCollector, iter_jsonl
-    from orchestrator.tasks.records import iter_records
+    from hallulog.orchestrator.run import loop
+    from hallulog.tasks import open_config_task
+    from hallulog.tasks.base import MalformedCollector, iter_jsonl
+    from hallulog.tasks.records import iter_records
 
     stream = open_config_task(task_config(fmt, path))
     collector = MalformedCollector(path, strict=True)

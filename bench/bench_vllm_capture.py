@@ -44,7 +44,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.run.vllm_backend import vllm_server_command, vllm_server_env  # noqa: E402
+from hallulog.backends.vllm import vllm_server_command, vllm_server_env  # noqa: E402
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -210,7 +210,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=sys.executable, help="interpreter of the vLLM venv")
     parser.add_argument(
-        "--model-dir", default=None, help="default: serving.model_loader.default_model_dir()"
+        "--model-dir",
+        default=None,
+        help="default: hallulog.serving.model_loader.default_model_dir()",
     )
     parser.add_argument(
         "--num-layers", type=int, default=30, help="decoder layers (ids 0..N captured)"
@@ -226,7 +228,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8310)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    from serving.model_loader import cache_dir, default_model_dir
+    from hallulog.serving.model_loader import cache_dir, default_model_dir
 
     args.model_dir = args.model_dir or str(default_model_dir())
     args.cache_dir = args.cache_dir or str(cache_dir() / "vllm-cpu")

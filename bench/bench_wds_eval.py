@@ -34,9 +34,15 @@ import numpy as np
 warnings.filterwarnings("ignore", message=".*worker processes in total.*")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from storage import ActivationPairsDataset, SampleMeta, convert_store, open_store, open_writer  # noqa: E402
-from storage.wds import export_wds  # noqa: E402
-from storage.wds_dataset import WdsPairsDataset  # noqa: E402
+from hallulog.exports.wds import export_wds  # noqa: E402
+from hallulog.exports.wds_dataset import WdsPairsDataset  # noqa: E402
+from hallulog.storage import (  # noqa: E402
+    ActivationPairsDataset,
+    SampleMeta,
+    convert_store,
+    open_store,
+    open_writer,
+)
 
 OPENS = [0]
 

@@ -57,7 +57,7 @@ import numpy as np
 
 # run as a script: this checkout's contracts/ (the capture-rows rule the servers share)
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
-from contracts.capture_rows import (  # noqa: E402
+from hallulog.contracts.capture_rows import (
     CAPTURE_ROWS_FIELD,
     ROW0_KEY,
     capture_span,

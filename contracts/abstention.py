@@ -1,7 +1,7 @@
 """Abstention phrases: does an answer decline to answer? (docs/labels.md).
 
-Shared by the worker-side graders (:mod:`contracts.answer_kinds`: SQuAD v2 unanswerable
-questions) and the post-run alias grader (``orchestrator.tasks.triviaqa.AliasGrader``: the
+Shared by the worker-side graders (:mod:`hallulog.contracts.answer_kinds`: SQuAD v2 unanswerable
+questions) and the post-run alias grader (``hallulog.tasks.triviaqa.AliasGrader``: the
 ``abstained`` flag).
 """
 

@@ -2,7 +2,7 @@
 its prompt's reference (rules and examples: docs/labels.md, "Answer kinds").
 
 ```python
-from contracts.answer_kinds import answer_grader, grade_answer
+from hallulog.contracts.answer_kinds import answer_grader, grade_answer
 grade = answer_grader(group.reference)      # prepared once per prompt group; None: graded later
 g = grade(text) if grade else None          # Grade(label, grader, status, span)
 g = grade_answer({"kind": "numeric", "number": 18, "tolerance": 0}, "... #### 18")  # label 0
@@ -11,7 +11,7 @@ g = grade_answer({"kind": "numeric", "number": 18, "tolerance": 0}, "... #### 18
 A reference is a dict with ``kind``:
 
 * ``aliases`` — ``aliases: [str]`` (and ``unanswerable: true`` for SQuAD v2 questions without an
-  answer): the alias-match rule of :mod:`contracts.answer_match`, plus the matched span;
+  answer): the alias-match rule of :mod:`hallulog.contracts.answer_match`, plus the matched span;
 * ``choice`` — ``choices: [str]``, ``answer_index: int`` (letters A, B, ... by position);
 * ``numeric`` — ``number: float``, ``tolerance: float``;
 * ``judge`` — graded after the run by the LLM judge: no grader here.
@@ -30,8 +30,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from contracts.abstention import detect_abstention
-from contracts.answer_match import ARTICLE_RE, CORRECT, HALLUCINATED, PUNCT_TABLE, answer_tokens
+from hallulog.contracts.abstention import detect_abstention
+from hallulog.contracts.answer_match import (
+    ARTICLE_RE,
+    CORRECT,
+    HALLUCINATED,
+    PUNCT_TABLE,
+    answer_tokens,
+)
 
 __all__ = [
     "Grade",
@@ -154,7 +160,7 @@ def _aliases(reference: Mapping[str, Any]) -> list[str]:
 
 
 def token_spans(text: str) -> list[tuple[str, int, int]]:
-    """The tokens of ``normalize_answer(text)`` (:mod:`contracts.answer_match`), each with the
+    """The tokens of ``normalize_answer(text)`` (:mod:`hallulog.contracts.answer_match`), each with the
     ``[start, end)`` character span in ``text`` it comes from.
 
     The same steps as ``normalize_answer`` — ``_`` → space, lower-case, punctuation → space,

@@ -20,7 +20,7 @@ An integer is for the prefill-only request, whose prompt is prompt + response: t
 where the response starts there, the server does not.
 
 ```python
-from contracts.capture_rows import capture_span, rows_to_ask
+from hallulog.contracts.capture_rows import capture_span, rows_to_ask
 capture_span("response", prompt_len=48, num_tokens=59)        # (47, 59)
 rows_to_ask(sequence_mode="all", positions=("tbg", "slt", "exact_answer"))  # "response"
 ```
@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from contracts.positions import WINDOW_KINDS
+from hallulog.contracts.positions import WINDOW_KINDS
 
 __all__ = [
     "CAPTURE_ROWS_FIELD",

@@ -2,15 +2,23 @@
 
 Every error a person can act on derives from :class:`HallulogError`; the CLI prints its message
 as one line. The branches: :class:`ArtifactError` here (a file of the run), ``StorageError``
-(``storage/errors.py``: the activation stores), the orchestrator's (``orchestrator/errors.py``)
-and ``api.StatusError``. Where an error is a case of a builtin, it is that builtin too (a
+(``storage/errors.py``: the activation stores), the orchestrator's (``contracts/errors.py``)
+and ``hallulog.api.StatusError``. Where an error is a case of a builtin, it is that builtin too (a
 malformed line is a ``ValueError``, a store not found a ``FileNotFoundError``), so code that
 catches the builtin keeps working.
 """
 
 from __future__ import annotations
 
-__all__ = ["HallulogError", "ArtifactError", "MalformedLineError", "RetryableError"]
+__all__ = [
+    "HallulogError",
+    "ArtifactError",
+    "MalformedLineError",
+    "RetryableError",
+    "ConfigError",
+    "BackendStartError",
+    "ResumeRefused",
+]
 
 
 class HallulogError(Exception):
@@ -36,3 +44,15 @@ class RetryableError(HallulogError):
     a timeout, HTTP 429 or 5xx. The transport raises it (``workers/http.py``,
     ``workers/client.py``); the client retries it, and once its attempts are spent the run
     re-queues the group with backoff (docs/reliability.md) before it counts as failed."""
+
+
+class ConfigError(HallulogError, ValueError):
+    """A configuration value is invalid; the message names the flag."""
+
+
+class BackendStartError(HallulogError):
+    """A server process exited or did not become healthy in time (fatal for the run)."""
+
+
+class ResumeRefused(HallulogError):
+    """The artifact root holds a run with a different config fingerprint."""

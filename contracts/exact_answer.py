@@ -1,7 +1,7 @@
 """The exact answer of a response as a token span: what the ``exact_answer`` position stores.
 
 ```python
-from contracts.exact_answer import exact_answer_span
+from hallulog.contracts.exact_answer import exact_answer_span
 span = exact_answer_span("Paris.", ["Par", "is", "."], grader_span=(0, 5))
 # {"chars": [0, 5], "tokens": [0, 2], "source": "grader"}
 ```

@@ -14,7 +14,7 @@ import importlib
 import importlib.util
 from types import ModuleType
 
-from contracts.errors import HallulogError
+from hallulog.contracts.errors import HallulogError
 
 __all__ = ["MissingExtra", "require", "require_installed", "install_command", "EXTRAS"]
 

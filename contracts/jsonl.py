@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 import orjson
-
-from contracts.errors import ArtifactError, MalformedLineError
+from hallulog.contracts.errors import ArtifactError, MalformedLineError
 
 __all__ = [
     "Line",
@@ -142,7 +141,7 @@ def is_malformed(raw: bytes) -> bool:
 def read_document(path: str | Path, what: str = "JSON document") -> Any:
     """The one JSON value a whole file holds (a manifest, a checkpoint); None when the file does
     not exist. Malformed JSON or bytes that are not UTF-8 are an
-    :class:`~contracts.errors.ArtifactError` naming the file (and line), e.g.
+    :class:`~hallulog.contracts.errors.ArtifactError` naming the file (and line), e.g.
     ``run_manifest.json:3: malformed manifest (Expecting value)`` for ``what="manifest"``."""
     path = Path(path)
     try:

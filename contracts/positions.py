@@ -1,7 +1,7 @@
 """Token positions by name and layer ids by list: what ``--positions`` and ``--layers`` mean.
 
 ```python
-from contracts.positions import parse_positions, parse_layers, resolve_positions, count_rows
+from hallulog.contracts.positions import parse_positions, parse_layers, resolve_positions, count_rows
 names = parse_positions("tbg,slt,exact_answer,last:4")   # ("tbg", "slt", "exact_answer", "last:4")
 layers = parse_layers("0,8,16-20,-1", 30)                 # [0, 8, 16, 17, 18, 19, 20, 30]
 r = resolve_positions(("tbg", "slt", "exact_answer", "last"), prompt_len=7, response_len=5,

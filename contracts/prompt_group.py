@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from contracts.ids import prompt_id_for
+from hallulog.contracts.ids import prompt_id_for
 
 __all__ = ["PromptGroup"]
 
@@ -18,7 +18,7 @@ class PromptGroup:
     """
 
     prompt_id: str
-    """First 16 hex of sha256 of ``[dataset, split, dataset_index]`` (see ``contracts.ids``)."""
+    """First 16 hex of sha256 of ``[dataset, split, dataset_index]`` (see ``hallulog.contracts.ids``)."""
     dataset: str
     """Task name: triviaqa, precisewikiqa, longwiki, mixedentities."""
     split: str

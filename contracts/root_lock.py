@@ -37,8 +37,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from contracts.errors import HallulogError
-from contracts.process import pid_alive, proc_start
+from hallulog.contracts.errors import HallulogError
+from hallulog.contracts.process import pid_alive, proc_start
 
 __all__ = ["LOCK_FILE", "LEASE_SECONDS", "RootLocked", "root_lock", "holds_root", "holder_of"]
 

@@ -3,13 +3,13 @@ docs/formats/worker-jsonl.md and docs/formats/consolidated-jsonl.md.
 
 A field the table marks ``yes`` is required here; one marked ``no`` or with a format tag
 (``packed``, ``zarr``, ``npy``, ``positions``: present only in such runs) is ``NotRequired``.
-tests/orchestrator/test_jsonl_docs.py checks the types against the tables, and the validator's
-field checks (``orchestrator/postrun/row_schemas.py``) against the types.
+tests/postrun/test_jsonl_docs.py checks the types against the tables, and the validator's
+field checks (``postrun/row_schemas.py``) against the types.
 """
 
 from typing import Any, NotRequired, TypedDict
 
-from contracts import layout
+from hallulog.contracts import layout
 
 __all__ = [
     "TokenLogprob",

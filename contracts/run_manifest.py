@@ -1,7 +1,7 @@
 """``run_manifest.json`` as one frozen value: loaded once, read with its defaults, dumped whole.
 
 ```python
-from contracts.run_manifest import RunManifest
+from hallulog.contracts.run_manifest import RunManifest
 m = RunManifest.load(root)               # None when the root has no manifest
 m.storage_format                         # "packed" when the file does not say (DEFAULTS)
 m = m.replace(consolidated=True)         # a new value; unknown keys and key order kept
@@ -9,7 +9,7 @@ m.dump(root)                             # atomic rewrite, byte-identical for an
 ```
 
 The file is the seed 003 §6.1 fields, the config fingerprint and versions (written by
-``orchestrator/manifest.py``). Keys this module does not know are kept as they are (forward
+``config/manifest.py``). Keys this module does not know are kept as they are (forward
 compatibility): a newer hallulog's manifest survives a rewrite by an older one. The schema
 version is ``manifest_version``; a file without it is version 1 (every manifest written so far),
 and a file from a newer version than :data:`MANIFEST_VERSION` is refused with one line.
@@ -25,9 +25,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from contracts import layout
-from contracts.errors import ArtifactError
-from contracts.jsonl import read_document
+from hallulog.contracts import layout
+from hallulog.contracts.errors import ArtifactError
+from hallulog.contracts.jsonl import read_document
 
 __all__ = ["RunManifest", "MANIFEST_VERSION", "DEFAULTS", "DEFAULT_STORAGE_FORMAT"]
 
@@ -74,7 +74,7 @@ class RunManifest(Mapping[str, Any]):
         """The manifest of the run at ``artifact_root``; None when it has none.
 
         A file that is not a JSON object, not UTF-8, or from a newer manifest version is an
-        :class:`~contracts.errors.ArtifactError` naming it (and the line, for bad JSON).
+        :class:`~hallulog.contracts.errors.ArtifactError` naming it (and the line, for bad JSON).
         """
         path = cls.path(artifact_root)
         if not path.exists():

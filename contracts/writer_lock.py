@@ -35,10 +35,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from contracts.errors import HallulogError
-from contracts.layout import WRITER_LOCK
-from contracts.process import pid_alive, proc_start
-from contracts.root_lock import lease_seconds
+from hallulog.contracts.errors import HallulogError
+from hallulog.contracts.layout import WRITER_LOCK
+from hallulog.contracts.process import pid_alive, proc_start
+from hallulog.contracts.root_lock import lease_seconds
 
 __all__ = ["WriterBusy", "WriterLock", "hold_writer", "fence_writer", "fence_seconds"]
 

@@ -6,8 +6,8 @@ Reads only ``consolidated/`` and the activation store (through ``storage``), nev
 Definitions and deviations: docs/evaluation.md; the audit: docs/alignment.md.
 """
 
-from .cli import add_evaluate_parser, report_path, run_deep_audit, run_evaluate
-from .importer import add_import_parser, run_import
+from hallulog.evaluation.cli import add_evaluate_parser, report_path, run_deep_audit, run_evaluate
+from hallulog.evaluation.importer import add_import_parser, run_import
 
 __all__ = [
     "add_evaluate_parser",

@@ -24,12 +24,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from contracts import layout
-from contracts.errors import ArtifactError
-from contracts.run_manifest import RunManifest
-
-from .data import EvaluationInputError, iter_jsonl
+from hallulog.contracts import layout
+from hallulog.contracts.errors import ArtifactError
+from hallulog.contracts.run_manifest import RunManifest
+from hallulog.evaluation.data import EvaluationInputError, iter_jsonl
 
 __all__ = [
     "audit_alignment",
@@ -140,7 +138,7 @@ def audit_alignment(
             f"{root}: no consolidated/ directory; run `python -m "
             f"orchestrator run --artifact-root {root} --consolidate-only`"
         )
-    from storage import open_store
+    from hallulog.storage import open_store
 
     reader = open_store(cons)
     acts = _act_index(cons)

@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from contracts.errors import ArtifactError, HallulogError
+from hallulog.contracts.errors import ArtifactError, HallulogError
 
 __all__ = ["EmbeddingJob"]
 
@@ -28,9 +27,9 @@ log = logging.getLogger(__name__)
 
 def _child(root: str, methods: list[str], conn) -> None:
     try:
-        from .data import Run
-        from .embeddings import Embedder, EmbeddingUnavailable
-        from .features import collect
+        from hallulog.evaluation.data import Run
+        from hallulog.evaluation.embeddings import Embedder, EmbeddingUnavailable
+        from hallulog.evaluation.features import collect
 
         t0 = time.monotonic()
         try:

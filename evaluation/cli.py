@@ -8,10 +8,9 @@ import logging
 import sys
 from pathlib import Path
 
-from contracts import layout
-from contracts.errors import HallulogError
-
-from .report import format_table, report_dir, write_report
+from hallulog.contracts import layout
+from hallulog.contracts.errors import HallulogError
+from hallulog.evaluation.report import format_table, report_dir, write_report
 
 __all__ = ["add_evaluate_parser", "run_evaluate", "run_deep_audit", "report_path"]
 
@@ -20,7 +19,7 @@ log = logging.getLogger(__name__)
 
 def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``evaluate`` to the CLI's subparsers."""
-    from .evaluate import ALL_METHODS, FAMILIES
+    from hallulog.evaluation.evaluate import ALL_METHODS, FAMILIES
 
     p = subparsers.add_parser(
         "evaluate",
@@ -83,7 +82,7 @@ def report_path(artifact_root: Path | str) -> Path | None:
 
 def run_evaluate(args: argparse.Namespace) -> int:
     """The ``evaluate`` subcommand; 0 on success, 1 with a one-line message on bad input."""
-    from .evaluate import evaluate
+    from hallulog.evaluation.evaluate import evaluate
 
     logging.basicConfig(
         level=getattr(args, "log_level", "WARNING"),
@@ -104,7 +103,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         return 1
     out = args.out or report_dir(args.artifact_root)
     md = write_report(report, out, plots=not args.no_plots)
-    from .scores import SCORES_FILE, write_scores
+    from hallulog.evaluation.scores import SCORES_FILE, write_scores
 
     write_scores(report["_scores"], out / SCORES_FILE)
     print(format_table(report))
@@ -119,7 +118,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 def run_deep_audit(artifact_root: Path | str, **options) -> dict:
     """The alignment audit of ``--validate-only --deep`` (see audit.py); prints a summary."""
-    from .audit import audit_alignment, format_audit
+    from hallulog.evaluation.audit import audit_alignment, format_audit
 
     result = audit_alignment(artifact_root, **options)
     print(format_audit(result))

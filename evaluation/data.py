@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from contracts import layout
-from contracts.errors import ArtifactError
-from contracts.jsonl import iter_lines
-from contracts.run_manifest import RunManifest
+from hallulog.contracts import layout
+from hallulog.contracts.errors import ArtifactError
+from hallulog.contracts.jsonl import iter_lines
+from hallulog.contracts.run_manifest import RunManifest
 
 __all__ = ["EvaluationInputError", "Run", "iter_jsonl", "iter_joined"]
 
@@ -32,10 +32,10 @@ class EvaluationInputError(ArtifactError):
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row) of a JSONL file, streamed through :mod:`contracts.jsonl` (a torn last
+    """(line number, row) of a JSONL file, streamed through :mod:`hallulog.contracts.jsonl` (a torn last
     line is never read; a malformed line is a ``MalformedLineError`` naming file and line).
 
-    A missing file is an :class:`~contracts.errors.ArtifactError` naming it."""
+    A missing file is an :class:`~hallulog.contracts.errors.ArtifactError` naming it."""
     path = Path(path)
     if not path.is_file():
         raise ArtifactError(f"{path}: missing; re-consolidate with --consolidate-only")

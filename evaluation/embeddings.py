@@ -14,8 +14,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-
-from contracts.extras import MissingExtra
+from hallulog.contracts.extras import MissingExtra
 
 __all__ = ["EmbeddingUnavailable", "Embedder", "model_dir", "check_available"]
 

@@ -8,12 +8,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from .data import EvaluationInputError, Run
-from .features import EMBEDDING_METHODS, FAMILY_EXPORT, TEXT_METHODS, collect
-from .probes import PROBABILITY_PROBES, PROBES, run_probes
-from .protocol import Split, make_split
-from .scores import ScoreTable, summarize_scores
+from hallulog.evaluation.data import EvaluationInputError, Run
+from hallulog.evaluation.features import EMBEDDING_METHODS, FAMILY_EXPORT, TEXT_METHODS, collect
+from hallulog.evaluation.probes import PROBABILITY_PROBES, PROBES, run_probes
+from hallulog.evaluation.protocol import Split, make_split
+from hallulog.evaluation.scores import ScoreTable, summarize_scores
 
 __all__ = ["FAMILIES", "ALL_METHODS", "resolve_methods", "evaluate"]
 
@@ -83,7 +82,7 @@ def _start_embeddings(run: Run, wanted: list[str], embeddings: bool, unavailable
         for m in emb:
             skipped.setdefault(m, "embedding methods disabled (--no-embeddings)")
         return None
-    from .embeddings import EmbeddingUnavailable, check_available
+    from hallulog.evaluation.embeddings import EmbeddingUnavailable, check_available
 
     try:
         check_available()
@@ -91,7 +90,7 @@ def _start_embeddings(run: Run, wanted: list[str], embeddings: bool, unavailable
         for m in emb:
             unavailable(m, str(exc))
         return None
-    from .background import EmbeddingJob
+    from hallulog.evaluation.background import EmbeddingJob
 
     return EmbeddingJob(run.root, emb)
 
@@ -137,7 +136,7 @@ def evaluate(
     run = Run(root)
     train = None
     if train_root is not None:
-        from .transfer import check_compatible
+        from hallulog.evaluation.transfer import check_compatible
 
         train = Run(train_root)
         check_compatible(train, run)
@@ -214,7 +213,7 @@ def _evaluate(
     probe_out: dict[str, dict] = {}
     reader = store_idx = None
     if probe_names:
-        from storage import open_store
+        from hallulog.storage import open_store
 
         reader = open_store(run.consolidated)
         store_idx = np.array([_index(reader, k) for k in feats.activation_keys], np.int64)
@@ -225,7 +224,7 @@ def _evaluate(
             _join_embeddings(run, job, feats, scores, wanted, unavailable, timings)
             job = None
         if probe_names:
-            from .transfer import transfer_probes
+            from hallulog.evaluation.transfer import transfer_probes
 
             probe_out.update(
                 transfer_probes(
@@ -378,9 +377,8 @@ def _eigenscore(run: Run, feats, unavailable):
             "only; rerun with a profile that captures every sample",
         )
         return None
-    from storage import open_store
-
-    from .hidden import eigenscore_scores
+    from hallulog.evaluation.hidden import eigenscore_scores
+    from hallulog.storage import open_store
 
     reader = open_store(run.consolidated)
     try:

@@ -11,10 +11,9 @@ import logging
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from . import baselines, energy, sample_methods, selfcheck
-from . import semantic_entropy as se_mod
-from .data import Run, iter_joined
+from hallulog.evaluation import baselines, energy, sample_methods, selfcheck
+from hallulog.evaluation import semantic_entropy as se_mod
+from hallulog.evaluation.data import Run, iter_joined
 
 __all__ = [
     "TEXT_METHODS",

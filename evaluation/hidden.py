@@ -40,7 +40,7 @@ def eigenscore_scores(
 ) -> tuple[np.ndarray, int]:
     """EigenScore of every prompt (``sample_keys[p]``: its samples' activation keys) at the
     middle stored layer; (scores, layer id)."""
-    from storage.dtypes import BFLOAT16, to_float32
+    from hallulog.storage.dtypes import BFLOAT16, to_float32
 
     wide = to_float32 if reader.dtype == BFLOAT16 else (lambda row: row)
     li = middle_layer(reader.num_layers)

@@ -17,12 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from contracts import layout
-from contracts.answer_match import alias_match_label
-from contracts.errors import HallulogError
-from contracts.jsonl import scan_lines
-
-from .data import EvaluationInputError
+from hallulog.contracts import layout
+from hallulog.contracts.answer_match import alias_match_label
+from hallulog.contracts.errors import HallulogError
+from hallulog.contracts.jsonl import scan_lines
+from hallulog.evaluation.data import EvaluationInputError
 
 __all__ = ["add_import_parser", "run_import", "import_jsonl"]
 

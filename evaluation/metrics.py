@@ -28,8 +28,7 @@ methods (the prompts both scored).
 from __future__ import annotations
 
 import numpy as np
-
-from .protocol import auroc, resample_counts, weighted_aurocs
+from hallulog.evaluation.protocol import auroc, resample_counts, weighted_aurocs
 
 __all__ = [
     "METRICS",

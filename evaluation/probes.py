@@ -32,9 +32,8 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-
-from .protocol import Split, auroc
-from .semantic_entropy import binarize_threshold
+from hallulog.evaluation.protocol import Split, auroc
+from hallulog.evaluation.semantic_entropy import binarize_threshold
 
 __all__ = [
     "PROBES",
@@ -183,7 +182,7 @@ def _fill_layer(
     reader, layer: int, store_idx: np.ndarray, rows: dict[str, np.ndarray], batch: int
 ) -> dict[str, np.ndarray]:
     """``{row kind: (prompts, hidden) float32}``; NaN rows where the kind is not stored."""
-    from storage.dtypes import BFLOAT16, to_float32
+    from hallulog.storage.dtypes import BFLOAT16, to_float32
 
     # bfloat16 rows widened exactly by a shift (numpy's cast of ml_dtypes goes element-wise)
     wide = to_float32 if reader.dtype == BFLOAT16 else (lambda row: row)

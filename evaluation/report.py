@@ -8,8 +8,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-
-from contracts import layout
+from hallulog.contracts import layout
 
 __all__ = ["write_report", "format_table", "report_dir"]
 

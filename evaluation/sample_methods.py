@@ -23,8 +23,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
-from .lexical import rouge_f
+from hallulog.evaluation.lexical import rouge_f
 
 __all__ = [
     "token_entropies",

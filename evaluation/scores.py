@@ -15,11 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-from contracts import layout
-
-from .metrics import metric_intervals, paired_differences, point_metrics
-from .protocol import summarize
+from hallulog.contracts import layout
+from hallulog.evaluation.metrics import metric_intervals, paired_differences, point_metrics
+from hallulog.evaluation.protocol import summarize
 
 __all__ = ["ScoreTable", "write_scores", "read_scores", "summarize_scores", "SCORES_FILE"]
 

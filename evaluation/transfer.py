@@ -9,11 +9,10 @@ training run alone (its k-fold out-of-fold AUROC); the SEP target on the trainin
 from __future__ import annotations
 
 import numpy as np
-
-from .data import EvaluationInputError, Run
-from .features import collect
-from .probes import run_transfer, store_index
-from .protocol import make_split
+from hallulog.evaluation.data import EvaluationInputError, Run
+from hallulog.evaluation.features import collect
+from hallulog.evaluation.probes import run_transfer, store_index
+from hallulog.evaluation.protocol import make_split
 
 __all__ = ["check_compatible", "transfer_probes"]
 
@@ -22,7 +21,7 @@ def _shape(run: Run) -> dict:
     man = run.manifest()
     out = {"model": man.get("model")}
     if run.has_activations():
-        from storage import open_store
+        from hallulog.storage import open_store
 
         reader = open_store(run.consolidated)
         try:
@@ -47,7 +46,7 @@ def check_compatible(train: Run, test: Run) -> None:
 def transfer_probes(
     train: Run, reader, store_idx, rows, labels, probe_names, *, seed: int, folds: int
 ) -> dict[str, dict]:
-    from storage import open_store
+    from hallulog.storage import open_store
 
     feats = collect(train, {"se_discrete_exact"})
     ya, scores_a, rows_a = feats.arrays()

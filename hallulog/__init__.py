@@ -7,7 +7,7 @@ The command line is ``hallulog run …`` (the same as ``python -m orchestrator r
 
 from __future__ import annotations
 
-from .run import RunView, open_run
+from hallulog.run import RunView, open_run
 
 __all__ = ["__version__", "open_run", "RunView"]
 

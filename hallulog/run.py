@@ -1,7 +1,7 @@
 """``hallulog.open_run(root)``: a finished run's tables, labels and activations from Python.
 
-Built on the same readers as ``hallulog evaluate`` (``evaluation.data``, the activation store
-through ``storage.open_store``); nothing here contacts a server. Tables come from
+Built on the same readers as ``hallulog evaluate`` (``hallulog.evaluation.data``, the activation store
+through ``hallulog.storage.open_store``); nothing here contacts a server. Tables come from
 ``consolidated/*.parquet`` (or, where a run has none, e.g. an imported one, from the JSONL
 files), as pandas (default), polars or pyarrow. Activation matrices are filled one
 ``read_pairs`` batch at a time: the peak is the ``(rows, hidden)`` float32 result plus one
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from contracts import layout
-from evaluation.data import Run as _Run
-from evaluation.data import iter_joined, iter_jsonl
-from evaluation.features import probe_rows
+from hallulog.contracts import layout
+from hallulog.evaluation.data import Run as _Run
+from hallulog.evaluation.data import iter_joined, iter_jsonl
+from hallulog.evaluation.features import probe_rows
 
 __all__ = ["open_run", "RunView"]
 
@@ -83,7 +83,7 @@ class RunView:
         """``evaluation/scores.parquet`` (after ``evaluate``): one column per method."""
         import pyarrow.parquet as pq
 
-        from evaluation.scores import SCORES_FILE
+        from hallulog.evaluation.scores import SCORES_FILE
 
         path = layout.evaluation_dir(self.root) / SCORES_FILE
         if not path.is_file():
@@ -130,8 +130,8 @@ class RunView:
         """``(ids, matrix)``: ``ids`` a list of (prompt_id, sample_id), ``matrix`` a
         ``(len(ids), hidden)`` float32 array of the stored row at ``position`` of layer id
         ``layer``; rows the run did not store are NaN."""
-        from storage import open_store
-        from storage.dtypes import BFLOAT16, to_float32
+        from hallulog.storage import open_store
+        from hallulog.storage.dtypes import BFLOAT16, to_float32
 
         if not self._run.has_activations():
             raise FileNotFoundError(f"{self._run.consolidated}: the run stores no activations")
@@ -167,9 +167,9 @@ class RunView:
     def evaluate(self, *, write: bool = True, **options) -> dict:
         """``hallulog evaluate`` on this run (options: methods, seed, folds, n_boot,
         embeddings, train_root); writes ``evaluation/`` unless ``write=False``."""
-        from evaluation.evaluate import evaluate
-        from evaluation.report import write_report
-        from evaluation.scores import SCORES_FILE, write_scores
+        from hallulog.evaluation.evaluate import evaluate
+        from hallulog.evaluation.report import write_report
+        from hallulog.evaluation.scores import SCORES_FILE, write_scores
 
         report = evaluate(self.root, **options)
         if write:

@@ -1,8 +1,8 @@
-"""``python -m orchestrator COMMAND`` (= the ``hallulog`` console script)."""
+"""``python -m orchestrator COMMAND``: the ``hallulog`` command line."""
 
 import sys
 
-from orchestrator.cli import main
-
 if __name__ == "__main__":
+    from hallulog.cli.app import main
+
     sys.exit(main())

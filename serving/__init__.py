@@ -5,7 +5,7 @@ hidden-state capture (``capture``). Other packages use ``default_model_dir()`` t
 safetensors directory of the default model (SmolLM2-135M-Instruct), converting it on first call.
 """
 
-from serving.config import ServerConfig
-from serving.model_loader import DEFAULT_MODEL_NAME, default_model_dir
+from hallulog.serving.config import ServerConfig
+from hallulog.serving.model_loader import DEFAULT_MODEL_NAME, default_model_dir
 
 __all__ = ["DEFAULT_MODEL_NAME", "ServerConfig", "default_model_dir"]

@@ -1,4 +1,5 @@
-"""``python -m serving``: load the model, start the engine thread, serve HTTP with uvicorn."""
+"""``hallulog serve`` (``python -m hallulog.serving``): load the model, start the engine thread,
+serve HTTP with uvicorn."""
 
 from __future__ import annotations
 
@@ -7,20 +8,19 @@ import socket
 import sys
 import time
 
-from serving.config import ServerConfig, parse_args
+from hallulog.serving.config import ServerConfig, parse_args
 
-logger = logging.getLogger("serving")
+logger = logging.getLogger("hallulog.serving")
 
 
 def build_server(config: ServerConfig):
     """Load the model and return the FastAPI app with its engine started."""
     import torch
-
-    from serving.app import create_app
-    from serving.capture import SpoolWriter, num_layer_ids, parse_layer_ids
-    from serving.engine_pool import EnginePool, plan_threads
-    from serving.metrics import ServingMetrics
-    from serving.model_loader import load_model
+    from hallulog.serving.app import create_app
+    from hallulog.serving.capture import SpoolWriter, num_layer_ids, parse_layer_ids
+    from hallulog.serving.engine_pool import EnginePool, plan_threads
+    from hallulog.serving.metrics import ServingMetrics
+    from hallulog.serving.model_loader import load_model
 
     engines, threads = plan_threads(config.engines, config.num_threads)
     torch.set_num_threads(threads)

@@ -13,13 +13,12 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from hallulog.serving import protocol as P
+from hallulog.serving.engine import Engine, SamplingParams, SequenceOutput
+from hallulog.serving.engine_pool import EnginePool
+from hallulog.serving.metrics import ServingMetrics
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from serving import protocol as P
-from serving.engine import Engine, SamplingParams, SequenceOutput
-from serving.engine_pool import EnginePool
-from serving.metrics import ServingMetrics
 
 logger = logging.getLogger(__name__)
 

@@ -156,7 +156,7 @@ def load_kernel():
             return _loaded[0]
         function = None
         if os.environ.get("HALLULOG_ATTENTION_KERNEL", "1") != "0":
-            from serving.model_loader import cache_dir
+            from hallulog.serving.model_loader import cache_dir
 
             key = "\0".join([SOURCE, *COMPILE_FLAGS, *LINK_FLAGS, _cpu_key()])
             key = hashlib.sha256(key.encode()).hexdigest()

@@ -24,9 +24,8 @@ import uuid
 from collections.abc import Sequence
 
 import torch
+from hallulog.contracts.capture_rows import ROW0_KEY
 from safetensors.torch import save_file
-
-from contracts.capture_rows import ROW0_KEY
 
 
 def decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.Module, Sequence[torch.nn.Module]]:

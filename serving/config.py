@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Literal
 
-from contracts.config_cli import add_dataclass_arguments, literal_problem
+from hallulog.contracts.config_cli import add_dataclass_arguments, literal_problem
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -14,9 +14,9 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Everything ``python -m serving`` can be told.
+    """Everything ``hallulog serve`` can be told.
 
-    As ``orchestrator.config.RunConfig``: a field's docstring is its flag's help, its type
+    As ``hallulog.config.run_config.RunConfig``: a field's docstring is its flag's help, its type
     (``Literal`` for a choice) the flag's type and choices, checked in ``__post_init__``.
     """
 
@@ -88,7 +88,7 @@ class ServerConfig:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m serving",
+        prog="hallulog serve",
         description="hallulog's embedded OpenAI-compatible server (transformers, dynamic batching,"
         " vLLM-style hidden-state capture)",
     )

@@ -16,7 +16,7 @@ product), rotary embedding of queries and keys in one pass with the model's own
   relative), and a row's result does not depend on the other rows. The packed copies cost one
   more copy of the matrix weights (538 MB for SmolLM2-135M).
 - ``step``: one token per row over the engine's ``SlotKVCache``; keys and values are written in
-  place; attention is the C kernel of ``serving.attention_kernel`` over each row's own columns
+  place; attention is the C kernel of ``hallulog.serving.attention_kernel`` over each row's own columns
   (with one intra-op thread, where it could be built), else two batched matrix products over the
   live columns with the slot mask as an additive bias.
 - ``prefill``: the prompts of joining sequences (left-padded, explicit positions) on their own;
@@ -38,8 +38,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-
-from serving.attention_kernel import decode_attention, kernel_fits, load_kernel
+from hallulog.serving.attention_kernel import decode_attention, kernel_fits, load_kernel
 
 __all__ = ["FusedDecoder", "supports_fused_decode", "packed_linear_available"]
 
@@ -141,7 +140,7 @@ class FusedDecoder:
         attention_kernel: bool | None = None,
     ):
         """``packed``/``attention_kernel``: use oneDNN's packed products / the C attention
-        kernel (``serving.attention_kernel``); None: where available."""
+        kernel (``hallulog.serving.attention_kernel``); None: where available."""
         config = model.config
         base = model.model
         dtype = base.embed_tokens.weight.dtype

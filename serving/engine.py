@@ -6,7 +6,7 @@ then runs one left-padded prefill and a KV-cached decode loop over the batch. Ea
 sampling parameters, ``torch.Generator``, stop conditions and token budget; finished rows leave
 the batch so the remaining rows decode faster. Sequences that arrive meanwhile are prefilled
 between two decode steps and join the running batch (continuous batching). The KV cache is a
-preallocated ``serving.kvslots.SlotKVCache``: a decode step writes in place, a joining sequence
+preallocated ``hallulog.serving.kvslots.SlotKVCache``: a decode step writes in place, a joining sequence
 is written into a free row and a finished one replaced by the last row, so no step rebuilds the
 cache (position ids are explicit per row). Models whose cache is not a plain full-attention one
 run batch-at-a-time on a ``DynamicCache``.
@@ -14,12 +14,12 @@ run batch-at-a-time on a ``DynamicCache``.
 Sequences admitted together with the same prompt (a run's ``k + 1`` answers of one question) are
 prefilled once: one row per distinct prompt goes through the model, and its KV, logits and
 captured states are copied to every sequence that shares it. Prefill and decode steps of a plain
-Llama run through ``serving.decode.FusedDecoder`` (fewer ops, oneDNN's packed matrix products);
+Llama run through ``hallulog.serving.decode.FusedDecoder`` (fewer ops, oneDNN's packed matrix products);
 other models, and ``fused_decode=False``, through the model's own forward with capture hooks.
 
 Logprobs are vLLM's default ``raw_logprobs``: ``log_softmax`` of the raw logits, before
 temperature and top-p. The raw logit of each chosen token is kept as well. Per step the batch's
-tokens are chosen by ``serving.sampling.choose_tokens`` (batched; one draw per sampled row from
+tokens are chosen by ``hallulog.serving.sampling.choose_tokens`` (batched; one draw per sampled row from
 its own generator), one ``topk`` serves the top-k logprobs and the top-p candidates, and the
 chosen and top-k logprobs are moved to Python in one call each.
 
@@ -39,15 +39,14 @@ import time
 from collections.abc import Sequence
 
 import torch
-
-from serving.capture import HiddenStateRecorder, SpoolWriter
-from serving.decode import FusedDecoder, supports_fused_decode
-from serving.kvslots import SlotKVCache
-from serving.metrics import ServingMetrics
-from serving.model_loader import LoadedModel
-from serving.running_batch import Prompts, RunningBatch, supports_joining
-from serving.sampling import SAMPLING_EPS, candidates_needed, choose_tokens
-from serving.sequences import (
+from hallulog.serving.capture import HiddenStateRecorder, SpoolWriter
+from hallulog.serving.decode import FusedDecoder, supports_fused_decode
+from hallulog.serving.kvslots import SlotKVCache
+from hallulog.serving.metrics import ServingMetrics
+from hallulog.serving.model_loader import LoadedModel
+from hallulog.serving.running_batch import Prompts, RunningBatch, supports_joining
+from hallulog.serving.sampling import SAMPLING_EPS, candidates_needed, choose_tokens
+from hallulog.serving.sequences import (
     BufferPool,
     SamplingParams,
     SequenceOutput,

@@ -3,7 +3,7 @@
 On a CPU a decode step is partly serial (Python, small ops, sampling, capture copies) while its
 matrix products take the intra-op threads, so one engine leaves cores idle. ``EnginePool`` runs
 ``count`` engines (``--engines``) that share the model and its packed weights
-(``serving.decode.FusedDecoder`` holds no per-batch state); with as many intra-op threads each
+(``hallulog.serving.decode.FusedDecoder`` holds no per-batch state); with as many intra-op threads each
 as the cores allow, every core runs a whole step of its own (docs/serving.md, "Speed").
 
 A sequence goes to the engine that already holds sequences of the same prompt (so a run's
@@ -21,8 +21,8 @@ import os
 import threading
 from collections.abc import Sequence
 
-from serving.engine import Engine
-from serving.sequences import SamplingParams
+from hallulog.serving.engine import Engine
+from hallulog.serving.sequences import SamplingParams
 
 __all__ = ["EnginePool", "plan_threads"]
 

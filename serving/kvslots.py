@@ -17,7 +17,7 @@ position ids are explicit per row, so rows of different lengths share the column
   attention reads them masked, so they must be finite.
 
 Only for models whose every cache layer is a plain full-attention ``DynamicLayer``
-(``serving.running_batch.supports_joining``).
+(``hallulog.serving.running_batch.supports_joining``).
 """
 
 from __future__ import annotations

@@ -12,9 +12,8 @@ import time
 import uuid
 from typing import Any, Literal
 
+from hallulog.contracts.capture_rows import CAPTURE_ROWS_FIELD, check_capture_rows
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
-from contracts.capture_rows import CAPTURE_ROWS_FIELD, check_capture_rows
 
 MAX_TOP_LOGPROBS = 20
 

@@ -8,11 +8,10 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
-
-from serving.kvslots import SlotKVCache
+from hallulog.serving.kvslots import SlotKVCache
 
 if TYPE_CHECKING:
-    from serving.sequences import SequenceState
+    from hallulog.serving.sequences import SequenceState
 
 __all__ = ["Prompts", "RunningBatch", "supports_joining"]
 

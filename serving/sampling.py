@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from serving.sequences import SequenceState
+    from hallulog.serving.sequences import SequenceState
 
 __all__ = ["SAMPLING_EPS", "NUCLEUS_CANDIDATES", "candidates_needed", "choose_tokens"]
 

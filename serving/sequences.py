@@ -8,8 +8,7 @@ import threading
 from dataclasses import dataclass, field
 
 import torch
-
-from contracts.capture_rows import capture_window, check_capture_rows
+from hallulog.contracts.capture_rows import capture_window, check_capture_rows
 
 __all__ = ["SamplingParams", "TokenLogprob", "SequenceOutput", "SequenceState", "BufferPool"]
 

@@ -10,11 +10,10 @@ import os
 from array import array
 from collections.abc import Iterator, Sequence
 
-from contracts.errors import MalformedLineError
-from contracts.jsonl import committed_size, iter_lines
-
-from ._io import write_all
-from .errors import ManifestError, StorageError
+from hallulog.contracts.errors import MalformedLineError
+from hallulog.contracts.jsonl import committed_size, iter_lines
+from hallulog.storage._io import write_all
+from hallulog.storage.errors import ManifestError, StorageError
 
 __all__ = [
     "append_records",

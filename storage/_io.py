@@ -12,8 +12,7 @@ import sys
 import tokenize
 
 import numpy as np
-
-from .errors import CorruptShardError, ManifestError, StorageError
+from hallulog.storage.errors import CorruptShardError, ManifestError, StorageError
 
 #: What parsers of damaged bytes raise (np.load, json, zarr, tarfile, ast, dict/list access on
 #: metadata of the wrong shape) besides the project's own errors.

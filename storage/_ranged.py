@@ -1,4 +1,4 @@
-"""Coalesced, concurrent ranged reads: how an :class:`~storage.base.ExtentReader` fetches a batch.
+"""Coalesced, concurrent ranged reads: how an :class:`~hallulog.storage.base.ExtentReader` fetches a batch.
 
 Two parts:
 
@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-
-from .errors import CorruptShardError
+from hallulog.storage.errors import CorruptShardError
 
 __all__ = [
     "RangeSource",
@@ -76,7 +75,7 @@ class RangeSource(Protocol):
 
     def read_into(self, file_no: int, offset: int, buffers: Sequence[memoryview]) -> None:
         """Fill ``buffers`` in order from the consecutive bytes of file ``file_no`` starting at
-        ``offset``; fewer bytes than asked is a :class:`~storage.errors.CorruptShardError`."""
+        ``offset``; fewer bytes than asked is a :class:`~hallulog.storage.errors.CorruptShardError`."""
 
     def close(self) -> None:
         """Release what the source holds (it reopens lazily)."""

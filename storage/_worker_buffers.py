@@ -24,8 +24,7 @@ import os
 
 import numpy as np
 import torch
-
-from ._padding import StaleRanges
+from hallulog.storage._padding import StaleRanges
 
 __all__ = ["WorkerBuffers", "SharedBatch", "use_count", "numpy_dtype_to_torch"]
 
@@ -39,7 +38,7 @@ def use_count(t) -> int:
 
 
 def numpy_dtype_to_torch(dtype) -> torch.dtype:
-    from .dtypes import BFLOAT16
+    from hallulog.storage.dtypes import BFLOAT16
 
     if np.dtype(dtype) == BFLOAT16:  # torch.from_numpy knows no ml_dtypes
         return torch.bfloat16

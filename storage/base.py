@@ -14,9 +14,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-
-from ._ranged import LocalFiles, RangeSource, ReadPolicy, is_remote, policy_for, read_extents
-from .errors import StorageError
+from hallulog.storage._ranged import (
+    LocalFiles,
+    RangeSource,
+    ReadPolicy,
+    is_remote,
+    policy_for,
+    read_extents,
+)
+from hallulog.storage.errors import StorageError
 
 __all__ = ["SampleMeta", "ActivationWriter", "ActivationReader", "ExtentReader"]
 
@@ -203,10 +209,10 @@ class ExtentReader(ActivationReader):
     """A reader whose every (sample, layer) slice is one contiguous byte extent of one file.
 
     Subclasses implement ``_extent(i, layer) -> (file_no, offset)`` and ``_file_path``; this
-    class reads: a batch's extents go to :func:`storage._ranged.read_extents`, which merges
+    class reads: a batch's extents go to :func:`hallulog.storage._ranged.read_extents`, which merges
     neighbours into ranges and reads them on a thread pool from a range source
-    (:class:`storage._ranged.LocalFiles` by default: lazily opened fds, reopened after fork,
-    dropped on pickling). On network storage (:func:`storage._ranged.is_remote`) many ranges
+    (:class:`hallulog.storage._ranged.LocalFiles` by default: lazily opened fds, reopened after fork,
+    dropped on pickling). On network storage (:func:`hallulog.storage._ranged.is_remote`) many ranges
     are in flight at once, so their latencies overlap; ``set_range_source`` plugs in another
     source (an object store).
     """

@@ -10,10 +10,10 @@ import json
 import os
 from collections.abc import Sequence
 
-from ._io import fsync_dir
-from .base import ActivationReader, SampleMeta
-from .npy import INDEX_FILE, index_line
-from .registry import open_store, open_writer, write_multi_manifest
+from hallulog.storage._io import fsync_dir
+from hallulog.storage.base import ActivationReader, SampleMeta
+from hallulog.storage.npy import INDEX_FILE, index_line
+from hallulog.storage.registry import open_store, open_writer, write_multi_manifest
 
 __all__ = ["convert_store", "merge_stores"]
 

@@ -20,14 +20,18 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from hallulog.storage._layer_draw import draw_layers
+from hallulog.storage._padding import StaleRanges
+from hallulog.storage._worker_buffers import (
+    SharedBatch,
+    WorkerBuffers,
+    numpy_dtype_to_torch,
+    use_count,
+)
+from hallulog.storage.base import ActivationReader
+from hallulog.storage.dtypes import as_container, to_numpy, to_tensor
+from hallulog.storage.registry import open_store
 from torch.utils.data import Dataset
-
-from ._layer_draw import draw_layers
-from ._padding import StaleRanges
-from ._worker_buffers import SharedBatch, WorkerBuffers, numpy_dtype_to_torch, use_count
-from .base import ActivationReader
-from .dtypes import as_container, to_numpy, to_tensor
-from .registry import open_store
 
 __all__ = ["ActivationPairsDataset", "collate_pairs"]
 
@@ -37,7 +41,7 @@ _SCALARS = ("label", "seq_len", "prompt_len", "response_len", "index")
 class ActivationPairsDataset(Dataset):
     """index -> one sample at ``layers_per_sample`` distinct random layers, all tokens.
 
-    The layers come from :func:`storage._layer_draw.draw_layers`, a counter-based draw keyed by
+    The layers come from :func:`hallulog.storage._layer_draw.draw_layers`, a counter-based draw keyed by
     (seed, epoch, index): the same for a given (seed, epoch, index) whatever the worker count,
     start method or batch. ``set_epoch`` changes them.
     The reader opens its files lazily in each DataLoader worker and is dropped from pickles.
@@ -92,7 +96,7 @@ class ActivationPairsDataset(Dataset):
         return self._layers_of(np.array([int(index)]))[0]
 
     def _layers_of(self, index: np.ndarray) -> np.ndarray:
-        """``(len(index), k)`` layer positions: :func:`storage._layer_draw.draw_layers`."""
+        """``(len(index), k)`` layer positions: :func:`hallulog.storage._layer_draw.draw_layers`."""
         pick = draw_layers(
             self.seed, self.epoch, index, len(self.layer_positions), self.layers_per_sample
         )

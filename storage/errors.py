@@ -1,6 +1,6 @@
 """The activation store's errors: a branch of hallulog's one error tree.
 
-:class:`StorageError` derives from :class:`contracts.errors.HallulogError` (the CLI prints it as
+:class:`StorageError` derives from :class:`hallulog.contracts.errors.HallulogError` (the CLI prints it as
 one line), and each error is also the builtin it is a case of, as zarr's are: code that catches
 ``ValueError`` or ``FileNotFoundError`` keeps working. Every error that concerns a file carries
 its path (``err.path``) and names it in the message, so a user can find the damaged file
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from contracts.errors import HallulogError
+from hallulog.contracts.errors import HallulogError
 
 __all__ = [
     "StorageError",
@@ -47,7 +47,7 @@ class ManifestError(StorageError, ValueError):
 
 
 class UnknownFormatError(StorageError, ValueError):
-    """A format name that is not one of ``storage.FORMATS`` (``open_writer``), or a path where
+    """A format name that is not one of ``hallulog.storage.FORMATS`` (``open_writer``), or a path where
     ``open_store`` recognises no activation store."""
 
 

@@ -10,11 +10,10 @@ import os
 from collections.abc import Sequence
 
 import numpy as np
-
-from ._io import atomic_write_json
-from .base import ActivationReader
-from .dtypes import dtype_str, store_dtype
-from .errors import ManifestError, StorageError
+from hallulog.storage._io import atomic_write_json
+from hallulog.storage.base import ActivationReader
+from hallulog.storage.dtypes import dtype_str, store_dtype
+from hallulog.storage.errors import ManifestError, StorageError
 
 __all__ = ["MultiReader", "build_manifest", "write_manifest", "check_manifest", "FORMAT"]
 
@@ -90,7 +89,7 @@ def check_manifest(path: str, manifest: dict) -> None:
 
 class MultiReader(ActivationReader):
     """The stores of a multi-store manifest read as one; ``readers`` are its stores, opened in order
-    (``storage.open_store`` on the manifest's directory builds one)."""
+    (``hallulog.storage.open_store`` on the manifest's directory builds one)."""
 
     def __init__(self, path, manifest: dict, readers: Sequence[ActivationReader]):
         self.path = os.fspath(path)

@@ -13,15 +13,13 @@ import logging
 import os
 
 import numpy as np
-
-from contracts import layout
-from contracts.errors import MalformedLineError
-from contracts.jsonl import iter_lines
-
-from ._io import fsync_dir, malformed_is_manifest_error, write_all
-from .base import ActivationWriter, ExtentReader, SampleMeta
-from .dtypes import as_container, container_dtype, store_dtype
-from .errors import CorruptShardError, ManifestError, StorageError
+from hallulog.contracts import layout
+from hallulog.contracts.errors import MalformedLineError
+from hallulog.contracts.jsonl import iter_lines
+from hallulog.storage._io import fsync_dir, malformed_is_manifest_error, write_all
+from hallulog.storage.base import ActivationWriter, ExtentReader, SampleMeta
+from hallulog.storage.dtypes import as_container, container_dtype, store_dtype
+from hallulog.storage.errors import CorruptShardError, ManifestError, StorageError
 
 log = logging.getLogger(__name__)
 

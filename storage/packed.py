@@ -20,15 +20,19 @@ from array import array
 
 import numpy as np
 
-from ._commitlog import (CommitLogWriter, RecordColumns, cut_uncommitted, read_commit_log, record_line,
-                         tail_to_drop)
-from ._io import (atomic_save_npy, atomic_write_json, fsync_dir, malformed_is_manifest_error,
-                  start_writeback, write_all)
-from .base import ActivationWriter, ExtentReader, SampleMeta
-from .dtypes import dtype_str, store_dtype
-from .errors import CorruptShardError, ManifestError, StorageError
-from .packed_layout import (FORMAT, SCHEMA_VERSION, MANIFEST, COMMIT_LOG, DEFAULT_SHARD_BYTES, MANIFEST_FIELDS, SHARD_FIELDS, INDEX_ARRAYS, LOCATION_FIELDS, HEADER_FIELDS, RECORD_FIELDS, shard_name, hash_content, hashed_head,
-                            ADDED_IN_SCHEMA_2, CHECKSUMS, DEFAULT_CHECKSUM, checksum_name)
+from hallulog.storage._commitlog import (CommitLogWriter, RecordColumns, cut_uncommitted,
+                                         read_commit_log, record_line, tail_to_drop)
+from hallulog.storage._io import (atomic_save_npy, atomic_write_json, fsync_dir,
+                                  malformed_is_manifest_error, start_writeback, write_all)
+from hallulog.storage.base import ActivationWriter, ExtentReader, SampleMeta
+from hallulog.storage.dtypes import dtype_str, store_dtype
+from hallulog.storage.errors import CorruptShardError, ManifestError, StorageError
+from hallulog.storage.packed_layout import (FORMAT, SCHEMA_VERSION, MANIFEST, COMMIT_LOG,
+                                            DEFAULT_SHARD_BYTES, MANIFEST_FIELDS, SHARD_FIELDS,
+                                            INDEX_ARRAYS, LOCATION_FIELDS, HEADER_FIELDS,
+                                            RECORD_FIELDS, shard_name, hash_content, hashed_head,
+                                            ADDED_IN_SCHEMA_2, CHECKSUMS, DEFAULT_CHECKSUM,
+                                            checksum_name)
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +320,7 @@ class PackedReader(ExtentReader):
             if os.path.exists(os.path.join(self.path, COMMIT_LOG)):
                 raise ManifestError(
                     "packed store was not finalized (its writer did not close); reopen it with "
-                    "storage.open_writer('packed', ...) and close() to recover", mpath)
+                    "hallulog.storage.open_writer('packed', ...) and close() to recover", mpath)
             raise ManifestError("no manifest.json", mpath)
         try:
             with open(mpath) as f:

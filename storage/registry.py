@@ -12,14 +12,14 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from contracts import layout
-
-from .base import ActivationReader, ActivationWriter
-from .errors import ManifestError, StoreNotFoundError, UnknownFormatError
+from hallulog.contracts import layout
+from hallulog.storage.base import ActivationReader, ActivationWriter
+from hallulog.storage.errors import ManifestError, StoreNotFoundError, UnknownFormatError
 
 __all__ = [
     "FORMATS",
@@ -135,7 +135,7 @@ FORMATS: tuple[str, ...] = tuple(sorted(f.name for f in _REGISTRY.values() if f.
 """The writable formats (``StorageFormat``'s values)."""
 if set(FORMATS) != set(get_args(StorageFormat)):  # one list: the registry is the type's source
     raise RuntimeError(
-        f"storage.registry: StorageFormat {get_args(StorageFormat)} != the "
+        f"hallulog.storage.registry: StorageFormat {get_args(StorageFormat)} != the "
         f"registry's writable formats {FORMATS}"
     )
 
@@ -145,7 +145,7 @@ def open_writer(
 ) -> ActivationWriter:
     """Open (or reopen, recovering after a crash) the ``fmt`` writer of ``root/activations/``.
 
-    ``dtype``: ``float16``, ``float32`` or ``bfloat16`` (``storage.dtypes``), by name or dtype.
+    ``dtype``: ``float16``, ``float32`` or ``bfloat16`` (``hallulog.storage.dtypes``), by name or dtype.
 
     ``options``: packed ``shard_bytes``; zarr ``t_chunk``, ``zarr_format`` (2 or 3),
     ``sharded`` (zarr v3 sharding codec), ``model_id``.
@@ -175,18 +175,37 @@ def detect_format(path) -> tuple[str, str]:
     raise UnknownFormatError("no packed, zarr or npy activation store here", path)
 
 
+#: URL schemes of stores in object storage → their opener, ``"module:function"``, imported on
+#: first use (as fsspec's registry of known implementations): storage reads local files and
+#: knows no client; ``hallulog.remote`` brings the bucket reader.
+URL_OPENERS: dict[str, str] = {"s3": "hallulog.remote.bucket_store:open_bucket_store"}
+_URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/")
+
+
+def _url_opener(path) -> Callable[..., ActivationReader] | None:
+    """The opener of ``path`` when it is a URL (``s3://b/p``, or ``s3:/b/p`` as a ``Path``
+    leaves it), None for a local path; a URL of an unknown scheme is refused."""
+    m = _URL_SCHEME.match(os.fspath(path))
+    if m is None:
+        return None
+    scheme = m.group(1).lower()
+    if scheme not in URL_OPENERS:
+        raise UnknownFormatError(
+            f"no store reader for {scheme}:// URLs (supported: {', '.join(URL_OPENERS)})",
+            os.fspath(path),
+        )
+    module, _, name = URL_OPENERS[scheme].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def open_store(path, **options) -> ActivationReader:
     """Open any store read-only; see ``detect_format`` for what ``path`` may point at.
-    A URL (``s3://bucket/prefix``) reads from the bucket (``storage.object_read``)."""
-    from .object_store import object_url
-
-    if object_url(path) is not None:
-        from .object_read import open_bucket_store
-
-        return open_bucket_store(path, **options)
+    A URL (``s3://bucket/prefix``) reads from the bucket (:data:`URL_OPENERS`)."""
+    if (opener := _url_opener(path)) is not None:
+        return opener(path, **options)
     fmt, where = detect_format(path)
     if fmt == "multi":  # a manifest over stores, each opened as any store
-        from .multi import MultiReader, check_manifest
+        from hallulog.storage.multi import MultiReader, check_manifest
 
         with open(os.path.join(where, "manifest.json")) as f:
             manifest = json.load(f)
@@ -203,7 +222,7 @@ def write_multi_manifest(out_dir, store_dirs, check_unique_keys: bool = True) ->
 
     Paths are stored relative to ``out_dir``; see ``multi.build_manifest`` for the checks.
     """
-    from .multi import build_manifest, write_manifest
+    from hallulog.storage.multi import build_manifest, write_manifest
 
     out_dir = os.path.abspath(os.fspath(out_dir))
     os.makedirs(out_dir, exist_ok=True)

@@ -27,13 +27,15 @@ import warnings
 
 import numpy as np
 
-from ._commitlog import CommitLogWriter, cut_uncommitted, read_commit_log, tail_to_drop
-from ._io import (atomic_write_bytes, fsync_dir, fsync_file as _fsync_file,
-                  fsync_tree as _fsync_tree, fsync_tree_meta as _fsync_tree_meta,
-                  malformed_is_manifest_error)
-from .base import ActivationReader, ActivationWriter, SampleMeta
-from .dtypes import as_container, container_dtype, dtype_str, from_container, store_dtype
-from .errors import CorruptShardError, ManifestError, StorageError
+from hallulog.storage._commitlog import (CommitLogWriter, cut_uncommitted, read_commit_log,
+                                         tail_to_drop)
+from hallulog.storage._io import (atomic_write_bytes, fsync_dir, fsync_file as _fsync_file,
+                                  fsync_tree as _fsync_tree, fsync_tree_meta as _fsync_tree_meta,
+                                  malformed_is_manifest_error)
+from hallulog.storage.base import ActivationReader, ActivationWriter, SampleMeta
+from hallulog.storage.dtypes import (as_container, container_dtype, dtype_str, from_container,
+                                     store_dtype)
+from hallulog.storage.errors import CorruptShardError, ManifestError, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -302,7 +304,7 @@ class ZarrReader(ActivationReader):
         mpath = os.path.join(self.path, meta_file)
         if meta_file == ".zmetadata" and not os.path.exists(mpath):
             raise ManifestError("no consolidated metadata: the store was not finalized (its writer did not "
-                                "close); reopen it with storage.open_writer('zarr', ...) and close()", mpath)
+                                "close); reopen it with hallulog.storage.open_writer('zarr', ...) and close()", mpath)
         root = self._zarr()
         attrs = dict(root.attrs)
         missing = [k for k in ATTR_FIELDS if k not in attrs]

@@ -14,12 +14,11 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+from hallulog.contracts.errors import HallulogError
+from hallulog.storage.errors import StorageError
+from hallulog.tasks import DatasetFormatError
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-
-from contracts.errors import HallulogError
-from orchestrator.tasks import DatasetFormatError
-from storage.errors import StorageError
 
 DOCUMENTED = (HallulogError, StorageError, DatasetFormatError)
 FUZZ = settings(

@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.request
 
-from contracts.process import die_with_parent
+from hallulog.contracts.process import die_with_parent
 
 ACCESS_KEY = "testing-access-key"
 SECRET_KEY = "testing-secret-key"

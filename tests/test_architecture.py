@@ -1,7 +1,8 @@
-"""The package boundaries of docs/architecture.md, checked on the source: no import cycle between
-modules or packages, ``contracts/`` imports nothing of the rest and ``storage/`` only
-``contracts/``, every path and module the architecture doc names exists, no artifact file name
-is spelled outside ``contracts/`` and no JSONL is parsed outside ``contracts/jsonl.py``."""
+"""The rooms of docs/architecture.md, checked on the source: one import namespace (every project
+import is ``hallulog.*``), no import cycle between modules, sub-packages or rooms, each room
+imports only the rooms below it, no room holds more than a fifth of the product code, every path
+the architecture doc names exists, no artifact file name is spelled outside ``contracts/`` and
+no JSONL is parsed outside ``contracts/jsonl.py``."""
 
 from __future__ import annotations
 
@@ -11,44 +12,75 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = (
-    "contracts",
-    "orchestrator",
-    "workers",
-    "evaluation",
-    "storage",
-    "serving",
-    "api",
-    "hallulog_vllm",
-    "hallulog",
-)
-ALLOWED = {  # package → the project packages it may import
+_SETUPTOOLS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+#: room → its folder: each ``hallulog.<room>`` of pyproject's package-dir mapping
+ROOMS: dict[str, str] = {
+    name.split(".")[1]: folder for name, folder in _SETUPTOOLS["package-dir"].items()
+}
+FACE = "hallulog"  # the public face (hallulog/): what user code imports
+PLUGIN = "hallulog_vllm"  # loaded by vLLM; imports nothing of hallulog
+# room → the rooms it may import, lowest first: each imports only rooms listed before it
+ALLOWED: dict[str, set[str]] = {
     "contracts": set(),
     "storage": {"contracts"},
-    "workers": {"contracts", "storage"},
+    "remote": {"contracts", "storage"},
+    "workers": {"contracts", "storage", "remote"},
     "serving": {"contracts"},
     "api": {"contracts"},
-    "hallulog_vllm": set(),
     "evaluation": {"contracts", "storage"},
-    "orchestrator": {"contracts", "workers", "storage", "api", "evaluation"},
-    "hallulog": {"contracts", "storage", "evaluation"},
+    "exports": {"contracts", "storage"},
+    "tasks": {"contracts", "workers"},
+    "config": {"contracts", "storage", "remote", "tasks"},
+    "backends": {"contracts", "config"},
+    "estimate": {"contracts", "storage", "tasks", "config", "backends"},
+    "postrun": {"contracts", "storage", "exports", "tasks", "config"},
+    "orchestrator": {
+        "contracts",
+        "storage",
+        "remote",
+        "workers",
+        "api",
+        "evaluation",
+        "tasks",
+        "config",
+        "backends",
+        "estimate",
+        "postrun",
+    },
+    "cli": set(ROOMS) - {"cli"},
+    FACE: {"contracts", "storage", "exports", "evaluation", "cli"},
+    PLUGIN: set(),
 }
+#: the entry modules, which only start the CLI (``python -m orchestrator``, ``python -m hallulog``)
+ENTRY_MODULES = {"hallulog.orchestrator.__main__", "hallulog.__main__"}
 
 
 def _modules() -> dict[str, Path]:
+    """``hallulog.<room>.<module>`` (and the face's, the plugin's) → its file."""
     found = {}
-    for pkg in PACKAGES:
-        for path in (REPO / pkg).rglob("*.py"):
-            parts = list(path.relative_to(REPO).with_suffix("").parts)
+    roots = {f"hallulog.{room}": REPO / folder for room, folder in ROOMS.items()}
+    roots[FACE] = REPO / "hallulog"
+    roots[PLUGIN] = REPO / "hallulog_vllm"
+    for prefix, folder in roots.items():
+        for path in folder.rglob("*.py"):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
-            found[".".join(parts)] = path
+            found[".".join([prefix, *parts])] = path
     return found
 
 
 MODULES = _modules()
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == PLUGIN:
+        return PLUGIN
+    return parts[1] if len(parts) > 1 and parts[1] in ROOMS else FACE
 
 
 def _resolve(name: str) -> str | None:
@@ -61,29 +93,33 @@ def _resolve(name: str) -> str | None:
     return None
 
 
-def _imports(module: str, path: Path) -> set[str]:
+def _import_names(module: str, path: Path) -> list[tuple[int, str]]:
+    """``(line, absolute dotted name)`` of every import in the module (lazy ones too)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    out: set[str] = set()
+    out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")
                 anchor = anchor[: len(anchor) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            names = [
-                f"{base}.{a.name}" if _resolve(f"{base}.{a.name}") not in (None, base) else base
+            out += [
+                (node.lineno, f"{base}.{a.name}" if _resolve(f"{base}.{a.name}") else base)
                 for a in node.names
             ]
-        else:
-            continue
-        for name in names:
-            target = _resolve(name)
-            if target is not None and target != module:
-                out.add(target)
+    return out
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    out = set()
+    for _line, name in _import_names(module, path):
+        target = _resolve(name)
+        if target is not None and target != module:
+            out.add(target)
     return out
 
 
@@ -130,6 +166,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def _collapse(unit_of) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = defaultdict(set)
     for src, targets in GRAPH.items():
+        if src in ENTRY_MODULES:
+            continue
         for dst in targets:
             a, b = unit_of(src), unit_of(dst)
             if a != b:
@@ -138,16 +176,44 @@ def _collapse(unit_of) -> dict[str, set[str]]:
 
 
 def _subpackage(module: str) -> str:
-    """``orchestrator.run.pool`` → ``orchestrator.run``; top-level modules stay themselves."""
+    """``hallulog.orchestrator.run.pool`` → ``hallulog.orchestrator.run``: a room's sub-package
+    with everything in it; a room's own modules stay themselves."""
     parts = module.split(".")
-    if len(parts) >= 2 and (REPO / parts[0] / parts[1]).is_dir():
-        return ".".join(parts[:2])
+    if len(parts) >= 3 and _room(module) in ROOMS:
+        folder = REPO / ROOMS[parts[1]] / parts[2]
+        if folder.is_dir():
+            return ".".join(parts[:3])
     return module
 
 
 def test_the_walk_sees_the_project():
-    assert len(MODULES) > 60
-    assert "contracts.layout" in GRAPH["orchestrator.run.loop"]
+    assert len(MODULES) > 150
+    assert "hallulog.contracts.layout" in GRAPH["hallulog.orchestrator.run.loop"]
+    assert set(ALLOWED) == set(ROOMS) | {FACE, PLUGIN}
+
+
+def test_every_project_import_is_in_the_namespace():
+    """No module imports a repository folder by its own name (``import storage``): installed,
+    only ``hallulog.*`` exists, and from a checkout the bare name would load a second copy."""
+    folders = set(ROOMS.values()) | {"bench", "tests"}
+    bad = sorted(
+        f"{MODULES[m].relative_to(REPO)}:{line}: {name}"
+        for m, p in MODULES.items()
+        for line, name in _import_names(m, p)
+        if name.split(".")[0] in folders
+    )
+    assert bad == []
+
+
+def test_the_plugin_imports_nothing_of_hallulog():
+    bad = sorted(
+        f"{m} imports {name}"
+        for m, p in MODULES.items()
+        if _room(m) == PLUGIN
+        for _line, name in _import_names(m, p)
+        if name.split(".")[0] == "hallulog"
+    )
+    assert bad == []
 
 
 def test_no_cycle_between_modules():
@@ -158,18 +224,18 @@ def test_no_cycle_between_subpackages():
     assert _cycles(_collapse(_subpackage)) == []
 
 
-def test_no_cycle_between_packages():
-    assert _cycles(_collapse(lambda m: m.split(".")[0])) == []
+def test_no_cycle_between_rooms():
+    assert _cycles(_collapse(_room)) == []
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_package_imports_only_what_it_may(package):
+@pytest.mark.parametrize("room", sorted(ALLOWED))
+def test_room_imports_only_the_rooms_below(room):
     bad = sorted(
         f"{src} imports {dst}"
         for src, targets in GRAPH.items()
-        if src.split(".")[0] == package
+        if _room(src) == room and src not in ENTRY_MODULES
         for dst in targets
-        if dst.split(".")[0] not in ALLOWED[package] | {package}
+        if _room(dst) not in ALLOWED[room] | {room}
     )
     assert bad == []
 
@@ -178,19 +244,29 @@ def test_the_cycle_finder_finds_cycles():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def _lines(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
+
+
 def test_no_module_is_too_long():
-    """Small modules, one concern each (STYLE.md): none past ~400 lines of code."""
-    long = sorted(
-        f"{m} ({n} lines)"
-        for m, p in MODULES.items()
-        if (n := len(p.read_text(encoding="utf-8").splitlines())) > 450
-    )
+    """Small modules, one concern each (docs/architecture.md): none past ~400 lines of code."""
+    long = sorted(f"{m} ({n} lines)" for m, p in MODULES.items() if (n := _lines(p)) > 450)
     assert long == []
 
 
+def test_no_room_holds_more_than_a_fifth_of_the_code():
+    per_room: dict[str, int] = defaultdict(int)
+    for m, p in MODULES.items():
+        per_room[_room(m)] += _lines(p)
+    total = sum(per_room.values())
+    big = {room: round(n / total, 3) for room, n in per_room.items() if n > 0.2 * total}
+    assert big == {}
+
+
 _PATH_RE = re.compile(
-    r"`((?:contracts|orchestrator|workers|evaluation|storage|serving|api|hallulog_vllm|hallulog|"
-    r"deploy|bench|docs|scripts|tests)/[\w./-]*)`"
+    r"`((?:"
+    + "|".join(sorted(set(ROOMS.values())))
+    + r"|hallulog_vllm|hallulog|deploy|bench|docs|scripts|tests)/[\w./-]*)`"
 )
 
 
@@ -214,7 +290,7 @@ def _scanned() -> dict[str, ast.Module]:
     return {
         m: ast.parse(p.read_text(encoding="utf-8"))
         for m, p in MODULES.items()
-        if m.split(".")[0] != "contracts"
+        if _room(m) != "contracts"
     }
 
 
@@ -222,7 +298,7 @@ SCANNED = _scanned()
 
 
 def _artifact_names() -> frozenset[str]:
-    from contracts import layout
+    from hallulog.contracts import layout
 
     return layout.ARTIFACT_FILE_NAMES
 
@@ -266,16 +342,16 @@ def test_no_artifact_path_literal_outside_contracts():
 JSONL_PARSING_ALLOWED = {
     # the user's task files (inputs, not artifacts): BOM, per-line UTF-8 errors and malformed
     # records collected and skipped by MalformedCollector, JSON values other than objects
-    "orchestrator/tasks/base.py",
+    "tasks/base.py",
     # samples the last bytes of a pilot run's files (``estimate``): starts mid-file, which the
     # committed-tail reader of contracts/jsonl.py never does
-    "orchestrator/measure.py",
+    "estimate/measure.py",
     # consolidation's first pass: the ids of a worker row are read from its bytes (regex on the
     # compact line contracts/jsonl.py wrote), parsed only when that fails; stops at a torn tail
-    "orchestrator/postrun/commits.py",
+    "postrun/commits.py",
     # parses the lines of a row group it holds in memory (the fallback when Arrow refuses
     # one), not a file
-    "orchestrator/postrun/parquet.py",
+    "postrun/parquet.py",
 }
 _PARSERS = {("json", "loads"), ("orjson", "loads"), (None, "parse_line"), ("jsonl", "parse_line")}
 

@@ -165,8 +165,8 @@ def _resolves(dotted: str) -> bool:
 
 
 def test_named_paths_and_python_names_exist():
-    """Every repository path (``storage/saev.py``) and dotted Python name
-    (``workers.persist.recover_worker_dir``) these pages mention exists."""
+    """Every repository path (``exports/saev.py``) and dotted Python name
+    (``hallulog.workers.persist.recover_worker_dir``) these pages mention exists."""
     missing = []
     for doc in OWN_DOCS:
         text = doc.read_text(encoding="utf-8")

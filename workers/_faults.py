@@ -10,7 +10,7 @@ tests set it for the orchestrator they start; workers inherit the environment)::
 
 ``op`` is ``write`` (os.write), ``fsync`` (os.fsync and os.fdatasync), ``truncate``
 (os.ftruncate and os.truncate) or ``any``. Every write path of the worker's persist goes through
-these ``os`` functions (storage's ``write_all``, ``contracts.jsonl.JsonlAppender``), so wrapping
+these ``os`` functions (storage's ``write_all``, ``hallulog.contracts.jsonl.JsonlAppender``), so wrapping
 them reaches every call site without LD_PRELOAD. Unit tests use :func:`inject` in-process, where
 ``err=crash`` raises :class:`SimulatedCrash` (a BaseException, so no rollback handler runs) and
 every later call raises it too, as if the process were gone.

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
-
-from workers.capture_file import (
+from hallulog.workers.capture_file import (
     CaptureError,
     CaptureFile,
     discard_capture,

@@ -19,8 +19,7 @@ import weakref
 import ml_dtypes
 import numpy as np
 import orjson
-
-from contracts.capture_rows import row0_metadata
+from hallulog.contracts.capture_rows import row0_metadata
 
 __all__ = [
     "CaptureError",

@@ -1,6 +1,6 @@
 """The worker's OpenAI-protocol client: generation and capture requests, retries by tenacity.
 
-Requests go over :class:`workers.http.HTTPPool` (the protocol is two JSON POSTs). Profiled
+Requests go over :class:`hallulog.workers.http.HTTPPool` (the protocol is two JSON POSTs). Profiled
 against the instant bench backend, the openai SDK's request building and response models, then
 httpx's connection pool, then aiohttp's request machinery each cost more of a worker's CPU per
 generation than the rest of the worker (docs/performance.md). tenacity retries timeouts,
@@ -18,12 +18,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from hallulog.contracts.capture_rows import CAPTURE_ROWS_FIELD
+from hallulog.contracts.errors import HallulogError, RetryableError
+from hallulog.contracts.jsonl import encode_line, parse_line
+from hallulog.workers.http import HTTPPool
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
-
-from contracts.capture_rows import CAPTURE_ROWS_FIELD
-from contracts.errors import HallulogError, RetryableError
-from contracts.jsonl import encode_line, parse_line
-from workers.http import HTTPPool
 
 __all__ = [
     "BackendClient",
@@ -66,7 +65,7 @@ def http_error(url: str, status_code: int, message: str) -> BackendHTTPError:
 
 def is_retryable(exc: BaseException) -> bool:
     """Whether a retry may succeed: the worker's own transport raises
-    :class:`~contracts.errors.RetryableError` for those (connection failures, timeouts, 429 and
+    :class:`~hallulog.contracts.errors.RetryableError` for those (connection failures, timeouts, 429 and
     5xx but a server's full disk). The openai SDK's errors (the LLM judge's client, over httpx)
     are judged by the same rule."""
     if (

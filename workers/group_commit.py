@@ -17,8 +17,8 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from workers.persist import GenerationRecord, PersistBroken, WorkerDir
-from workers.runtime import run_on
+from hallulog.workers.persist import GenerationRecord, PersistBroken, WorkerDir
+from hallulog.workers.runtime import run_on
 
 __all__ = ["GroupCommitter"]
 

@@ -25,8 +25,7 @@ import time
 from urllib.parse import urlsplit
 
 import httptools
-
-from contracts.errors import RetryableError
+from hallulog.contracts.errors import RetryableError
 
 __all__ = ["HTTPConnectionError", "HTTPTimeoutError", "HTTPPool"]
 
@@ -151,7 +150,7 @@ class HTTPPool:
 
         Raises :class:`HTTPConnectionError` on a transport failure and :class:`HTTPTimeoutError`
         (a ``TimeoutError``) when the whole request takes longer than ``timeout`` seconds; both
-        are :class:`~contracts.errors.RetryableError`.
+        are :class:`~hallulog.contracts.errors.RetryableError`.
         """
         request = (
             self._head.format(path=self.prefix + path, ctype=content_type, length=len(body)).encode(

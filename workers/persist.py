@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import storage
-from contracts import layout
-from contracts.jsonl import JsonlAppender, cut_torn_tail, encode, iter_lines, truncate_to
-from contracts.writer_lock import fence_writer, hold_writer
+from hallulog.contracts import layout
+from hallulog.contracts.jsonl import JsonlAppender, cut_torn_tail, encode, iter_lines, truncate_to
+from hallulog.contracts.writer_lock import fence_writer, hold_writer
+
+from hallulog import storage
 
 __all__ = ["WorkerDir", "GenerationRecord", "PersistBroken", "recover_worker_dir"]
 

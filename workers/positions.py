@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from contracts.exact_answer import exact_answer_span
-from contracts.positions import ResolvedPositions, num_captured, resolve_positions
-from workers.capture import CapturedRows, CaptureError, CaptureFile, transpose_cast
+from hallulog.contracts.exact_answer import exact_answer_span
+from hallulog.contracts.positions import ResolvedPositions, num_captured, resolve_positions
+from hallulog.workers.capture import CapturedRows, CaptureError, CaptureFile, transpose_cast
 
 __all__ = [
     "PositionRows",
@@ -47,7 +46,7 @@ def select_positions(
 ) -> PositionRows:
     """``(num_tokens, num_layer_ids, hidden)`` → the named positions' rows ``(L, rows, H)``.
 
-    ``exact_answer_span`` is :func:`contracts.exact_answer.exact_answer_span`'s dict (its
+    ``exact_answer_span`` is :func:`hallulog.contracts.exact_answer.exact_answer_span`'s dict (its
     ``tokens`` place ``exact_answer``) or None.
     """
     expected = num_captured(
@@ -97,7 +96,7 @@ def index_fields(rows: PositionRows) -> dict[str, Any]:
 
 
 def exact_answer_spans(completions, grades) -> list[dict | None]:
-    """Each completion's exact answer (:func:`contracts.exact_answer.exact_answer_span`): its
+    """Each completion's exact answer (:func:`hallulog.contracts.exact_answer.exact_answer_span`): its
     grade's match (``Grade.span``) when there is one, else the first-line rule."""
     return [
         exact_answer_span(

@@ -1,14 +1,14 @@
 """The worker side of ``--executor ray``: one actor per GPU (or per CPU slot) that owns its
-inference server process and runs the ordinary worker (``workers.worker.GroupWorker``) with a
+inference server process and runs the ordinary worker (``hallulog.workers.worker.GroupWorker``) with a
 channel over actor method calls instead of a pipe.
 
-The class is plain Python; ``orchestrator.run.ray_executor`` wraps it with ``ray.remote`` (so this
+The class is plain Python; ``hallulog.orchestrator.run.ray_executor`` wraps it with ``ray.remote`` (so this
 module imports nothing from Ray). The driver calls:
 
 - ``start()``: check that the artifact root is shared (the probe file the driver wrote must be
   visible here with the same text; on an ``s3://`` root: the driver's session object in the
   bucket, and the worker directory is staged on this node and shipped by the actor,
-  ``workers/actor_shipping.py``), roll the slot's worker directory back to its last commit
+  ``remote/actor_shipping.py``), roll the slot's worker directory back to its last commit
   (``recover_worker_dir``: the committed rows win over anything Ray remembers), spawn the server
   on a free port of this node, wait for its health, start the worker thread; returns the node,
   the server's URL and the committed prompt ids.
@@ -45,13 +45,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from contracts.process import die_with_parent
-from contracts.prompt_group import PromptGroup
-from workers.actor_shipping import ActorShipping
-from workers.persist import recover_worker_dir
-from workers.runtime import run_event_loop, tune_gc
-from workers.worker import GroupWorker, WorkerSpec
+from hallulog.contracts.process import die_with_parent
+from hallulog.contracts.prompt_group import PromptGroup
+from hallulog.remote.actor_shipping import ActorShipping
+from hallulog.workers.persist import recover_worker_dir
+from hallulog.workers.runtime import run_event_loop, tune_gc
+from hallulog.workers.worker import GroupWorker, WorkerSpec
 
 __all__ = ["SlotActor", "SharedFsError", "PROBE_NAME"]
 
@@ -67,7 +66,7 @@ class SharedFsError(RuntimeError):
 
 class _CallChannel:
     """The worker's channel over method calls: ``submit`` fills the inbox, ``poll`` drains the
-    outbox (the pipe's ``send``/``recv`` in ``workers.worker``)."""
+    outbox (the pipe's ``send``/``recv`` in ``hallulog.workers.worker``)."""
 
     def __init__(self) -> None:
         self.inbox: queue.Queue = queue.Queue()

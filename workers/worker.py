@@ -7,7 +7,7 @@ The channel is one duplex ``multiprocessing`` connection per worker: the driver 
 the worker sends ``ready`` once it is up, then one event per group (``done`` or ``failed``),
 plus ``fatal`` when it cannot go on. No lock is shared with another process, so a worker killed at any moment leaves the driver
 an EOF, never a held lock. Several groups are in flight at once (asyncio); persisting is
-serialised so that groups commit one at a time (see ``workers.persist``).
+serialised so that groups commit one at a time (see ``hallulog.workers.persist``).
 """
 
 from __future__ import annotations
@@ -24,20 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contracts.answer_kinds import Grade, answer_grader as kinds_answer_grader
-from contracts.capture_rows import prefill_start, rows_to_ask
-from contracts.process import die_with_parent
-from contracts.ids import activation_key, sample_seed
-from contracts.prompt_group import PromptGroup
-from workers.capture import (CaptureError, CapturedRows, discard_capture, open_capture,
-                             select_rows)
-from workers.client import BackendClient, Completion, is_retryable
-from workers.group_commit import GroupCommitter
-from workers.positions import (PositionRows, exact_answer_spans, index_fields,
-                               missing_positions, select_positions)
-from workers.persist import GenerationRecord, PersistBroken, WorkerDir
-from workers.runtime import run_event_loop, run_on, tune_gc
-from workers.errors import FULL_DISK, disk_full, error_record, utc_now
+from hallulog.contracts.answer_kinds import Grade, answer_grader as kinds_answer_grader
+from hallulog.contracts.capture_rows import prefill_start, rows_to_ask
+from hallulog.contracts.process import die_with_parent
+from hallulog.contracts.ids import activation_key, sample_seed
+from hallulog.contracts.prompt_group import PromptGroup
+from hallulog.workers.capture import (CaptureError, CapturedRows, discard_capture, open_capture,
+                                      select_rows)
+from hallulog.workers.client import BackendClient, Completion, is_retryable
+from hallulog.workers.group_commit import GroupCommitter
+from hallulog.workers.positions import (PositionRows, exact_answer_spans, index_fields,
+                                        missing_positions, select_positions)
+from hallulog.workers.persist import GenerationRecord, PersistBroken, WorkerDir
+from hallulog.workers.runtime import run_event_loop, run_on, tune_gc
+from hallulog.workers.errors import FULL_DISK, disk_full, error_record, utc_now
 
 __all__ = ["WorkerSpec", "GroupWorker", "worker_main", "answer_grader"]
 
@@ -83,7 +83,7 @@ class WorkerSpec:
 
 def answer_grader(group: PromptGroup) -> Callable[[str], Grade | None]:
     """The grader of one group's answers, prepared once (aliases normalized once): the kind of
-    its reference decides (:mod:`contracts.answer_kinds`, docs/labels.md). References graded
+    its reference decides (:mod:`hallulog.contracts.answer_kinds`, docs/labels.md). References graded
     after the run (the LLM judge) or missing give None for every answer."""
     grade = kinds_answer_grader(group.reference)
     return grade if grade is not None else _ungraded
@@ -101,7 +101,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     logging.basicConfig(level=os.environ.get("HALLULOG_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s worker_{spec.worker_id} %(levelname)s %(message)s")
     if os.environ.get("HALLULOG_FAULTS"):  # fault tests only (workers/_faults.py)
-        from workers._faults import install_from_env
+        from hallulog.workers._faults import install_from_env
 
         install_from_env()
     channel = _Channel(conn)

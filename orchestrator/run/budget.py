@@ -1,6 +1,6 @@
 """The run's storage budget: the free-space check before servers start, and ``--max-storage-gb``.
 
-- :func:`preflight` projects what the pending prompts will store (``orchestrator.estimate``:
+- :func:`preflight` projects what the pending prompts will store (``hallulog.estimate.command``:
   the expected figure when the run already holds generations to measure, exact for a fixed
   selection, else the upper bound) and refuses to start when it exceeds the free space of the
   artifact root's filesystem (``--check-free-space false`` skips it). With a cap, the
@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from orchestrator.config import RunConfig
-from orchestrator.errors import HallulogError
+from hallulog.config.run_config import RunConfig
+from hallulog.contracts.errors import HallulogError
 
 __all__ = ["StorageCapReached", "StorageMeter", "preflight", "STORAGE_CHECK_SECONDS"]
 
@@ -72,7 +72,7 @@ class StorageMeter:
         self._due = 0.0
 
     def measure(self) -> int:
-        from orchestrator.measure import tree_bytes
+        from hallulog.estimate.measure import tree_bytes
 
         started = self.clock()
         self.stored = tree_bytes(self.root, skip=self.skip)
@@ -133,8 +133,14 @@ def _check_free_space(
     pending: int,
     room: float | None,
 ) -> None:
-    from orchestrator.measure import Lengths, free_bytes, measure_run, pilot_lengths, task_prompts
-    from orchestrator.projection import human_bytes, project, selection_for
+    from hallulog.estimate.measure import (
+        Lengths,
+        free_bytes,
+        measure_run,
+        pilot_lengths,
+        task_prompts,
+    )
+    from hallulog.estimate.projection import human_bytes, project, selection_for
 
     selection = selection_for(config, num_hidden_layers, layer_ids)
     measured = measure_run(root, with_metadata=False)

@@ -1,6 +1,6 @@
 """The checkpoint: an append-only completion log plus a periodic snapshot.
 
-- ``completions.log`` (``contracts.layout.COMPLETION_LOG``): one line per completed prompt id,
+- ``completions.log`` (``hallulog.contracts.layout.COMPLETION_LOG``): one line per completed prompt id,
   appended and fsynced by the driver as groups complete (ids that arrive together share one
   fsync). Cost per group: O(1). During a run it is the truth; a torn last line (crash
   mid-append) is ignored and cut before the next append.
@@ -23,10 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from filelock import FileLock
-
-from contracts import layout
-from contracts.jsonl import committed_size, cut_torn_tail, truncate_to
-from orchestrator.errors import ArtifactError
+from hallulog.contracts import layout
+from hallulog.contracts.errors import ArtifactError
+from hallulog.contracts.jsonl import committed_size, cut_torn_tail, truncate_to
 
 __all__ = [
     "CHECKPOINT_NAME",

@@ -24,15 +24,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.config import RunConfig
-from orchestrator.errors import HallulogError
-from orchestrator.run.budget import StorageMeter
-from orchestrator.run.checkpoint import CheckpointWriter, CompletionLog
-from orchestrator.run.fleet import ServerFleet
-from orchestrator.run.pool import WorkerPool
-from orchestrator.run.progress import Progress
-from orchestrator.run.status import StatusBoard
-from orchestrator.run.watchdog import Watchdog
+from hallulog.config.run_config import RunConfig
+from hallulog.contracts.errors import HallulogError
+from hallulog.orchestrator.run.budget import StorageMeter
+from hallulog.orchestrator.run.checkpoint import CheckpointWriter, CompletionLog
+from hallulog.orchestrator.run.fleet import ServerFleet
+from hallulog.orchestrator.run.pool import WorkerPool
+from hallulog.orchestrator.run.progress import Progress
+from hallulog.orchestrator.run.status import StatusBoard
+from hallulog.orchestrator.run.watchdog import Watchdog
 
 __all__ = [
     "Drive",

@@ -21,8 +21,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 
-from orchestrator.run.servers import ServerProcess
-from orchestrator.run.status import StatusBoard
+from hallulog.backends.servers import ServerProcess
+from hallulog.orchestrator.run.status import StatusBoard
 
 __all__ = ["ServerFleet", "STARTING", "HEALTHY", "DOWN", "RETIRED"]
 

@@ -16,33 +16,33 @@ from pathlib import Path
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from orchestrator.run.checkpoint import (CheckpointWriter, CompletionLog, load_completed,
-                                         read_completion_log, write_completed)
-from orchestrator.config import ConfigError, RunConfig
-from contracts import layout
-from contracts.jsonl import truncate_to
-from contracts.layout import worker_dir, worker_dirs
-from contracts.prompt_group import PromptGroup
-from contracts.root_lock import holds_root
-from orchestrator.errors import HallulogError
-from orchestrator.postrun.labels import label_counts, label_with_judge, unlabeled_prompts
-from evaluation import report_path
-from orchestrator.manifest import (build_manifest, check_resumable, load_manifest,
-                                   update_manifest, write_manifest)
-from orchestrator.run.budget import preflight
-from orchestrator.run.dispatch import Drive
-from orchestrator.run.pool import WorkerPool
-from orchestrator.run.progress import Progress
-from orchestrator.run.models import ModelInfo, hallulog_cache_dir, remote_model, resolve_model
-from orchestrator.run.servers import ServerProcess, remove_spools, start_servers
-from orchestrator.run.status import StatusBoard
-from orchestrator.run.supervision import Supervision
-from orchestrator.postrun.finish import finish
-from orchestrator.tasks import TaskStream, open_config_task
-from orchestrator.tasks.base import MalformedCollector
-from orchestrator.tasks.grading import needs_judge_for
-from workers.persist import recover_worker_dir
-from workers.worker import WorkerSpec
+from hallulog.orchestrator.run.checkpoint import (CheckpointWriter, CompletionLog, load_completed,
+                                                  read_completion_log, write_completed)
+from hallulog.config.run_config import ConfigError, RunConfig
+from hallulog.contracts import layout
+from hallulog.contracts.jsonl import truncate_to
+from hallulog.contracts.layout import worker_dir, worker_dirs
+from hallulog.contracts.prompt_group import PromptGroup
+from hallulog.contracts.root_lock import holds_root
+from hallulog.contracts.errors import HallulogError
+from hallulog.postrun.labels import label_counts, label_with_judge, unlabeled_prompts
+from hallulog.evaluation import report_path
+from hallulog.config.manifest import (build_manifest, check_resumable, load_manifest,
+                                      update_manifest, write_manifest)
+from hallulog.orchestrator.run.budget import preflight
+from hallulog.orchestrator.run.dispatch import Drive
+from hallulog.orchestrator.run.pool import WorkerPool
+from hallulog.orchestrator.run.progress import Progress
+from hallulog.backends.models import ModelInfo, hallulog_cache_dir, remote_model, resolve_model
+from hallulog.backends.servers import ServerProcess, remove_spools, start_servers
+from hallulog.orchestrator.run.status import StatusBoard
+from hallulog.orchestrator.run.supervision import Supervision
+from hallulog.postrun.finish import finish
+from hallulog.tasks import TaskStream, open_config_task
+from hallulog.tasks.base import MalformedCollector
+from hallulog.tasks.grading import needs_judge_for
+from hallulog.workers.persist import recover_worker_dir
+from hallulog.workers.worker import WorkerSpec
 
 __all__ = ["run", "RunResult"]
 
@@ -90,7 +90,7 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
 
     ``only`` restricts the work to these prompt ids; ``redo`` reprocesses these even when they
     were committed before (``hallulog retry``: the new commit supersedes the old one).
-    ``remote``: the bucket of an ``s3://`` root (``orchestrator.remote_run.RemoteTarget``; the
+    ``remote``: the bucket of an ``s3://`` root (``hallulog.cli.bucket_run.RemoteTarget``; the
     root is then the staging root): the actors of ``--executor ray`` ship to it, and the post-run
     is ``remote_run``'s, after the run.
     """
@@ -308,7 +308,7 @@ def _ray_pool(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: P
     """The pool of ``--executor ray``: slots on Ray actors, each with its own server."""
     from dataclasses import replace
 
-    from orchestrator.run.ray_executor import ray_pool
+    from hallulog.orchestrator.run.ray_executor import ray_pool
 
     template = _worker_specs(config, model, layer_ids, root, [""])[0]
     return ray_pool(config, model, layer_ids, root, cache_dir,
@@ -356,7 +356,7 @@ def _summary(config: RunConfig, model: ModelInfo, layer_ids: list[int]) -> dict[
 def _start_api(config: RunConfig, board: StatusBoard):
     if config.status_port is None:
         return None
-    from api import StatusServer
+    from hallulog.api import StatusServer
 
     server = StatusServer(board.snapshot, config.status_host, config.status_port,
                           config.status_token)

@@ -1,8 +1,8 @@
 """The driver's pool of workers: the queue, dispatch to free slots, re-queue on death.
 
-Where the workers run is a :class:`~orchestrator.run.slots.WorkerSlots`: by default worker
+Where the workers run is a :class:`~hallulog.orchestrator.run.slots.WorkerSlots`: by default worker
 processes on this machine (``ProcessSlots``), or Ray actors
-(``orchestrator.run.ray_executor.ActorSlots``). Locally every worker has its own duplex pipe
+(``hallulog.orchestrator.run.ray_executor.ActorSlots``). Locally every worker has its own duplex pipe
 (``multiprocessing.Pipe``): the driver sends it prompt groups, never more than its
 ``groups_in_flight`` unresolved at once, and receives one event per group back. Nothing is
 shared between processes that one of them could die holding (the shared
@@ -24,9 +24,16 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from contracts.prompt_group import PromptGroup
-from orchestrator.run.slots import PARKED, RETIRED, RUNNING, ProcessSlots, WorkerSlot, WorkerSlots
-from workers.worker import WorkerSpec, worker_main
+from hallulog.contracts.prompt_group import PromptGroup
+from hallulog.orchestrator.run.slots import (
+    PARKED,
+    RETIRED,
+    RUNNING,
+    ProcessSlots,
+    WorkerSlot,
+    WorkerSlots,
+)
+from hallulog.workers.worker import WorkerSpec, worker_main
 
 __all__ = ["WorkerPool", "WorkerSlot", "WorkerSlots", "RUNNING", "PARKED", "RETIRED"]
 
@@ -34,7 +41,7 @@ log = logging.getLogger(__name__)
 
 
 class WorkerPool:
-    """Workers on :class:`~orchestrator.run.slots.WorkerSlots` (default: processes with one
+    """Workers on :class:`~hallulog.orchestrator.run.slots.WorkerSlots` (default: processes with one
     pipe each, ``ProcessSlots(target)``); the driver calls :meth:`next_events` in a loop.
 
     ``committed_in(worker_id)`` rolls a dead worker's directory back to its last commit and

@@ -3,8 +3,8 @@
 The driver writes a session object every actor must read back (the shared-filesystem probe of a
 bucket root), puts the run's manifest in the bucket before any actor starts, and answers the
 pool's ``committed_in`` for a lost slot from its segment chain once fenced
-(``workers/segment_restore.py``): whatever the lost actor still ships cannot count, and each
-segment is read once per session. The actors' side: ``workers/actor_shipping.py``.
+(``remote/restore.py``): whatever the lost actor still ships cannot count, and each
+segment is read once per session. The actors' side: ``remote/actor_shipping.py``.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ class BucketSlots:
     segment read once per session)."""
 
     def __init__(self, remote: Any, root: Path, session: str) -> None:
-        from contracts import layout
-        from storage.object_store import Bucket
-        from workers.actor_shipping import session_key
-        from workers.segments import RUN_PREFIX
+        from hallulog.contracts import layout
+        from hallulog.remote.actor_shipping import session_key
+        from hallulog.remote.client import Bucket
+        from hallulog.remote.segments import RUN_PREFIX
 
         self.bucket = Bucket(remote.url)
         self.bucket.put_create(session_key(session), session.encode())
@@ -39,7 +39,7 @@ class BucketSlots:
         }
 
     def committed_in(self, wid: int) -> set[str]:
-        from workers.segment_restore import fence_chain
+        from hallulog.remote.restore import fence_chain
 
         worker = f"worker_{wid}"
         start, ids = self._read.get(worker, (0, set()))

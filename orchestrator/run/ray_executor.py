@@ -1,10 +1,10 @@
 """``--executor ray``: the worker pool's slots are Ray actors on an existing cluster, one per
 ``--tensor-parallel-size`` x ``--pipeline-parallel-size`` GPUs (one GPU by default; per
 ``--ray-cpus-per-actor`` CPUs on a CPU cluster), each owning its server and a worker
-(``workers.ray_actor.SlotActor``). The driver, this process, keeps what it keeps on one node:
+(``hallulog.workers.ray_actor.SlotActor``). The driver, this process, keeps what it keeps on one node:
 the in-memory queue, dispatch by free slot, retries, the checkpoint and ``completions.log``, the
-status board, progress and post-run. :func:`ray_pool` is a :class:`~orchestrator.run.pool.WorkerPool`
-on :class:`ActorSlots` (the worker-slot interface of ``orchestrator.run.slots`` with actors in
+status board, progress and post-run. :func:`ray_pool` is a :class:`~hallulog.orchestrator.run.pool.WorkerPool`
+on :class:`ActorSlots` (the worker-slot interface of ``hallulog.orchestrator.run.slots`` with actors in
 place of processes), so the run loop's ``Drive`` drives it unchanged.
 
 Per actor the driver keeps one ``start`` or ``poll`` call outstanding and waits on them all with
@@ -22,11 +22,11 @@ over Ray's own state, which is not durable: a group is redone at most, never los
 consolidation keeps one commit per prompt. A crashed driver takes its actors with it (Ray ends a
 job's actors with the job); rerunning the command resumes from the artifact root.
 
-On an ``s3://`` root (``remote``, ``orchestrator/remote_run.py``) the nodes share only the
+On an ``s3://`` root (``remote``, ``cli/bucket_run.py``) the nodes share only the
 bucket: the driver's root is its own staging root, which no actor reads or writes; each actor
-stages its worker directory on its node and ships it (``workers/actor_shipping.py``), reporting a
+stages its worker directory on its node and ships it (``remote/actor_shipping.py``), reporting a
 group done once its segment is in the bucket. A lost slot's committed groups are then those of
-its segment chain, read after the driver has fenced it (``workers/segment_restore.py``), so
+its segment chain, read after the driver has fenced it (``remote/restore.py``), so
 nothing the lost actor still ships can count.
 """
 
@@ -41,22 +41,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from contracts.extras import require
-from orchestrator.config import RunConfig
-from orchestrator.errors import HallulogError
-from orchestrator.manifest import update_manifest
-from orchestrator.run.models import ModelInfo
-from orchestrator.run.pool import WorkerPool
-from orchestrator.run.ray_bucket import BucketSlots
-from orchestrator.run.ray_plan import (
+from hallulog.backends.models import ModelInfo
+from hallulog.config.manifest import update_manifest
+from hallulog.config.run_config import RunConfig
+from hallulog.contracts.errors import HallulogError
+from hallulog.contracts.extras import require
+from hallulog.orchestrator.run.pool import WorkerPool
+from hallulog.orchestrator.run.ray_bucket import BucketSlots
+from hallulog.orchestrator.run.ray_plan import (
     RayExecutorError,
     actor_options,
     plan_actors,
     server_launch,
 )
-from orchestrator.run.slots import Notice, WorkerSlot
-from workers.ray_actor import PROBE_NAME, SlotActor
-from workers.worker import WorkerSpec
+from hallulog.orchestrator.run.slots import Notice, WorkerSlot
+from hallulog.workers.ray_actor import PROBE_NAME, SlotActor
+from hallulog.workers.worker import WorkerSpec
 
 __all__ = [
     "ray_pool",
@@ -160,7 +160,7 @@ def ray_pool(
 
 
 class ActorSlots:
-    """The :class:`~orchestrator.run.slots.WorkerSlots` of ``--executor ray``: each worker is a
+    """The :class:`~hallulog.orchestrator.run.slots.WorkerSlots` of ``--executor ray``: each worker is a
     ``SlotActor`` (its own server and a worker), called instead of piped to.
 
     Per actor one ``start`` or ``poll`` call is outstanding; :meth:`wait` waits on them all with

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import RunConfig
-from orchestrator.errors import HallulogError
-from orchestrator.run.models import ModelInfo
-from orchestrator.run.servers import server_command
+from hallulog.backends.models import ModelInfo
+from hallulog.backends.servers import server_command
+from hallulog.config.run_config import RunConfig
+from hallulog.contracts.errors import HallulogError
 
 __all__ = ["RayExecutorError", "plan_actors", "actor_options", "server_launch"]
 
@@ -86,7 +86,7 @@ def server_launch(
     )
     command[command.index("--port") + 1] = "{port}"
     if config.backend == "vllm":
-        from orchestrator.run.vllm_backend import vllm_server_env
+        from hallulog.backends.vllm import vllm_server_env
 
         env.update(vllm_server_env({}, gpu=0 if gpu else None, cache_dir=cache_dir))
         if gpu:

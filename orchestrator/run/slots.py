@@ -1,9 +1,9 @@
 """Where the pool's workers run: the worker-slot interface and its local implementation.
 
-:class:`~orchestrator.run.pool.WorkerPool` keeps the bookkeeping (the queue, free slots,
+:class:`~hallulog.orchestrator.run.pool.WorkerPool` keeps the bookkeeping (the queue, free slots,
 in-flight groups, deaths, retirement, hang deadlines) and leaves running the workers to a
 :class:`WorkerSlots`: worker processes on this machine, one pipe each (:class:`ProcessSlots`,
-the default), or Ray actors (``orchestrator.run.ray_executor.ActorSlots``). The pool calls it
+the default), or Ray actors (``hallulog.orchestrator.run.ray_executor.ActorSlots``). The pool calls it
 with the :class:`WorkerSlot` record of each worker; the slots keep their handle in
 ``slot.proc`` (and a channel in ``slot.conn`` when they have one).
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Literal, Protocol
 
-from workers.worker import WorkerSpec, worker_main
+from hallulog.workers.worker import WorkerSpec, worker_main
 
 __all__ = ["WorkerSlot", "WorkerSlots", "Notice", "ProcessSlots", "RUNNING", "PARKED", "RETIRED"]
 

@@ -13,11 +13,11 @@ workers start at once.
 
 from __future__ import annotations
 
-from orchestrator.config import RunConfig
-from orchestrator.run.fleet import HEALTHY, ServerFleet
-from orchestrator.run.servers import ServerProcess
-from orchestrator.run.status import StatusBoard
-from orchestrator.run.watchdog import ServerProgress, Watchdog
+from hallulog.backends.servers import ServerProcess
+from hallulog.config.run_config import RunConfig
+from hallulog.orchestrator.run.fleet import HEALTHY, ServerFleet
+from hallulog.orchestrator.run.status import StatusBoard
+from hallulog.orchestrator.run.watchdog import ServerProgress, Watchdog
 
 __all__ = ["Supervision"]
 
@@ -25,7 +25,7 @@ __all__ = ["Supervision"]
 class Supervision:
     """The fleet and the watchdog of ``servers``, wired to ``pool`` and ``board``.
 
-    ``pool`` is a :class:`~orchestrator.run.pool.WorkerPool` (or any pool with its
+    ``pool`` is a :class:`~hallulog.orchestrator.run.pool.WorkerPool` (or any pool with its
     ``busy``/``workers_of``/``start``/``stop_workers``/``retire_workers``).
     """
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hallulog.orchestrator.run.status import StatusBoard
 
-from orchestrator.run.status import StatusBoard
 from tests.api.status_fixtures import FakeClock, make_board
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.run.status import StatusBoard
+from hallulog.orchestrator.run.status import StatusBoard
 
 
 class FakeClock:

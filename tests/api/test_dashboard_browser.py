@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hallulog.api import StatusServer
 
-from api import StatusServer
 from tests.api.dashboard_browser import missing_browser, watch_dashboard
 from tests.api.status_fixtures import make_board
 

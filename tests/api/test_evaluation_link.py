@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 from fastapi.testclient import TestClient
+from hallulog.api import format_status, status_from_artifacts
+from hallulog.api.app import create_app
+from hallulog.cli.commands import format_result
+from hallulog.orchestrator.run import RunResult
 
-from api import format_status, status_from_artifacts
-from api.app import create_app
-from orchestrator.commands import format_result
-from orchestrator.run import RunResult
 from tests.api.status_fixtures import make_board
 
 

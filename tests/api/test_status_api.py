@@ -12,9 +12,9 @@ import time
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from hallulog.api import StatusServer, create_app
 from prometheus_client.parser import text_string_to_metric_families
 
-from api import StatusServer, create_app
 from tests.api.status_fixtures import make_board
 
 TOKEN = "t0k3n-for-tests"
@@ -220,7 +220,7 @@ def _status_timings_while_checkpoint_blocked(tmp_path, snapshot_of):
     stuck behind the checkpoint file lock (a slow fsync of another writer). Returns the time
     each route takes meanwhile (a timed-out request counts as 5 s)."""
     filelock = pytest.importorskip("filelock")
-    from orchestrator.run.checkpoint import CHECKPOINT_NAME, CheckpointWriter
+    from hallulog.orchestrator.run.checkpoint import CHECKPOINT_NAME, CheckpointWriter
 
     board = make_board()
     board.set_phase("running")

@@ -1,12 +1,18 @@
-"""api.client: fetch_status over HTTP, status_from_artifacts from a run's files, format_status."""
+"""hallulog.api.client: fetch_status over HTTP, status_from_artifacts from a run's files, format_status."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from hallulog.api import (
+    StatusError,
+    StatusServer,
+    fetch_status,
+    format_status,
+    status_from_artifacts,
+)
 
-from api import StatusError, StatusServer, fetch_status, format_status, status_from_artifacts
 from tests.api.status_fixtures import make_board
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hallulog.api import StatusServer
+from hallulog.config.manifest import build_manifest
+from hallulog.config.run_config import RunConfig
 
-from api import StatusServer
-from orchestrator.config import RunConfig
-from orchestrator.manifest import build_manifest
 from tests.api.status_fixtures import make_board
 
 TOKEN = "s3cret-status-token"
@@ -133,7 +133,7 @@ def test_token_is_never_written_to_the_manifest_or_repr(tmp_path):
 
 
 def test_cli_reads_the_token_from_the_environment(monkeypatch, tmp_path):
-    from orchestrator.cli import build_parser, config_from_args
+    from hallulog.cli.app import build_parser, config_from_args
 
     monkeypatch.setenv("HALLULOG_STATUS_TOKEN", TOKEN)
     args = build_parser().parse_args(

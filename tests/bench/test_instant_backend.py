@@ -11,9 +11,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from workers.capture import load_capture, select_rows
-from workers.client import BackendClient
+from hallulog.workers.capture import load_capture, select_rows
+from hallulog.workers.client import BackendClient
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,14 +1,11 @@
-"""contracts.answer_kinds: every rule of docs/labels.md "Answer kinds", the spans, and the alias
-rule equal to contracts.answer_match.alias_match_label on arbitrary strings."""
+"""hallulog.contracts.answer_kinds: every rule of docs/labels.md "Answer kinds", the spans, and the alias
+rule equal to hallulog.contracts.answer_match.alias_match_label on arbitrary strings."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from contracts.abstention import detect_abstention
-from contracts.answer_kinds import (
+from hallulog.contracts.abstention import detect_abstention
+from hallulog.contracts.answer_kinds import (
     Grade,
     answer_grader,
     answer_kind,
@@ -17,7 +14,9 @@ from contracts.answer_kinds import (
     parse_number,
     token_spans,
 )
-from contracts.answer_match import alias_match_label, answer_tokens, normalize_answer
+from hallulog.contracts.answer_match import alias_match_label, answer_tokens, normalize_answer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 CHOICES = {
     "kind": "choice",

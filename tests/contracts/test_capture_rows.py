@@ -4,8 +4,7 @@ and what a worker asks for."""
 from __future__ import annotations
 
 import pytest
-
-from contracts.capture_rows import (
+from hallulog.contracts.capture_rows import (
     capture_span,
     capture_window,
     check_capture_rows,
@@ -97,7 +96,7 @@ def test_docs_name_the_field_and_every_value():
     """docs/contracts.md's table of values is the code's (a drift test)."""
     from pathlib import Path
 
-    from contracts.capture_rows import CAPTURE_ROWS, CAPTURE_ROWS_FIELD, ROW0_KEY
+    from hallulog.contracts.capture_rows import CAPTURE_ROWS, CAPTURE_ROWS_FIELD, ROW0_KEY
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "contracts.md").read_text()
     section = doc.split("## Capture file", 1)[1].split("\n## ", 1)[0]

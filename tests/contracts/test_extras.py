@@ -12,8 +12,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from contracts.extras import EXTRAS, MissingExtra, install_command, require, require_installed
+from hallulog.contracts.extras import (
+    EXTRAS,
+    MissingExtra,
+    install_command,
+    require,
+    require_installed,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,7 +38,7 @@ def test_ray_executor_without_ray_names_the_extra():
     proc = _without(
         "ray",
         """
-        from orchestrator.run.ray_executor import connect
+        from hallulog.orchestrator.run.ray_executor import connect
         try:
             connect("local")
         except Exception as exc:
@@ -53,7 +58,7 @@ def test_cli_study_file_without_pyyaml_is_one_line(tmp_path):
     proc = _without(
         "yaml",
         f"""
-        from orchestrator.cli import main
+        from hallulog.cli.app import main
         sys.exit(main(["run", "--config", {str(study)!r}, "--artifact-root",
                        {str(tmp_path / "root")!r}]))
     """,
@@ -69,7 +74,7 @@ def test_vllm_backend_checked_before_any_server_starts():
     proc = _without(
         "vllm",
         """
-        from contracts.extras import require_installed
+        from hallulog.contracts.extras import require_installed
         try:
             require_installed("vllm", "--backend vllm")
         except Exception as exc:

@@ -1,4 +1,4 @@
-"""contracts.jsonl on real files: the committed-tail rule, errors naming file and line,
+"""hallulog.contracts.jsonl on real files: the committed-tail rule, errors naming file and line,
 rollback by truncation, appends that start a fresh line."""
 
 from __future__ import annotations
@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from contracts.jsonl import (
+from hallulog.contracts.jsonl import (
     JsonlAppender,
     MalformedLineError,
     committed_size,

@@ -4,9 +4,8 @@ next rows, and rollback drops buffered and written rows alike."""
 from __future__ import annotations
 
 import pytest
-
-from contracts.jsonl import JsonlAppender, iter_rows
-from workers._faults import inject
+from hallulog.contracts.jsonl import JsonlAppender, iter_rows
+from hallulog.workers._faults import inject
 
 
 @pytest.mark.parametrize("op", ["write", "fsync"])

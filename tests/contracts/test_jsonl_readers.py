@@ -4,9 +4,14 @@ read_row_at, read_document."""
 from __future__ import annotations
 
 import pytest
-
-from contracts.errors import ArtifactError, MalformedLineError
-from contracts.jsonl import is_malformed, iter_lines, read_document, read_row_at, scan_lines
+from hallulog.contracts.errors import ArtifactError, MalformedLineError
+from hallulog.contracts.jsonl import (
+    is_malformed,
+    iter_lines,
+    read_document,
+    read_row_at,
+    scan_lines,
+)
 
 
 def test_scan_lines_reports_every_line_it_cannot_take(tmp_path):

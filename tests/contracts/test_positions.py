@@ -4,9 +4,8 @@ routes, edge cases (docs/alignment.md)."""
 from __future__ import annotations
 
 import pytest
-
-from contracts.exact_answer import char_to_token_span, exact_answer_span, first_line_span
-from contracts.positions import (
+from hallulog.contracts.exact_answer import char_to_token_span, exact_answer_span, first_line_span
+from hallulog.contracts.positions import (
     POSITION_NAMES,
     count_rows,
     num_captured,

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
+from hallulog.contracts.root_lock import LOCK_FILE, RootLocked, holder_of, root_lock
 
 from bench.instant_run import InstantFleet, write_task
-from contracts.root_lock import LOCK_FILE, RootLocked, holder_of, root_lock
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -126,7 +126,7 @@ def test_a_held_root_is_refused_to_another_process_and_reentrant(tmp_path):
                 sys.executable,
                 "-c",
                 f"""
-from contracts.root_lock import root_lock, RootLocked
+from hallulog.contracts.root_lock import root_lock, RootLocked
 try:
     with root_lock({str(tmp_path)!r}, "merge"):
         print("acquired")

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from contracts import layout
-from contracts.errors import ArtifactError
-from contracts.run_manifest import DEFAULT_STORAGE_FORMAT, MANIFEST_VERSION, RunManifest
+from hallulog.contracts import layout
+from hallulog.contracts.errors import ArtifactError
+from hallulog.contracts.run_manifest import DEFAULT_STORAGE_FORMAT, MANIFEST_VERSION, RunManifest
 
 DOC = {
     "run_id": "r1",

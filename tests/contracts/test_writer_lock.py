@@ -15,10 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-from contracts import layout
-from contracts.process import pid_alive
-from contracts.writer_lock import WriterBusy, fence_writer, hold_writer
+from hallulog.contracts import layout
+from hallulog.contracts.process import pid_alive
+from hallulog.contracts.writer_lock import WriterBusy, fence_writer, hold_writer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,7 +28,7 @@ def holder(directory: Path, *, host: str | None = None) -> subprocess.Popen:
     code = textwrap.dedent(
         f"""
         import json, os, sys, time
-        from contracts.writer_lock import hold_writer
+        from hallulog.contracts.writer_lock import hold_writer
         lock = hold_writer({str(directory)!r})
         host = {host!r}
         if host:  # pretend to be a writer on another node
@@ -90,7 +89,7 @@ def test_a_child_whose_parent_died_before_it_came_up_exits(tmp_path):
     """``die_with_parent(sig, parent_pid)`` in a process whose parent is not ``parent_pid`` any
     more (reparented while it started) exits with status 1 at once."""
     code = (
-        "import signal; from contracts.process import die_with_parent; "
+        "import signal; from hallulog.contracts.process import die_with_parent; "
         "die_with_parent(signal.SIGKILL, 1); print('working')"
     )
     here = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)

@@ -1,5 +1,5 @@
 """Every file in deploy/ is parsed and checked: required fields, and the hallulog command each one
-runs is accepted by the real CLI parser (``orchestrator.cli.build_parser``).
+runs is accepted by the real CLI parser (``hallulog.cli.app.build_parser``).
 
 The Slurm scripts are executed for real with a stub in place of Python (and of ``sbatch`` for
 submit.sh), so the check sees the exact argv they would run, not a regex over their text.
@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from orchestrator.cli import build_parser
+from hallulog.cli.app import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hallulog.tasks import load_task
 
-from orchestrator.tasks import load_task
 from tests.deploy.slurm_cluster import SlurmCluster, unavailable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]

@@ -15,8 +15,7 @@ from tests.e2e.conftest import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
 from bench_chaos import Soak, check, tagged_processes  # noqa: E402
-
-from orchestrator.run.shm import orphaned, shm_names  # noqa: E402
+from hallulog.backends.shm import orphaned, shm_names  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 

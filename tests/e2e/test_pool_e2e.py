@@ -242,7 +242,7 @@ def _group_stopped(pgid: int) -> bool:
 
 
 def _server_pid(root: Path) -> int | None:
-    try:  # "<group id> <url>", see orchestrator/run/servers.py
+    try:  # "<group id> <url>", see backends/servers.py
         return int((root / "servers" / "server_0.pid").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None

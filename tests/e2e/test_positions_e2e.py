@@ -93,9 +93,8 @@ def test_stored_rows_are_the_named_positions(positions_run: Path):
     assert audit["ok"] and audit["mode"] == "embedding" and audit["checked"] == 8
 
     import torch
+    from hallulog.serving.model_loader import default_model_dir
     from transformers import AutoModelForCausalLM
-
-    from serving.model_loader import default_model_dir
 
     out = positions_run / "consolidated"
     prompts = {p["prompt_id"]: p for p in read_jsonl(out / "prompt_index.jsonl")}

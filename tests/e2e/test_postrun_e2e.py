@@ -110,7 +110,7 @@ def test_injected_server_failures_then_retry_failed(tmp_path: Path, monkeypatch)
     .dispatch), then recorded as failed; --retry-failed finishes the run."""
     monkeypatch.setenv("HALLULOG_GROUP_RETRIES", "2")
     monkeypatch.setenv("HALLULOG_GROUP_RETRY_BACKOFF", "0.5")
-    from serving.model_loader import default_model_dir
+    from hallulog.serving.model_loader import default_model_dir
 
     model_dir = default_model_dir()
     port = free_port_block(1)
@@ -119,7 +119,7 @@ def test_injected_server_failures_then_retry_failed(tmp_path: Path, monkeypatch)
         [
             sys.executable,
             "-m",
-            "serving",
+            "hallulog.serving",
             "--model",
             str(model_dir),
             "--port",
@@ -132,7 +132,7 @@ def test_injected_server_failures_then_retry_failed(tmp_path: Path, monkeypatch)
         stderr=subprocess.DEVNULL,
     )
     try:
-        from orchestrator.run.servers import wait_healthy
+        from hallulog.backends.servers import wait_healthy
 
         wait_healthy(f"http://127.0.0.1:{port}", 300, process=server)
         root = tmp_path / "run"
@@ -148,7 +148,7 @@ def test_injected_server_failures_then_retry_failed(tmp_path: Path, monkeypatch)
             "--model",
             str(model_dir),
         ]
-        from orchestrator.tasks import load_task
+        from hallulog.tasks import load_task
 
         victim = load_task("triviaqa", limit=4).groups[2]
         needle = victim.meta["question"][:30]

@@ -22,8 +22,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hallulog.remote.lease import LOCK_KEY
 
-from orchestrator.bucket_lock import LOCK_KEY
 from tests.e2e.conftest import REPO, read_jsonl
 from tests.s3_server import MotoServer
 
@@ -96,7 +96,7 @@ def _wait(condition, what: str, driver: subprocess.Popen, timeout: float = 600) 
 
 
 def test_ray_actors_share_only_the_bucket_and_survive_sigkills(cluster, s3, tmp_path, monkeypatch):
-    from orchestrator.push_pull import pull_root
+    from hallulog.cli.push_pull import pull_root
 
     for name, value in s3.env.items():  # pull_root's client, in this process
         monkeypatch.setenv(name, value)

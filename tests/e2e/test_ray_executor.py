@@ -182,7 +182,7 @@ def test_bad_ray_inputs_are_one_line_errors(cluster, tmp_path):
 def test_an_actor_refuses_a_root_it_cannot_see(tmp_path):
     """The shared-filesystem check, on the actor class itself (one machine cannot unshare a
     directory between Ray nodes): the driver's probe file missing or different there."""
-    from workers.ray_actor import PROBE_NAME, SharedFsError, SlotActor
+    from hallulog.workers.ray_actor import PROBE_NAME, SharedFsError, SlotActor
 
     (tmp_path / PROBE_NAME).write_text("driver-token")
     actor = SlotActor(0, None, {}, str(tmp_path / "elsewhere"), "driver-token", {})

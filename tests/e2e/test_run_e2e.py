@@ -58,9 +58,8 @@ def test_every_prompt_has_all_artifacts(small_run: Path):
 def test_stored_activations_equal_transformers(small_run: Path):
     """Capture is right: stored rows equal what transformers computes for the same ids."""
     import torch
+    from hallulog.serving.model_loader import default_model_dir
     from transformers import AutoModelForCausalLM
-
-    from serving.model_loader import default_model_dir
 
     prompts = {p["prompt_id"]: p for p in worker_rows(small_run, "prompt_index.jsonl")}
     gens = worker_rows(small_run, "generations.jsonl")
@@ -88,7 +87,7 @@ def test_stored_activations_equal_transformers(small_run: Path):
 
 
 def test_labels_are_alias_matches(small_run: Path):
-    from contracts.answer_match import alias_match_label
+    from hallulog.contracts.answer_match import alias_match_label
 
     gens = {
         (g["prompt_id"], g["sample_id"]): g for g in worker_rows(small_run, "generations.jsonl")
@@ -154,7 +153,7 @@ def test_resume_after_sigkill(tmp_path: Path):
     assert sorted(completed) == sorted(ids)
     # the default store (packed) survived the kill: every sample reads back through the
     # consolidated manifest over the worker shards, with the shape the index records
-    import storage
+    from hallulog import storage
 
     reader = storage.open_store(tmp_path / "consolidated" / "activations")
     keys = {k: i for i, k in enumerate(reader.keys())}

@@ -9,10 +9,9 @@ import socket
 import sys
 
 import pytest
-
-from orchestrator.run.ports import listen_on_ports, port_free
-from orchestrator.run.servers import ServerProcess, embedded_server_command
-from serving.model_loader import default_model_dir
+from hallulog.backends.ports import listen_on_ports, port_free
+from hallulog.backends.servers import ServerProcess, embedded_server_command
+from hallulog.serving.model_loader import default_model_dir
 
 pytestmark = pytest.mark.e2e
 

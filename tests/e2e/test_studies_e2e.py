@@ -40,8 +40,8 @@ GRADERS = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> str:
-    from orchestrator.run.servers import wait_healthy
-    from serving.model_loader import default_model_dir
+    from hallulog.backends.servers import wait_healthy
+    from hallulog.serving.model_loader import default_model_dir
 
     port = free_port_block(1)
     spool = tmp_path_factory.mktemp("spool")
@@ -49,7 +49,7 @@ def server(tmp_path_factory) -> str:
         [
             sys.executable,
             "-m",
-            "serving",
+            "hallulog.serving",
             "--model",
             str(default_model_dir()),
             "--port",
@@ -71,7 +71,7 @@ def server(tmp_path_factory) -> str:
 
 
 def _run(server: str, root: Path, *args: str, command: str = "run") -> subprocess.CompletedProcess:
-    from serving.model_loader import default_model_dir
+    from hallulog.serving.model_loader import default_model_dir
 
     cmd = [
         sys.executable,

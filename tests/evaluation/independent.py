@@ -212,7 +212,7 @@ def independent_scores(root: Path | str) -> tuple[list[str], np.ndarray, dict[st
 def independent_eigenscore(root: Path | str) -> tuple[list[str], np.ndarray]:
     """EigenScore of every labelled prompt: the last stored row of each of its K samples at the
     middle stored layer, (1/K) sum log eig(Z J Z^T + 1e-3 I), J = I - 11^T/d."""
-    from storage import open_store
+    from hallulog.storage import open_store
 
     cons = Path(root) / "consolidated"
     lp = _read(cons / "exports" / "logprob_inputs.jsonl")
@@ -321,9 +321,8 @@ def independent_probe_per_layer(
 
 
 def _probe_per_layer(root, method, ids, y, fold, k) -> list[float]:
+    from hallulog.storage import open_store
     from sklearn.metrics import roc_auc_score
-
-    from storage import open_store
 
     geo = _read(Path(root) / "consolidated" / "exports" / "geometry_inputs.jsonl")
     reader = open_store(Path(root) / "consolidated")

@@ -12,11 +12,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+from hallulog.exports.methods import write_exports
+from hallulog.storage import SampleMeta, open_writer
+from hallulog.storage.dtypes import store_dtype
 from safetensors.numpy import save_file
-
-from orchestrator.postrun.exports import write_exports
-from storage import SampleMeta, open_writer
-from storage.dtypes import store_dtype
 
 VOCAB, HIDDEN, LAYERS = 64, 16, (0, 1, 2, 3)
 WORDS = ["paris", "london", "rome", "berlin", "madrid", "oslo", "vienna", "lisbon"]

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hallulog.evaluation import run_deep_audit
+from hallulog.evaluation.audit import audit_alignment
 
-from evaluation import run_deep_audit
-from evaluation.audit import audit_alignment
-
-from .synthetic import _pid, make_run
+from tests.evaluation.synthetic import _pid, make_run
 
 
 def test_clean_run_passes(tmp_path):
@@ -40,9 +39,8 @@ def _tiny_model_run(tmp_path, shift: bool):
 
     import numpy as np
     import torch
+    from hallulog.storage import SampleMeta, open_writer
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from storage import SampleMeta, open_writer
 
     root = make_run(tmp_path / "run", n=6, k=1, layers=(1, 2, 3), sequence_mode="last")
     torch.manual_seed(0)

@@ -6,17 +6,16 @@ import json
 
 import numpy as np
 import pytest
-
-from evaluation.protocol import auroc, bootstrap_ci, make_split
-from evaluation.semantic_entropy import (
+from hallulog.cli.app import main
+from hallulog.evaluation.protocol import auroc, bootstrap_ci, make_split
+from hallulog.evaluation.semantic_entropy import (
     binarize_threshold,
     cluster_exact,
     discrete_entropy,
     weighted_entropy,
 )
-from orchestrator.cli import main
 
-from .synthetic import make_run
+from tests.evaluation.synthetic import make_run
 
 FAST = ["--no-embeddings", "--bootstrap", "100"]
 
@@ -245,11 +244,10 @@ def test_embedding_methods_run_in_a_child_process(tmp_path, capsys):
     """The child's scores are merged prompt by prompt: they equal the same methods computed in
     this process, and the SEP target is the embedding-clustered SE."""
     pytest.importorskip("sentence_transformers")
+    from hallulog.evaluation.data import Run
+    from hallulog.evaluation.embeddings import Embedder, EmbeddingUnavailable
+    from hallulog.evaluation.features import EMBEDDING_METHODS, collect
     from sklearn.metrics import roc_auc_score
-
-    from evaluation.data import Run
-    from evaluation.embeddings import Embedder, EmbeddingUnavailable
-    from evaluation.features import EMBEDDING_METHODS, collect
 
     try:
         embedder = Embedder()
@@ -299,7 +297,7 @@ def test_density_probes_give_nan_not_an_error_without_spread():
     """A fold with one correct prompt (or identical rows) has no covariance to invert: the
     Mahalanobis scores are NaN for that fold (the method is then reported without a value),
     never a LinAlgError that stops the whole evaluation."""
-    from evaluation.probes import _fit_predict
+    from hallulog.evaluation.probes import _fit_predict
 
     rng = np.random.default_rng(0)
     x_te = rng.normal(size=(3, 8))

@@ -6,13 +6,12 @@ import json
 import shutil
 
 import numpy as np
+from hallulog.cli.app import main
+from hallulog.evaluation.audit import audit_alignment
+from hallulog.storage import SampleMeta, open_store, open_writer
+from hallulog.storage.dtypes import BFLOAT16, to_float32
 
-from evaluation.audit import audit_alignment
-from orchestrator.cli import main
-from storage import SampleMeta, open_store, open_writer
-from storage.dtypes import BFLOAT16, to_float32
-
-from .synthetic import make_run
+from tests.evaluation.synthetic import make_run
 
 PROBES = [
     "got_logistic_last",

@@ -7,9 +7,8 @@ import json
 
 import numpy as np
 import pytest
-
-from evaluation import add_import_parser, run_import
-from orchestrator.cli import main
+from hallulog.cli.app import main
+from hallulog.evaluation import add_import_parser, run_import
 
 
 def _import(argv):

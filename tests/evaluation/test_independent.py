@@ -12,22 +12,21 @@ import json
 
 import numpy as np
 import pytest
+from hallulog.cli.app import main
+from hallulog.evaluation.data import Run
+from hallulog.evaluation.features import collect
+from hallulog.evaluation.scores import read_scores
+from hallulog.exports.methods import write_exports
 from sklearn.metrics import roc_auc_score
 
-from evaluation.data import Run
-from evaluation.features import collect
-from evaluation.scores import read_scores
-from orchestrator.cli import main
-from orchestrator.postrun.exports import write_exports
-
-from .independent import (
+from tests.evaluation.independent import (
     METHODS,
     independent_aurocs,
     independent_eigenscore,
     independent_probe_per_layer,
     independent_scores,
 )
-from .synthetic import make_run
+from tests.evaluation.synthetic import make_run
 
 _VOCAB = [
     "the",
@@ -107,7 +106,7 @@ def test_the_fixture_tells_the_definitions_apart(run_root):
     summed instead of mean token energies, give other scores on this fixture."""
     from collections import Counter
 
-    from .independent import _entropy_of_counts, _read, _squad_normalise
+    from tests.evaluation.independent import _entropy_of_counts, _read, _squad_normalise
 
     ex = run_root / "consolidated" / "exports"
     se = _read(ex / "semantic_entropy_inputs.jsonl")
@@ -213,9 +212,8 @@ def test_density_and_subspace_probes_per_layer_as_the_docs_define(tmp_path):
 
 @pytest.mark.parametrize("n", [12, 300])  # fewer rows than features (Woodbury), and more
 def test_mahalanobis_equals_sklearn_ledoit_wolf(n):
+    from hallulog.evaluation.probes import _gaussian, _mahalanobis
     from sklearn.covariance import LedoitWolf
-
-    from evaluation.probes import _gaussian, _mahalanobis
 
     rng = np.random.default_rng(n)
     x = rng.standard_normal((n, 40)) * rng.uniform(0.1, 3.0, 40)

@@ -12,9 +12,7 @@ import itertools
 
 import numpy as np
 import pytest
-from sklearn.metrics import average_precision_score, brier_score_loss, roc_auc_score
-
-from evaluation.metrics import (
+from hallulog.evaluation.metrics import (
     _all_weighted,
     average_precision,
     brier,
@@ -26,9 +24,10 @@ from evaluation.metrics import (
     prr,
     rcc_auc,
 )
-from evaluation.protocol import resample_counts
+from hallulog.evaluation.protocol import resample_counts
+from sklearn.metrics import average_precision_score, brier_score_loss, roc_auc_score
 
-from .lm_polygraph_ref import ue_metric
+from tests.evaluation.lm_polygraph_ref import ue_metric
 
 
 def _fixture(seed, n=120, ties=False):

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hallulog.storage import open_store
 
 import hallulog
-from storage import open_store
-
-from .synthetic import make_run
+from tests.evaluation.synthetic import make_run
 
 REPO = Path(__file__).resolve().parents[2]
 

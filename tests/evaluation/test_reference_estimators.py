@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hallulog.evaluation.hidden import eigenscore
+from hallulog.evaluation.sample_methods import (
+    graph_scores,
+    jaccard_matrix,
+    lexical_similarity,
+    mc_entropies,
+)
 
-from evaluation.hidden import eigenscore
-from evaluation.sample_methods import graph_scores, jaccard_matrix, lexical_similarity, mc_entropies
-
-from .lm_polygraph_ref import estimator
+from tests.evaluation.lm_polygraph_ref import estimator
 
 pytestmark = pytest.mark.e2e
 

@@ -11,12 +11,11 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from hallulog.cli.app import main
 from sklearn.metrics import roc_auc_score
 
-from orchestrator.cli import main
-
-from .lm_polygraph_ref import ue_metric
-from .synthetic import make_run
+from tests.evaluation.lm_polygraph_ref import ue_metric
+from tests.evaluation.synthetic import make_run
 
 
 @pytest.fixture(scope="module")

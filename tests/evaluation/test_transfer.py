@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from hallulog.cli.app import main
 
-from orchestrator.cli import main
-
-from .synthetic import make_run
+from tests.evaluation.synthetic import make_run
 
 
 @pytest.fixture(scope="module")

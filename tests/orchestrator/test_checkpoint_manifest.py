@@ -4,11 +4,10 @@ import json
 import threading
 
 import pytest
-
-from orchestrator.config import RunConfig
-from orchestrator.errors import ArtifactError, ResumeRefused
-from orchestrator.manifest import build_manifest, check_resumable
-from orchestrator.run.checkpoint import CheckpointWriter, load_completed, write_completed
+from hallulog.config.manifest import build_manifest, check_resumable
+from hallulog.config.run_config import RunConfig
+from hallulog.contracts.errors import ArtifactError, ResumeRefused
+from hallulog.orchestrator.run.checkpoint import CheckpointWriter, load_completed, write_completed
 
 
 def test_checkpoint_round_trip_and_atomicity(tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from orchestrator.run.fleet import DOWN, HEALTHY, RETIRED, STARTING, ServerFleet
-from orchestrator.run.status import StatusBoard
+from hallulog.orchestrator.run.fleet import DOWN, HEALTHY, RETIRED, STARTING, ServerFleet
+from hallulog.orchestrator.run.status import StatusBoard
 
 
 class FakeServer:

@@ -1,4 +1,4 @@
-"""The run loop's drive (orchestrator.run.dispatch) over a pool of fake workers, the
+"""The run loop's drive (hallulog.orchestrator.run.dispatch) over a pool of fake workers, the
 completion log and snapshot, and the worker-count rules of the config."""
 
 from __future__ import annotations
@@ -7,22 +7,22 @@ import json
 from pathlib import Path
 
 import pytest
-
-from orchestrator.config import ConfigError, RunConfig
-from orchestrator.errors import HallulogError
-from orchestrator.run.checkpoint import (
+from hallulog.config.run_config import ConfigError, RunConfig
+from hallulog.contracts.errors import HallulogError
+from hallulog.orchestrator.run.checkpoint import (
     CheckpointWriter,
     CompletionLog,
     load_completed,
     read_completion_log,
     write_completed,
 )
-from orchestrator.run.dispatch import Drive
-from orchestrator.run.loop import RunResult, _pending_groups, _prompt_ids, _reconcile
-from orchestrator.run.pool import WorkerPool
-from orchestrator.run.progress import Progress
-from orchestrator.run.status import StatusBoard
-from orchestrator.tasks import open_task
+from hallulog.orchestrator.run.dispatch import Drive
+from hallulog.orchestrator.run.loop import RunResult, _pending_groups, _prompt_ids, _reconcile
+from hallulog.orchestrator.run.pool import WorkerPool
+from hallulog.orchestrator.run.progress import Progress
+from hallulog.orchestrator.run.status import StatusBoard
+from hallulog.tasks import open_task
+
 from tests.orchestrator.fake_worker import FakeSpec, committed, fake_worker
 from tests.orchestrator.test_pool import _groups
 

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from hallulog.contracts.prompt_group import PromptGroup
+from hallulog.orchestrator.run.pool import WorkerPool
 
-from contracts.prompt_group import PromptGroup
-from orchestrator.run.pool import WorkerPool
 from tests.orchestrator.fake_worker import FakeSpec, committed, fake_worker
 
 

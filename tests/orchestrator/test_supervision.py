@@ -10,11 +10,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from orchestrator.config import RunConfig
-from orchestrator.run.fleet import DOWN, HEALTHY, RETIRED
-from orchestrator.run.pool import WorkerPool
-from orchestrator.run.status import StatusBoard
-from orchestrator.run.supervision import Supervision
+from hallulog.config.run_config import RunConfig
+from hallulog.orchestrator.run.fleet import DOWN, HEALTHY, RETIRED
+from hallulog.orchestrator.run.pool import WorkerPool
+from hallulog.orchestrator.run.status import StatusBoard
+from hallulog.orchestrator.run.supervision import Supervision
+
 from tests.orchestrator.fake_worker import FakeSpec, committed, fake_worker
 from tests.orchestrator.test_fleet import FakeServer
 

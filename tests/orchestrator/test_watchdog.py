@@ -5,8 +5,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
-from orchestrator.run.watchdog import Watchdog, parse_progress_metrics
+from hallulog.orchestrator.run.watchdog import Watchdog, parse_progress_metrics
 
 METRICS = """# HELP vllm:generation_tokens_total Generated tokens.
 # TYPE vllm:generation_tokens_total counter

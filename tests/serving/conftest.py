@@ -40,7 +40,7 @@ class ServerProcess:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory) -> ServerProcess:
-    from serving import default_model_dir
+    from hallulog.serving import default_model_dir
 
     default_model_dir()  # convert once, outside the server's startup timeout
     root = tmp_path_factory.mktemp("serving")
@@ -49,7 +49,7 @@ def server(tmp_path_factory) -> ServerProcess:
     cmd = [
         sys.executable,
         "-m",
-        "serving",
+        "hallulog.serving",
         "--model",
         "default",
         "--port",
@@ -103,9 +103,8 @@ def server(tmp_path_factory) -> ServerProcess:
 def reference():
     """The same model in this process, fp32, for comparing captures; and its tokenizer."""
     import torch
+    from hallulog.serving import default_model_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from serving import default_model_dir
 
     path = default_model_dir()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

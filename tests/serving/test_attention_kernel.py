@@ -1,16 +1,15 @@
 """The C decode-attention kernel: the attention of matmul and softmax over each row's own
 columns, and an engine using it answers as the model's own forward does."""
 
+import hallulog.serving.attention_kernel as attention_kernel
 import pytest
 import torch
+from hallulog.serving.attention_kernel import decode_attention, load_kernel
+from hallulog.serving.capture import SpoolWriter
+from hallulog.serving.engine import Engine, SamplingParams
 from safetensors.torch import load_file
 
-import serving.attention_kernel as attention_kernel
-from serving.attention_kernel import decode_attention, load_kernel
-from serving.capture import SpoolWriter
-from serving.engine import Engine, SamplingParams
-
-from .tiny import tiny_loaded
+from tests.serving.tiny import tiny_loaded
 
 KERNEL = load_kernel()
 needs_kernel = pytest.mark.skipif(KERNEL is None, reason="no C compiler to build the kernel")

@@ -9,12 +9,12 @@ import os
 
 import pytest
 import torch
+from hallulog.contracts import layout
+from hallulog.contracts.prompt_group import PromptGroup
+from hallulog.workers.worker import WorkerSpec
 from safetensors import safe_open
 
-from contracts import layout
-from contracts.prompt_group import PromptGroup
 from tests.workers.worker_harness import stored_activations
-from workers.worker import WorkerSpec
 
 pytestmark = pytest.mark.e2e
 

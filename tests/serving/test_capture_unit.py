@@ -4,11 +4,15 @@ import os
 
 import pytest
 import torch
+from hallulog.serving.capture import (
+    HiddenStateRecorder,
+    SpoolWriter,
+    num_layer_ids,
+    parse_layer_ids,
+)
 from safetensors.torch import load_file
 
-from serving.capture import HiddenStateRecorder, SpoolWriter, num_layer_ids, parse_layer_ids
-
-from .tiny import tiny_model
+from tests.serving.tiny import tiny_model
 
 
 def test_parse_layer_ids():

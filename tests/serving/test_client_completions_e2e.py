@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from workers.capture import load_capture
-from workers.client import BackendClient
+from hallulog.workers.capture import load_capture
+from hallulog.workers.client import BackendClient
 
 pytestmark = pytest.mark.e2e
 

@@ -1,8 +1,7 @@
 """CLI parsing (no model needed)."""
 
 import pytest
-
-from serving.config import ServerConfig, parse_args
+from hallulog.serving.config import ServerConfig, parse_args
 
 
 def test_defaults():

@@ -4,14 +4,13 @@ answer is the one a single engine gives, and the shared metrics add up."""
 import threading
 
 import torch
+from hallulog.serving.capture import SpoolWriter
+from hallulog.serving.engine import Engine, SamplingParams
+from hallulog.serving.engine_pool import EnginePool, plan_threads
+from hallulog.serving.metrics import ServingMetrics
 from safetensors.torch import load_file
 
-from serving.capture import SpoolWriter
-from serving.engine import Engine, SamplingParams
-from serving.engine_pool import EnginePool, plan_threads
-from serving.metrics import ServingMetrics
-
-from .tiny import tiny_loaded
+from tests.serving.tiny import tiny_loaded
 
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [20], [30, 31, 32, 33]]
 

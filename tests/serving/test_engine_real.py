@@ -14,20 +14,13 @@ import pathlib
 
 import pytest
 import torch
+from hallulog.serving.capture import SpoolWriter
+from hallulog.serving.engine import Engine, SamplingParams
 from safetensors.torch import load_file
-
-from serving.capture import SpoolWriter
-from serving.engine import Engine, SamplingParams
 
 pytestmark = pytest.mark.e2e
 
-SAMPLE = (
-    pathlib.Path(__file__).resolve().parents[2]
-    / "orchestrator"
-    / "tasks"
-    / "data"
-    / "triviaqa-sample-dev.json"
-)
+SAMPLE = pathlib.Path(__file__).resolve().parents[2] / "tasks" / "data" / "triviaqa-sample-dev.json"
 QUESTIONS = 4
 SAMPLES = 2
 MAX_TOKENS = 24
@@ -35,13 +28,13 @@ MAX_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def loaded():
-    from serving.model_loader import load_model
+    from hallulog.serving.model_loader import load_model
 
     return load_model("default")
 
 
 def _prompts(tokenizer) -> list[list[int]]:
-    from orchestrator.tasks.triviaqa import build_prompt
+    from hallulog.tasks.triviaqa import build_prompt
 
     items = json.loads(SAMPLE.read_text())["Data"][:QUESTIONS]
     texts = [

@@ -1,13 +1,12 @@
 """The batching engine on a tiny random model: batching must not change results."""
 
 import torch
+from hallulog.serving.capture import SpoolWriter
+from hallulog.serving.engine import Engine, SamplingParams
+from hallulog.serving.metrics import ServingMetrics
 from safetensors.torch import load_file
 
-from serving.capture import SpoolWriter
-from serving.engine import Engine, SamplingParams
-from serving.metrics import ServingMetrics
-
-from .tiny import tiny_loaded
+from tests.serving.tiny import tiny_loaded
 
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [20], [30, 31, 32, 33]]
 
@@ -198,7 +197,7 @@ def test_a_failing_forward_pass_fails_every_waiting_request():
 def test_slots_are_reused_and_buffers_regrow(tmp_path, monkeypatch):
     """Two slots, six sequences of different lengths: finished rows are refilled by waiting ones;
     tiny headroom/growth force the cache to reallocate (long joiners, columns running out)."""
-    import serving.kvslots as kvslots
+    import hallulog.serving.kvslots as kvslots
 
     monkeypatch.setattr(kvslots, "HEADROOM", 1)
     monkeypatch.setattr(kvslots, "GROWTH", 2)

@@ -6,15 +6,14 @@ Tiny random Llama (fast lane); the same checks on the real SmolLM2 against trans
 
 import pytest
 import torch
+from hallulog.serving.capture import SpoolWriter
+from hallulog.serving.decode import FusedDecoder, packed_linear_available, supports_fused_decode
+from hallulog.serving.engine import Engine, SamplingParams
+from hallulog.serving.kvslots import SlotKVCache
+from hallulog.serving.metrics import ServingMetrics
 from safetensors.torch import load_file
 
-from serving.capture import SpoolWriter
-from serving.decode import FusedDecoder, packed_linear_available, supports_fused_decode
-from serving.engine import Engine, SamplingParams
-from serving.kvslots import SlotKVCache
-from serving.metrics import ServingMetrics
-
-from .tiny import tiny_loaded
+from tests.serving.tiny import tiny_loaded
 
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [20], [30, 31, 32, 33]]
 
@@ -120,7 +119,7 @@ def test_packed_matrix_products_equal_f_linear():
 def test_cache_garbage_never_reaches_attention(tmp_path, monkeypatch):
     """New cache buffers are uninitialised: filled with NaN here, with buffers regrowing and
     rows joining, every answer is still the one each sequence gets alone."""
-    import serving.kvslots as kvslots
+    import hallulog.serving.kvslots as kvslots
 
     monkeypatch.setattr(kvslots, "HEADROOM", 1)
     monkeypatch.setattr(kvslots, "GROWTH", 2)

@@ -5,8 +5,7 @@ import threading
 import time
 
 import pytest
-
-from serving import model_loader
+from hallulog.serving import model_loader
 
 
 def test_concurrent_first_calls_convert_once(tmp_path, monkeypatch):

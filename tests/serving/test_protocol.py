@@ -1,9 +1,8 @@
 """Wire models: validation rules and the error envelope (no model needed)."""
 
 import pytest
+from hallulog.serving import protocol as P
 from pydantic import ValidationError
-
-from serving import protocol as P
 
 
 def chat(**kw):

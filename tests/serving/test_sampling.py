@@ -3,12 +3,11 @@ seeded rows repeat, and a row's draw does not depend on the other rows of the ba
 
 import concurrent.futures
 
+import hallulog.serving.sampling as sampling
 import pytest
 import torch
-
-import serving.sampling as sampling
-from serving.sampling import candidates_needed, choose_tokens
-from serving.sequences import SamplingParams, SequenceState
+from hallulog.serving.sampling import candidates_needed, choose_tokens
+from hallulog.serving.sequences import SamplingParams, SequenceState
 
 
 def _rows(n, seed0=0, **params):

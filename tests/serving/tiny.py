@@ -5,8 +5,7 @@ from __future__ import annotations
 import pathlib
 
 import torch
-
-from serving.model_loader import LoadedModel
+from hallulog.serving.model_loader import LoadedModel
 
 VOCAB = 64
 EOS = 1

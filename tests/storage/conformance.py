@@ -21,10 +21,7 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from storage import (
+from hallulog.storage import (
     CorruptShardError,
     ManifestError,
     SampleMeta,
@@ -33,7 +30,9 @@ from storage import (
     open_writer,
     write_multi_manifest,
 )
-from storage.dtypes import store_dtype, to_numpy, torch_dtype
+from hallulog.storage.dtypes import store_dtype, to_numpy, torch_dtype
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: every conformance test runs in each (float32 is in the round trip's draw)
@@ -167,7 +166,7 @@ CHILD = textwrap.dedent("""
     import json, os, sys, time
     import numpy as np
     from tests.storage.conformance import make_sample, persist
-    from storage import open_writer
+    from hallulog.storage import open_writer
     fmt, root, mode, dtype = {fmt!r}, {store!r}, {mode!r}, {dtype!r}
     w = open_writer(fmt, root, layer_ids=[0, 3, 7], hidden_size=16, dtype=dtype, **{opts!r})
     cls = type(w)
@@ -188,7 +187,7 @@ CHILD = textwrap.dedent("""
 def _slow_use_count(_worker_id: int) -> None:
     """DataLoader ``worker_init_fn``: every use-count read of the worker's buffers sleeps 5 ms
     before and after, and thread switches are as frequent as they get."""
-    from storage import _worker_buffers
+    from hallulog.storage import _worker_buffers
 
     read = _worker_buffers.use_count
 
@@ -490,8 +489,7 @@ class StoreConformance:
     def test_dataloader(self, tmp_path, dataloader_case):
         workers, ctx = dataloader_case
         import torch
-
-        from storage import ActivationPairsDataset, collate_pairs
+        from hallulog.storage import ActivationPairsDataset, collate_pairs
 
         data, metas = self.fill(tmp_path, 10)
         ds = ActivationPairsDataset(tmp_path, seed=7)
@@ -525,8 +523,7 @@ class StoreConformance:
     def test_getitems_matches_items(self, tmp_path):
         """The batched read (``__getitems__``) gives exactly ``collate_pairs`` of the items."""
         import torch
-
-        from storage import ActivationPairsDataset, collate_pairs
+        from hallulog.storage import ActivationPairsDataset, collate_pairs
 
         self.fill(tmp_path, 6)
         ds = ActivationPairsDataset(tmp_path, seed=3)
@@ -551,8 +548,7 @@ class StoreConformance:
         """Workers reuse their shared output buffers, never one the main process still holds
         (a batch, or only a view of it)."""
         import torch
-
-        from storage import ActivationPairsDataset, collate_pairs
+        from hallulog.storage import ActivationPairsDataset, collate_pairs
 
         self.fill(tmp_path, 6)
         ds = ActivationPairsDataset(tmp_path, seed=5)
@@ -593,8 +589,7 @@ class StoreConformance:
         receive (a rare CI failure: one batch's ``acts`` held another sample's rows). The workers
         here sleep around their use-count reads so that the feeder runs in that window."""
         import torch
-
-        from storage import ActivationPairsDataset, collate_pairs
+        from hallulog.storage import ActivationPairsDataset, collate_pairs
 
         data, _ = self.fill(tmp_path, 12)
         ds = ActivationPairsDataset(tmp_path, seed=11)

@@ -10,8 +10,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-
-from storage import (
+from hallulog.exports import SaevReader, export_saev, export_wds, saelens
+from hallulog.exports import wds as swds
+from hallulog.exports.wds_dataset import WdsPairsDataset
+from hallulog.storage import (
     ActivationPairsDataset,
     CorruptShardError,
     ManifestError,
@@ -20,15 +22,11 @@ from storage import (
     collate_pairs,
     convert_store,
     dtypes,
-    export_saev,
-    export_wds,
     open_store,
     open_writer,
-    saelens,
     write_multi_manifest,
 )
-from storage import wds as swds
-from storage.wds_dataset import WdsPairsDataset
+
 from tests.storage.conformance import assert_bits_equal, bits, check_store, persist
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -202,7 +200,7 @@ def test_saev_export_widens_exactly_to_float32(tmp_path):
     out = export_saev(tmp_path / "run", tmp_path / "saev")
     md = json.load(open(os.path.join(out, "metadata.json")))
     assert md["dtype"] == "float32"  # saev's only dtype
-    r, src = open_store(tmp_path / "run"), __import__("storage").SaevReader(out)
+    r, src = open_store(tmp_path / "run"), SaevReader(out)
     for i in range(len(r)):
         for l in range(len(LAYERS)):
             assert_bits_equal(src.read(i, l), dtypes.to_float32(r.read(i, l)))

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hallulog.exports.saev import SaevReader, export_saev
+from hallulog.exports.wds import decode_npy, export_wds, iter_wds_records, read_wds_manifest
+from hallulog.storage import SampleMeta
+from hallulog.storage.npy import index_line
 from hypothesis import given
 from hypothesis import strategies as st
 
-import storage
-from storage import SampleMeta
-from storage.npy import index_line
-from storage.saev import SaevReader, export_saev
-from storage.wds import decode_npy, export_wds, iter_wds_records, read_wds_manifest
+from hallulog import storage
 from tests.fuzzing import FUZZ, check_reader, mutations, write_mutated
 
 LAYERS, HIDDEN = [0, 1], 8

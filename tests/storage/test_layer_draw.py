@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from storage._layer_draw import draw_layers
+from hallulog.storage._layer_draw import draw_layers
 
 
 def test_a_sample_gets_the_same_layers_in_any_batch():

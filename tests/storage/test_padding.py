@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-
-from storage._padding import StaleRanges
+from hallulog.storage._padding import StaleRanges
 
 
 def test_reused_buffer_has_zero_padding_in_every_batch():

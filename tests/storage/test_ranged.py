@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from storage import ActivationPairsDataset, SampleMeta, convert_store, open_store, open_writer
-from storage._ranged import LocalFiles, ReadPolicy, is_remote, plan_ranges, policy_for, read_extents
-from storage.errors import CorruptShardError
+from hallulog.storage import (
+    ActivationPairsDataset,
+    SampleMeta,
+    convert_store,
+    open_store,
+    open_writer,
+)
+from hallulog.storage._ranged import (
+    LocalFiles,
+    ReadPolicy,
+    is_remote,
+    plan_ranges,
+    policy_for,
+    read_extents,
+)
+from hallulog.storage.errors import CorruptShardError
 
 L, H = 6, 32
 REMOTE = ReadPolicy(concurrency=8, gap=64 << 10, inline_below=0)

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from storage import ActivationPairsDataset, SampleMeta, open_store, open_writer
-from storage._ranged import ReadPolicy, is_remote
+from hallulog.storage import ActivationPairsDataset, SampleMeta, open_store, open_writer
+from hallulog.storage._ranged import ReadPolicy, is_remote
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))

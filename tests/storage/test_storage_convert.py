@@ -1,11 +1,11 @@
 import tempfile
 
 import numpy as np
+from hallulog.storage import SampleMeta, convert_store, open_store, open_writer
+from hallulog.storage.dtypes import store_dtype
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage import SampleMeta, convert_store, open_store, open_writer
-from storage.dtypes import store_dtype
 from tests.storage.conformance import check_store, persist
 
 FORMATS = ["packed", "zarr", "npy"]

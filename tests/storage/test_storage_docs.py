@@ -7,16 +7,14 @@ import re
 
 import numpy as np
 import pytest
-
-from storage import (
+from hallulog.exports import saelens, saev
+from hallulog.storage import (
     SampleMeta,
     multi,
     npy,
     open_store,
     open_writer,
     packed,
-    saelens,
-    saev,
     write_multi_manifest,
     zarr_store,
 )

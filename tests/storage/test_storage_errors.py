@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hallulog.contracts.errors import HallulogError
+from hallulog.storage.errors import ManifestError, StoreNotFoundError, UnknownFormatError
 
-import storage
-from contracts.errors import HallulogError
-from storage.errors import ManifestError, StoreNotFoundError, UnknownFormatError
+from hallulog import storage
 
 
 def test_unknown_format_name_is_a_value_error_of_the_tree(tmp_path):

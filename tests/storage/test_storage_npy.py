@@ -2,8 +2,8 @@ import json
 import os
 
 import numpy as np
+from hallulog.storage import open_store, open_writer
 
-from storage import open_store, open_writer
 from tests.storage.conformance import StoreConformance, check_store, make_sample, persist
 
 
@@ -32,7 +32,7 @@ def test_reads_seed_003_lines_with_response_mode(tmp_path):
     """Mode `response`: row 0 is the last prompt token (row0_position = prompt_token_count - 1)."""
     w = open_writer("npy", tmp_path, layer_ids=[0, 1, 2], hidden_size=4, dtype="float32")
     acts = np.arange(3 * 6 * 4, dtype="float32").reshape(3, 6, 4)
-    loc = w.write("abcd_0", acts, __import__("storage").SampleMeta(1, 5, -1))
+    loc = w.write("abcd_0", acts, __import__("hallulog.storage").storage.SampleMeta(1, 5, -1))
     w.commit()
     line = {
         "prompt_id": "abcd",

@@ -3,8 +3,8 @@ import os
 
 import numpy as np
 import pytest
+from hallulog.storage import CorruptShardError, ManifestError, open_store, open_writer
 
-from storage import CorruptShardError, ManifestError, open_store, open_writer
 from tests.storage.conformance import StoreConformance, check_store, make_sample, persist
 
 
@@ -157,7 +157,7 @@ def test_new_stores_checksum_with_crc32c(tmp_path):
 
 def _as_schema_1(path) -> None:
     """Rewrite a header or manifest as a schema-1 store wrote it: no ``checksum``."""
-    import storage.packed_layout as pl
+    import hallulog.storage.packed_layout as pl
 
     if path.name == "commit.log":
         lines = path.read_text().splitlines(keepends=True)
@@ -178,7 +178,7 @@ def test_schema_1_stores_keep_zlib_crc32(tmp_path, monkeypatch):
     """A store written before schema 2 is read, verified and resumed with zlib's CRC-32."""
     import zlib
 
-    import storage.packed
+    from hallulog import storage
 
     monkeypatch.setattr(storage.packed, "DEFAULT_CHECKSUM", "crc32")  # what the old writer did
     w = open_writer("packed", tmp_path, layer_ids=[0, 1], hidden_size=8)
@@ -221,7 +221,8 @@ def test_unknown_checksum_is_a_manifest_error(tmp_path):
 
 def test_writeback_starts_in_page_aligned_runs_while_a_group_is_written(tmp_path, monkeypatch):
     """Once WRITEBACK_BYTES wait, write() starts their writeback; only commit() syncs."""
-    import storage.packed
+
+    from hallulog import storage
 
     started = []
     real = storage.packed.start_writeback

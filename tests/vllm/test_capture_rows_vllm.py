@@ -6,8 +6,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hallulog.contracts import capture_rows as contract
 
-from contracts import capture_rows as contract
 from hallulog_vllm import capture_rows as plugin
 
 

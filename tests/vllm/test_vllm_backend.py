@@ -9,8 +9,7 @@ import sys
 import time
 
 import pytest
-
-from orchestrator.run.vllm_backend import (
+from hallulog.backends.vllm import (
     CONNECTOR_NAME,
     capture_flags,
     engine_child_pids,

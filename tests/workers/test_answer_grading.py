@@ -1,11 +1,11 @@
-"""The worker grades every generation by its group's reference kind (contracts.answer_kinds):
+"""The worker grades every generation by its group's reference kind (hallulog.contracts.answer_kinds):
 ``answer_grader`` and the label fields of the rows it writes."""
 
 from __future__ import annotations
 
-from contracts.answer_kinds import Grade
-from contracts.prompt_group import PromptGroup
-from workers.worker import _grade_fields, answer_grader
+from hallulog.contracts.answer_kinds import Grade
+from hallulog.contracts.prompt_group import PromptGroup
+from hallulog.workers.worker import _grade_fields, answer_grader
 
 MESSAGES = [{"role": "user", "content": "Q?"}]
 

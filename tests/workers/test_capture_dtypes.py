@@ -1,11 +1,10 @@
-"""The worker's cast into the store dtype (``workers.capture.transpose_cast``), bfloat16 stores."""
+"""The worker's cast into the store dtype (``hallulog.workers.capture.transpose_cast``), bfloat16 stores."""
 
+import hallulog.workers.capture as capture
 import ml_dtypes
 import numpy as np
 import pytest
-
-import workers.capture as capture
-from workers.capture import TORCH_CAST_MIN, select_rows, transpose_cast
+from hallulog.workers.capture import TORCH_CAST_MIN, select_rows, transpose_cast
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -82,8 +81,8 @@ def test_select_rows_keeps_a_bfloat16_capture_as_it_is():
 
 
 def test_run_dtype_accepts_bfloat16():
-    from orchestrator.cli import _CHOICES, build_parser
-    from orchestrator.config import ConfigError, LoggingProfile, RunConfig
+    from hallulog.cli.app import _CHOICES, build_parser
+    from hallulog.config.run_config import ConfigError, LoggingProfile, RunConfig
 
     assert _CHOICES["dtype"] == ["float16", "float32", "bfloat16"]
     cfg = RunConfig(dtype="bfloat16")

@@ -14,11 +14,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from hallulog.contracts import layout
+from hallulog.contracts.prompt_group import PromptGroup
+from hallulog.workers.worker import WorkerSpec
 
-from contracts import layout
-from contracts.prompt_group import PromptGroup
 from tests.workers.worker_harness import stored_activations
-from workers.worker import WorkerSpec
 
 REPO = Path(__file__).resolve().parents[2]
 LAYERS, HIDDEN, ANSWER_TOKENS, MAX_PROMPT = 3, 8, 6, 48

@@ -9,12 +9,17 @@ import itertools
 
 import numpy as np
 import pytest
+from hallulog.contracts.capture_rows import capture_span, prefill_start, rows_to_ask
+from hallulog.contracts.positions import POSITION_NAMES
+from hallulog.workers.capture import (
+    CaptureError,
+    CaptureFile,
+    load_capture,
+    open_capture,
+    select_rows,
+)
+from hallulog.workers.positions import select_positions
 from safetensors.numpy import save_file
-
-from contracts.capture_rows import capture_span, prefill_start, rows_to_ask
-from contracts.positions import POSITION_NAMES
-from workers.capture import CaptureError, CaptureFile, load_capture, open_capture, select_rows
-from workers.positions import select_positions
 
 L, H = 2, 3
 

@@ -2,9 +2,8 @@
 
 import numpy as np
 import pytest
+from hallulog.workers.capture import CaptureError, load_capture, select_rows
 from safetensors.numpy import save_file
-
-from workers.capture import CaptureError, load_capture, select_rows
 
 P, R, L, H = 5, 4, 3, 2
 
@@ -75,7 +74,7 @@ def test_load_capture_checks_token_ids_and_deletes(tmp_path):
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 @pytest.mark.parametrize("tokens", [3, 300])  # 300 x 6 x 600: the torch cast path
 def test_transpose_cast_is_numpys_cast_bit_for_bit(layer_index, dtype, tokens):
-    from workers.capture import TORCH_CAST_MIN, transpose_cast
+    from hallulog.workers.capture import TORCH_CAST_MIN, transpose_cast
 
     rng = np.random.default_rng(tokens)
     bits = rng.integers(0, 2**32, (tokens, 6, 600), dtype=np.uint64).astype(np.uint32)
@@ -100,8 +99,7 @@ def test_bfloat16_captures_cast_as_ml_dtypes_does_bit_for_bit(layer_index, dtype
     """vLLM writes a bf16 model's hidden states as BF16: they are mapped as ml_dtypes'
     bfloat16 and cast once, by torch for large casts, exactly as numpy's ml_dtypes cast."""
     import ml_dtypes
-
-    from workers.capture import TORCH_CAST_MIN, transpose_cast
+    from hallulog.workers.capture import TORCH_CAST_MIN, transpose_cast
 
     rng = np.random.default_rng(tokens)
     bits = rng.integers(0, 2**16, (tokens, 6, 600), dtype=np.uint64).astype(np.uint16)
@@ -192,9 +190,8 @@ def test_a_capture_that_never_comes_times_out(tmp_path):
 def test_bfloat16_cast_with_and_without_in_order_copies(monkeypatch, in_order):
     """The bf16 cast reuses one small scratch per layer where ``_foreach_copy_`` copies in list
     order (probed), and widens every layer of a block at once where it might not: same bits."""
+    import hallulog.workers.capture as capture
     import ml_dtypes
-
-    import workers.capture as capture
 
     assert capture._foreach_copies_in_order()  # torch on CPU: a loop of copy_, in order
     monkeypatch.setattr(capture, "_in_order", in_order)

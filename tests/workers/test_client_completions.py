@@ -19,13 +19,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from hallulog.contracts import layout
+from hallulog.contracts.jsonl import iter_rows
+from hallulog.contracts.prompt_group import PromptGroup
+from hallulog.workers.client import BackendClient
+from hallulog.workers.worker import WorkerSpec
 
-from contracts import layout
-from contracts.jsonl import iter_rows
-from contracts.prompt_group import PromptGroup
 from tests.workers.worker_harness import process_group
-from workers.client import BackendClient
-from workers.worker import WorkerSpec
 
 REPO = Path(__file__).resolve().parents[2]
 

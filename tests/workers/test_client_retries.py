@@ -6,8 +6,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
-from workers.client import BackendClient, BackendHTTPError
+from hallulog.workers.client import BackendClient, BackendHTTPError
 
 REPLY = {
     "id": "x",
@@ -141,7 +140,7 @@ def test_4xx_is_not_retried(server):
 def test_a_dead_server_is_retried_then_raises_a_connection_error():
     import socket
 
-    from workers.http import HTTPConnectionError
+    from hallulog.workers.http import HTTPConnectionError
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -152,7 +151,7 @@ def test_a_dead_server_is_retried_then_raises_a_connection_error():
 
 def test_a_reply_with_non_finite_floats_still_parses():
     """Python servers write -Infinity/NaN (json.dumps allows them); orjson refuses: fallback."""
-    from contracts.jsonl import parse_line as _parse_json
+    from hallulog.contracts.jsonl import parse_line as _parse_json
 
     assert _parse_json(b'{"a": -Infinity, "b": [1.5]}')["a"] == float("-inf")
     assert _parse_json(b'{"a": 1e-05}') == {"a": 1e-05}

@@ -2,7 +2,7 @@
 file for the lot), and the worker's batching of the groups that finish while a commit is on
 the disk.
 
-Faults are injected for real (``workers._faults``); recovery runs on the bytes left behind.
+Faults are injected for real (``hallulog.workers._faults``); recovery runs on the bytes left behind.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hallulog.contracts import layout
+from hallulog.contracts.jsonl import iter_rows
+from hallulog.workers._faults import SimulatedCrash, inject
 
-from contracts import layout
-from contracts.jsonl import iter_rows
 from tests.workers.test_persist_faults import _group, _open, _recover
-from workers._faults import SimulatedCrash, inject
 
 PIDS = [c * 16 for c in "defgh"]
 
@@ -93,7 +93,7 @@ def test_a_torn_batch_of_commit_markers_keeps_the_complete_ones(tmp_path):
 def test_waiting_groups_commit_together_and_a_bad_one_fails_alone(tmp_path):
     """The groups that finish while a commit runs go down in one call; a batch that fails is
     retried one group at a time, so only the group at fault fails."""
-    from workers.group_commit import GroupCommitter
+    from hallulog.workers.group_commit import GroupCommitter
 
     root = tmp_path / "worker_0"
     out = _open(root, "packed")
@@ -134,7 +134,7 @@ def test_commits_start_at_most_once_per_interval(tmp_path, interval):
     quiet spell never waits."""
     import time
 
-    from workers.group_commit import GroupCommitter
+    from hallulog.workers.group_commit import GroupCommitter
 
     out = _open(tmp_path / "worker_0", "packed")
     calls: list[tuple[float, list[str]]] = []

@@ -8,8 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 import pytest
-
-from workers.http import HTTPConnectionError, HTTPPool
+from hallulog.workers.http import HTTPConnectionError, HTTPPool
 
 Reply = Callable[[int, bytes, asyncio.StreamWriter], Awaitable[bool]]
 """(request number, request body, writer) → keep the connection open?"""

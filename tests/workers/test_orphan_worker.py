@@ -19,9 +19,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from hallulog.contracts import layout
+from hallulog.contracts.process import pid_alive
 
-from contracts import layout
-from contracts.process import pid_alive
 from tests.bench.test_instant_backend import _free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,9 +65,9 @@ def instant_backend(tmp_path):
 
 DRIVER = """
 import os, signal
-from contracts.prompt_group import PromptGroup
-from orchestrator.run.slots import ProcessSlots, WorkerSlot
-from workers.worker import WorkerSpec
+from hallulog.contracts.prompt_group import PromptGroup
+from hallulog.orchestrator.run.slots import ProcessSlots, WorkerSlot
+from hallulog.workers.worker import WorkerSpec
 
 spec = WorkerSpec(
     worker_id=0, server_url={url!r}, model_name="m", worker_dir={wdir!r},

@@ -13,12 +13,12 @@ import json
 
 import numpy as np
 import pytest
+from hallulog.contracts import layout
+from hallulog.contracts.jsonl import iter_rows
+from hallulog.workers._faults import SimulatedCrash, inject
+from hallulog.workers.persist import GenerationRecord, PersistBroken, WorkerDir, recover_worker_dir
 
-import storage
-from contracts import layout
-from contracts.jsonl import iter_rows
-from workers._faults import SimulatedCrash, inject
-from workers.persist import GenerationRecord, PersistBroken, WorkerDir, recover_worker_dir
+from hallulog import storage
 
 LAYERS, HIDDEN, DTYPE = [0, 1], 4, "float16"
 PROMPTS = ["a" * 16, "b" * 16, "c" * 16]

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hallulog.contracts import layout
+from hallulog.contracts.jsonl import iter_rows
+from hallulog.contracts.prompt_group import PromptGroup
+from hallulog.workers.worker import WorkerSpec
 
-import storage
-from contracts import layout
-from contracts.jsonl import iter_rows
-from contracts.prompt_group import PromptGroup
+from hallulog import storage
 from tests.workers.worker_harness import process_group
-from workers.worker import WorkerSpec
 
 REPO = Path(__file__).resolve().parents[2]
 LAYERS, HIDDEN, ANSWER_TOKENS, MAX_PROMPT = 3, 8, 6, 48

@@ -7,10 +7,10 @@ import signal
 
 import numpy as np
 import pytest
+from hallulog.contracts.writer_lock import WriterBusy
+from hallulog.workers.persist import GenerationRecord, WorkerDir, recover_worker_dir
 
-from contracts.writer_lock import WriterBusy
 from tests.contracts.test_writer_lock import holder
-from workers.persist import GenerationRecord, WorkerDir, recover_worker_dir
 
 LAYERS, HIDDEN, DTYPE = [0, 1], 4, "float16"
 

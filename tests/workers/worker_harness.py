@@ -1,4 +1,4 @@
-"""Run the real worker (``workers.worker.GroupWorker``) on one prompt group in-process and return
+"""Run the real worker (``hallulog.workers.worker.GroupWorker``) on one prompt group in-process and return
 the events it sent the driver: the shared harness of the worker tests against a live backend."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
+from hallulog.contracts import layout
+from hallulog.contracts.jsonl import iter_rows
+from hallulog.contracts.prompt_group import PromptGroup
+from hallulog.workers.worker import GroupWorker, WorkerSpec
 
-import storage
-from contracts import layout
-from contracts.jsonl import iter_rows
-from contracts.prompt_group import PromptGroup
-from workers.worker import GroupWorker, WorkerSpec
+from hallulog import storage
 
 
 def process_group(

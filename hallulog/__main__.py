@@ -1,0 +1,8 @@
+"""``python -m hallulog COMMAND``: the ``hallulog`` command line."""
+
+import sys
+
+if __name__ == "__main__":
+    from hallulog.cli.app import main
+
+    sys.exit(main())

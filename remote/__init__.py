@@ -1,0 +1,2 @@
+"""Object storage (``s3://`` roots): the client, ranged reads of a store in a bucket, tree
+copies, sealed segments shipped create-only, their restore, and one writer per prefix."""
