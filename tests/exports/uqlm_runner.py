@@ -25,6 +25,9 @@ BLACK_BOX = ["exact_match", "cosine_sim"]
 
 def main() -> None:
     export, st_dir, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+    import torch
+
+    torch.set_num_threads(1)  # one short text per call: more threads only contend (7x slower)
     from uqlm import BlackBoxUQ, WhiteBoxUQ
 
     manifest = json.loads((export / "manifest.json").read_text())
@@ -47,7 +50,9 @@ def main() -> None:
     ).to_dict()["data"]
     bb = BlackBoxUQ(scorers=BLACK_BOX, sentence_transformer=st_dir)
     res_b = bb.score(
-        responses=kw["responses"], sampled_responses=kw["sampled_responses"], show_progress_bars=False
+        responses=kw["responses"],
+        sampled_responses=kw["sampled_responses"],
+        show_progress_bars=False,
     ).to_dict()["data"]
     scores = {k: [float(x) for x in res[k]] for k in WHITE_BOX}
     scores.update({k: [float(x) for x in res_b[k]] for k in BLACK_BOX})
