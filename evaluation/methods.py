@@ -47,7 +47,7 @@ NOT_SCORED = {
         "need further model passes (a judgement prompt, or the answer without the question) "
         "that one pass does not store"
     ),
-    "lookback_lens / rauq / attention_score / lap_eigvals": (
+    "lookback_lens / rauq / attention_score / lap_eigvals / focus": (
         "need per-head attention summaries, which no profile stores yet"
     ),
 }

@@ -19,7 +19,7 @@ from hallulog.evaluation.scores import (
     summarize_scores,
     write_scores,
 )
-from sklearn.metrics import cohen_kappa_score, roc_curve
+from sklearn.metrics import cohen_kappa_score, roc_auc_score, roc_curve
 
 from tests.evaluation.synthetic import make_run
 
@@ -196,3 +196,41 @@ def test_report_has_the_guards_and_the_risk_coverage_png(tmp_path, capsys):
     assert "FPR@95" in md and "## Risk–coverage" in md and "## Leakage" in md
     assert (out / "risk_coverage.png").stat().st_size > 10_000
     assert "risk_coverage.png" in report["plots"]
+
+
+def test_a_judge_labelled_run_reports_the_alias_grader_beside_it(tmp_path):
+    """Prompt labels from a judge (as consolidation writes them from labels.jsonl), the workers'
+    alias labels on the primary generations: evaluate reports both and their agreement."""
+    import shutil
+
+    from hallulog.contracts.jsonl import encode_line, iter_rows
+    from hallulog.evaluation.evaluate import evaluate
+    from hallulog.exports.methods import write_exports
+
+    root = make_run(tmp_path / "run", n=40)
+    path = root / "consolidated" / "prompt_index.jsonl"
+    rows = list(iter_rows(path))
+    flipped = set()
+    for i, row in enumerate(rows):
+        row["label_grader"] = "llm_judge"
+        if i % 7 == 0:
+            row["label"] = 1 - row["label"]
+            flipped.add(row["prompt_id"])
+    path.write_bytes(b"".join(encode_line(r) for r in rows))
+    shutil.rmtree(root / "consolidated" / "exports")
+    write_exports(root)
+    report = evaluate(root, methods=["logprob"], embeddings=False, n_boot=20)
+    g = report["graders"]
+    assert g["primary"] == "llm_judge" and set(g["others"]) == {"alias_match"}
+    a = g["others"]["alias_match"]["agreement"]
+    assert a["n"] == 40 and a["agreement"] == pytest.approx(1 - len(flipped) / 40)
+    judge = np.array([r["label"] for r in rows])
+    alias = np.array(
+        [r["label"] if r["prompt_id"] not in flipped else 1 - r["label"] for r in rows]
+    )
+    assert a["kappa"] == pytest.approx(cohen_kappa_score(judge, alias))
+    m = g["others"]["alias_match"]["methods"]["logprob_mean"]
+    table = report["_scores"]
+    assert m["auroc"] == pytest.approx(
+        roc_auc_score(table.graders["alias_match"], table.scores["logprob_mean"])
+    )
