@@ -2,7 +2,8 @@
 every labelled prompt (leakage.py) and the labels of other graders (graders.py).
 
 ``prompt_index.jsonl`` gives each prompt's reference, prompt text, messages and meta;
-``generations.jsonl`` its primary answer's worker label. Memory: a flag, a source and a label
+``generations.parquet`` (five columns of the primary rows; ``generations.jsonl`` without it)
+its primary answer's worker label. Memory: a flag, a source and a label
 per grader for each labelled prompt.
 """
 
@@ -41,6 +42,31 @@ class Guards:
         }
 
 
+_PRIMARY_COLUMNS = ["prompt_id", "sample_id", "text", "label", "label_grader"]
+
+
+def _primaries(run: Run):
+    """The primary generations' ``{prompt_id, text, label, label_grader}``: from
+    ``generations.parquet`` (those columns of the sample-0 rows only) when consolidation wrote
+    it, else from ``generations.jsonl``."""
+    parquet = run.consolidated / layout.GENERATIONS_PARQUET
+    if parquet.is_file():
+        import pyarrow.dataset as ds
+
+        data = ds.dataset(parquet, format="parquet")
+        if set(_PRIMARY_COLUMNS) <= set(data.schema.names):
+            for batch in data.to_batches(
+                columns=_PRIMARY_COLUMNS, filter=ds.field("sample_id") == 0
+            ):
+                yield from batch.to_pylist()
+            return
+    path = run.consolidated / layout.GENERATIONS
+    if path.is_file():
+        for _, gen in iter_jsonl(path):
+            if gen.get("sample_id") == 0:
+                yield gen
+
+
 def collect_guards(run: Run, prompt_ids: list[str]) -> Guards:
     """The guards of the labelled prompts ``prompt_ids`` (in that order)."""
     at = {p: i for i, p in enumerate(prompt_ids)}
@@ -62,15 +88,11 @@ def collect_guards(run: Run, prompt_ids: list[str]) -> Guards:
             ref = {k: ref.get(k) for k in ("kind", "value", "aliases", "unanswerable")}
         rows[i] = {"label_grader": row.get("label_grader"), "reference": ref}
     others: dict[str, np.ndarray] = {}
-    path = run.consolidated / layout.GENERATIONS
-    if path.is_file():
-        for _, gen in iter_jsonl(path):
-            if gen.get("sample_id") != 0:
-                continue
-            i = at.get(gen.get("prompt_id"))
-            if i is None or i not in rows:
-                continue
-            for g, lab in other_labels(rows[i], gen).items():
-                others.setdefault(g, np.full(n, np.nan))[i] = lab
+    for gen in _primaries(run):
+        i = at.get(gen.get("prompt_id"))
+        if i is None or i not in rows:
+            continue
+        for g, lab in other_labels(rows[i], gen).items():
+            others.setdefault(g, np.full(n, np.nan))[i] = lab
     primary = max(graders, key=graders.get) if graders else None
     return Guards(leaked, checked, source, primary, others)

@@ -234,3 +234,29 @@ def test_a_judge_labelled_run_reports_the_alias_grader_beside_it(tmp_path):
     assert m["auroc"] == pytest.approx(
         roc_auc_score(table.graders["alias_match"], table.scores["logprob_mean"])
     )
+
+
+def test_primaries_come_from_the_parquet_table_as_from_the_jsonl(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from hallulog.contracts.jsonl import iter_rows
+    from hallulog.evaluation.data import Run
+    from hallulog.evaluation.guards import _PRIMARY_COLUMNS, _primaries
+
+    root = make_run(tmp_path / "run", n=12, k=2)
+    run = Run(root)
+    from_jsonl = [{k: g.get(k) for k in _PRIMARY_COLUMNS} for g in _primaries(run)]
+    gens = list(iter_rows(root / "consolidated" / "generations.jsonl"))
+    table = pa.table(
+        {
+            "prompt_id": [g["prompt_id"] for g in gens],
+            "sample_id": pa.array([g["sample_id"] for g in gens], pa.int32()),
+            "text": [g["text"] for g in gens],
+            "label": pa.array([g.get("label") for g in gens], pa.int8()),
+            "label_grader": [g.get("label_grader") for g in gens],
+            "token_logprobs": [[t["logprob"] for t in g["logprobs"]] for g in gens],
+        }
+    )
+    pq.write_table(table, root / "consolidated" / "generations.parquet")
+    from_parquet = list(_primaries(run))
+    assert from_parquet == from_jsonl and len(from_parquet) == 12
