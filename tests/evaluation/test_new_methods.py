@@ -156,3 +156,21 @@ def test_uqlm_defined_scores():
     e = np.eye(3)
     cc = consistency_confidence(e[0], np.stack([e[0], e[1]]), -0.5)
     assert cc == pytest.approx(1 - np.mean([1.0, 0.5]) * math.exp(-0.5))
+
+
+def test_every_method_has_its_row_in_the_docs():
+    """docs/evaluation.md's Methods table names every method evaluate scores (paper, definition,
+    deviation), and every family in the --methods list."""
+    from pathlib import Path
+
+    from hallulog.evaluation.methods import FAMILIES
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "evaluation.md").read_text()
+    table = doc[doc.index("## Methods") : doc.index("**Equal to another method.**")]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    named = {
+        m for line in rows for m in line.split("|")[1].replace("`", "").replace(",", " ").split()
+    }
+    assert set(ALL_METHODS) <= named, sorted(set(ALL_METHODS) - named)
+    head = doc[: doc.index("## Protocol")]
+    assert all(f"`{f}`" in head for f in FAMILIES), [f for f in FAMILIES if f"`{f}`" not in head]
