@@ -1,0 +1,47 @@
+"""Roots the explorer cannot show: one line naming what to run."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from hallulog.contracts import layout
+from hallulog.view.run_files import ViewInputError, open_run_files
+
+
+def test_no_directory(tmp_path):
+    with pytest.raises(ViewInputError, match="no such directory"):
+        open_run_files(tmp_path / "absent")
+
+
+def test_no_consolidated(tmp_path):
+    with pytest.raises(ViewInputError) as exc:
+        open_run_files(tmp_path)
+    assert f"run `hallulog consolidate --artifact-root {tmp_path}`" in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_no_parquet_tables(synthetic_run, tmp_path):
+    root = tmp_path / "run"
+    shutil.copytree(synthetic_run, root)
+    (layout.consolidated_dir(root) / layout.GENERATIONS_PARQUET).unlink()
+    with pytest.raises(ViewInputError, match="generations.parquet is missing.*consolidate"):
+        open_run_files(root)
+
+
+def test_no_evaluation_opens_and_says_what_to_run(unevaluated_run):
+    files = open_run_files(unevaluated_run)
+    assert files.scores is None and files.report is None and files.plots == {}
+    assert files.evaluation_missing == (
+        f"{unevaluated_run} has no evaluation (report.json, scores.parquet): run "
+        f"`hallulog evaluate --artifact-root {unevaluated_run}` for detector scores, "
+        "rankings and plots"
+    )
+
+
+def test_malformed_report_names_the_file(synthetic_run, tmp_path):
+    root = tmp_path / "run"
+    shutil.copytree(synthetic_run, root)
+    (layout.evaluation_dir(root) / layout.REPORT_JSON).write_text("{not json")
+    with pytest.raises(Exception, match=r"report.json:1: malformed evaluation report"):
+        open_run_files(root)

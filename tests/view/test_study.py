@@ -1,0 +1,98 @@
+"""A study root: the compare table and transfer matrices as the files hold them, cells linked
+to their run pages (served under /cells/NAME/), a broken cell named on the page."""
+
+from __future__ import annotations
+
+import re
+
+import pyarrow.parquet as pq
+import pytest
+from fastapi.testclient import TestClient
+from hallulog.contracts import layout
+from hallulog.evaluation.protocol import auroc
+from hallulog.evaluation.scores import read_scores
+from hallulog.view.app import create_app
+from hallulog.view.study import open_study, study_page
+
+from bench.view_run import write_view_run
+from tests.view.study_root import make_study
+
+HTML = {"Accept": "text/html"}
+
+
+def _auroc_on(root, method):
+    t = read_scores(layout.evaluation_dir(root) / layout.SCORES)
+    return auroc(t.labels, t.scores[method])
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    base = tmp_path_factory.mktemp("study")
+    a = write_view_run(base / "runs" / "a", 120, k=2, tokens=4, seed=1)
+    b = write_view_run(base / "runs" / "b", 90, k=2, tokens=4, seed=2)
+    cells = {"k2 seed1": (a, {"seed": 1, "k": 2}), "k2/seed2": (b, {"seed": 2, "k": 2})}
+    roots = {name: root for name, (root, _) in cells.items()}
+    return make_study(
+        base / "study",
+        cells,
+        lambda m, train, test: _auroc_on(roots[test], m),
+        ["got_logistic_last"],
+    )
+
+
+def test_study_page_model_holds_the_files_numbers(study):
+    page = study_page(open_study(study))
+    table = pq.read_table(study / "compare" / "table.parquet").to_pylist()
+    assert {c.name for c in page.cells} == {"k2 seed1", "k2/seed2"}
+    assert [c.slug for c in page.cells] == ["k2_seed1", "k2_seed2"]
+    for r in table:
+        v = page.table[r["cell"]][r["method"]]
+        assert (v.auroc, v.auroc_lo, v.auroc_hi, v.prr) == pytest.approx(
+            (r["auroc"], r["auroc_lo"], r["auroc_hi"], r["prr"])
+        )
+    (t,) = page.transfer
+    assert t.method == "got_logistic_last" and t.train == t.test == ["k2 seed1", "k2/seed2"]
+    grid = pq.read_table(study / "compare" / "transfer.parquet").to_pylist()
+    for g in grid:
+        i, j = t.train.index(g["train_cell"]), t.test.index(g["test_cell"])
+        assert t.auroc[i][j] == pytest.approx(g["auroc"])
+    assert page.plots == ["transfer_got_logistic_last.png"] and page.axes == ["seed", "k"]
+
+
+def test_study_served_with_cells_linked_to_their_runs(study):
+    app = create_app(study)
+    with TestClient(app) as c:
+        home = c.get("/", headers=HTML)
+        assert home.status_code == 200
+        links = re.findall(r'class="cell-link" href="([^"]+)"', home.text)
+        assert links == ["cells/k2_seed1/", "cells/k2_seed2/"]
+        run = c.get("/" + links[1], headers=HTML)
+        assert run.status_code == 200 and 'href="../../"' in run.text  # back to the study
+        assert c.get("/cells/k2_seed2/api/run").json()["counts"]["prompts"] == 90
+        assert c.get("/cells/k2_seed2", follow_redirects=False).status_code in (307, 308)
+        assert c.get("/cells/nope/api/run").status_code == 404
+        assert c.get("/compare/transfer_got_logistic_last.png").content[:4] == b"\x89PNG"
+        pid = c.get("/cells/k2_seed1/api/questions").json()["rows"][0]["prompt_id"]
+        q = c.get(f"/cells/k2_seed1/q/{pid}", headers=HTML)
+        assert q.status_code == 200 and 'href="../../../"' in q.text
+    for site in app.state.sites.values():
+        site.close()
+
+
+def test_a_cell_without_its_run_is_named(study, tmp_path):
+    import json
+    import shutil
+
+    root = tmp_path / "study"
+    shutil.copytree(study, root)
+    doc = json.loads((root / "study.json").read_text())
+    doc["cells"].append({"name": "lost", "axes": {"seed": 3}, "root": str(tmp_path / "gone")})
+    (root / "study.json").write_text(json.dumps(doc))
+    (root / "compare" / "transfer.parquet").unlink()
+    page = study_page(open_study(root))
+    lost = [c for c in page.cells if c.name == "lost"][0]
+    assert "no such directory" in lost.problem and page.transfer == []
+    app = create_app(root)
+    with TestClient(app) as c:
+        assert c.get("/cells/lost/", headers=HTML).status_code == 404
+        assert "no such directory" in c.get("/", headers=HTML).text
