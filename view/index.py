@@ -46,7 +46,8 @@ __all__ = [
 DISAGREE_HIGH = 75.0
 DISAGREE_LOW = 25.0
 DEFAULT_DETECTORS = 5
-"""The default detectors: the best method (AUROC) of each family, the five best families."""
+"""The default detectors: the best method (AUROC; ties: the first name) of each family, the five
+best families."""
 _FIXED_SORTS = {
     "n": "b.n",
     "prompt_id": "b.prompt_id",
@@ -64,6 +65,7 @@ _FILTER_SQL = {
 _SCORE_META = ("prompt_id", "label", "fold", "test")
 _TEXT_CHARS = 300  # question and answer as the list shows them
 _CACHED_SETS = 8
+_CACHED_COUNTS = 256
 
 
 def _ident(name: str) -> str:
@@ -86,8 +88,8 @@ def default_methods(report: dict | None, available: list[str]) -> list[str]:
         if name not in available or auroc is None:
             continue
         family = r.get("family") or name
-        if family not in best or (auroc, name) > best[family]:
-            best[family] = (auroc, name)
+        if family not in best or (-auroc, name) < (-best[family][0], best[family][1]):
+            best[family] = (auroc, name)  # ties: the first name
     ranked = sorted(best.values(), key=lambda t: (-t[0], t[1]))
     return [name for _, name in ranked[:DEFAULT_DETECTORS]]
 
@@ -112,6 +114,7 @@ class QuestionIndex:
         self._lock = threading.Lock()
         self._sets: OrderedDict[tuple[str, ...], str] = OrderedDict()
         self._set_counter = 0
+        self._counted: OrderedDict[tuple[str | None, str], dict[str, int]] = OrderedDict()
         report = files.report or {}
         self.methods: list[str] = self._score_columns()
         self.family: dict[str, str | None] = {
@@ -210,30 +213,37 @@ class QuestionIndex:
                 f"sort {query.sort!r}: choose from {sorted(_FIXED_SORTS)} or a method's name"
             )
         vt = self._ranked(tuple(methods)) if methods else None
-        join = f"JOIN {vt} v USING (n)" if vt else ""
         where, params = self._search(query.q)
         order = _FIXED_SORTS.get(query.sort) or f"b.{_ident(query.sort)}"
         direction = "DESC" if query.desc else "ASC"
         cur = self._con.cursor()
         try:
-            counts = self._counts(cur, join, where, params, vt is not None)
+            counts = self._counts(cur, vt, query.q)
             total = counts[query.filter]
             flt = _FILTER_SQL[query.filter] if (vt or query.filter != "disagree") else "FALSE"
-            per = [
-                f"b.{_ident(m)}, v.r{i}, v.p{i}" for i, m in enumerate(methods)
-            ]  # score, rank, percentile
+            # two steps: the page's rows by their sort key alone (a top-N over a few columns),
+            # then the shown columns of those 50 rows
+            need_v = vt is not None and query.filter == "disagree"
+            ids = cur.execute(
+                f"""SELECT b.n FROM b {f"JOIN {vt} v USING (n)" if need_v else ""}
+                WHERE {flt} AND {where}
+                ORDER BY {order} {direction} NULLS LAST, b.n LIMIT ? OFFSET ?""",
+                [*params, query.per_page, (query.page - 1) * query.per_page],
+            ).fetchall()
+            ns = [r[0] for r in ids]
+            per = [f"b.{_ident(m)}, v.r{i}, v.p{i}" for i, m in enumerate(methods)]
             extra = (", " + ", ".join(per) + ", v.disagree") if vt else ""
-            rows = cur.execute(
+            found = cur.execute(
                 f"""SELECT b.n, b.prompt_id, left(b.question, {_TEXT_CHARS}),
                        left(b.answer, {_TEXT_CHARS}), b.label, b.label_status,
                        b.label_grader {extra}
-                FROM b {join} WHERE {flt} AND {where}
-                ORDER BY {order} {direction} NULLS LAST, b.n
-                LIMIT ? OFFSET ?""",
-                [*params, query.per_page, (query.page - 1) * query.per_page],
+                FROM b {f"JOIN {vt} v USING (n)" if vt else ""} WHERE b.n = ANY(?)""",
+                [ns],
             ).fetchall()
         finally:
             cur.close()
+        by_n = {r[0]: r for r in found}
+        rows = [by_n[n] for n in ns]
         return QuestionPage(
             query=query,
             rows=[self._row(r, methods) for r in rows],
@@ -256,15 +266,30 @@ class QuestionIndex:
             [text, text, text],
         )
 
-    def _counts(self, cur, join: str, where: str, params: list, ranked: bool) -> dict[str, int]:
+    def _counts(self, cur, vt: str | None, q: str) -> dict[str, int]:
+        """Questions per filter with the search ``q`` applied (cached per detector set and
+        search: the run does not change under the server)."""
+        key = (vt, q.strip().lower())
+        with self._lock:
+            if key in self._counted:
+                self._counted.move_to_end(key)
+                return self._counted[key]
+        where, params = self._search(q)
         parts = [
             f"count(*) FILTER (WHERE {_FILTER_SQL[f]})"
             for f in ("all", "hallucinated", "correct", "unlabelled")
         ]
-        parts.append(f"count(*) FILTER (WHERE {_FILTER_SQL['disagree']})" if ranked else "0")
+        parts.append(f"count(*) FILTER (WHERE {_FILTER_SQL['disagree']})" if vt else "0")
+        join = f"JOIN {vt} v USING (n)" if vt else ""
         row = cur.execute(f"SELECT {', '.join(parts)} FROM b {join} WHERE {where}", params)
-        values = row.fetchone()
-        return dict(zip(("all", "hallucinated", "correct", "unlabelled", "disagree"), values))
+        counts = dict(
+            zip(("all", "hallucinated", "correct", "unlabelled", "disagree"), row.fetchone())
+        )
+        with self._lock:
+            self._counted[key] = counts
+            while len(self._counted) > _CACHED_COUNTS:
+                self._counted.popitem(last=False)
+        return counts
 
     def _row(self, r: tuple, methods: list[str]) -> QuestionRow:
         cells = []

@@ -52,11 +52,9 @@ def test_counts_per_filter_match_the_labels(index, synthetic_run):
 def test_default_detectors_are_the_best_of_each_family(index, synthetic_run):
     report = open_run_files(synthetic_run).report
     best = {}
-    for m, r in report["methods"].items():
-        fam = r["family"]
-        if fam not in best or r["auroc"] > report["methods"][best[fam]]["auroc"]:
-            best[fam] = m
-    ranked = sorted(best.values(), key=lambda m: -report["methods"][m]["auroc"])[:5]
+    for m, r in sorted(report["methods"].items(), key=lambda mr: (-mr[1]["auroc"], mr[0])):
+        best.setdefault(r["family"], m)
+    ranked = sorted(best.values(), key=lambda m: (-report["methods"][m]["auroc"], m))[:5]
     assert index.default_methods == ranked
 
 
