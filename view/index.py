@@ -387,21 +387,27 @@ class QuestionIndex:
 
 
 def _rank_pct(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(rank, percentile) of each value among the finite ones (NaN: not scored)."""
+    """(rank, percentile) of each value among the finite ones (NaN: not scored): one sort, the
+    ties found in sorted order (a ``searchsorted`` of the unsorted values was 5x slower)."""
     v = np.asarray(v, np.float64)
-    ok = np.isfinite(v)
-    srt = np.sort(v[ok])
-    at_most = np.searchsorted(srt, np.where(ok, v, 0.0), side="right")
-    rank = np.where(ok, len(srt) - at_most + 1, 0).astype(np.int32)
-    pct = np.where(ok, 100.0 * at_most / max(len(srt), 1), np.nan)
+    where = np.flatnonzero(np.isfinite(v))
+    order = np.argsort(v[where], kind="stable")
+    s = v[where][order]
+    m = len(s)
+    last = np.flatnonzero(np.r_[s[1:] != s[:-1], True]) if m else np.empty(0, np.int64)
+    at_most_sorted = np.repeat(last + 1, np.diff(np.r_[0, last + 1]))  # # values <= each
+    at_most = np.empty(m, np.int64)
+    at_most[order] = at_most_sorted
+    rank = np.zeros(len(v), np.int32)
+    pct = np.full(len(v), np.nan)
+    rank[where] = m - at_most + 1
+    pct[where] = 100.0 * at_most / max(m, 1)
     return rank, pct
 
 
 def _disagree(pcts: list[np.ndarray], n: int) -> np.ndarray:
     if len(pcts) < 2:
         return np.zeros(n, bool)
-    m = np.vstack(pcts)
-    with np.errstate(invalid="ignore"):
-        hi = np.nanmax(np.where(np.isfinite(m), m, -np.inf), axis=0)
-        lo = np.nanmin(np.where(np.isfinite(m), m, np.inf), axis=0)
+    hi = np.fmax.reduce(pcts)  # NaN (not scored) ignored; all NaN stays NaN: no disagreement
+    lo = np.fmin.reduce(pcts)
     return (hi >= DISAGREE_HIGH) & (lo <= DISAGREE_LOW)

@@ -22,6 +22,29 @@ def synthetic_run(tmp_path_factory) -> Path:
     return write_view_run(tmp_path_factory.mktemp("view") / "run", 300, k=3, tokens=6)
 
 
+@pytest.fixture(scope="session")
+def synthetic_study(tmp_path_factory) -> Path:
+    """Two synthetic runs as the cells of a study (tests/view/study_root.py); the transfer
+    "AUROC" of a pair is the method's AUROC on the test cell (hallulog's ``auroc``)."""
+    from hallulog.contracts import layout
+    from hallulog.evaluation.protocol import auroc
+    from hallulog.evaluation.scores import read_scores
+
+    from tests.view.study_root import make_study
+
+    base = tmp_path_factory.mktemp("study")
+    a = write_view_run(base / "runs" / "a", 120, k=2, tokens=4, seed=1)
+    b = write_view_run(base / "runs" / "b", 90, k=2, tokens=4, seed=2)
+    cells = {"k2 seed1": (a, {"seed": 1, "k": 2}), "k2/seed2": (b, {"seed": 2, "k": 2})}
+    roots = {name: root for name, (root, _) in cells.items()}
+
+    def on_test_cell(method: str, train: str, test: str) -> float:
+        t = read_scores(layout.evaluation_dir(roots[test]) / layout.SCORES)
+        return auroc(t.labels, t.scores[method])
+
+    return make_study(base / "study", cells, on_test_cell, ["got_logistic_last"])
+
+
 @pytest.fixture
 def unevaluated_run(synthetic_run, tmp_path) -> Path:
     """The synthetic run without its evaluation/ directory."""

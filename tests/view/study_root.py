@@ -39,12 +39,13 @@ def make_study(
     cells: dict[str, tuple[Path, dict]],
     transfer: Callable[[str, str, str], float],
     transfer_methods: list[str],
+    name: str = "test study",
 ) -> Path:
     """``cells``: name → (run root, axis values); ``transfer(method, train, test)`` → AUROC."""
     compare = study / "compare"
     compare.mkdir(parents=True, exist_ok=True)
     doc = {
-        "name": "test study",
+        "name": name,
         "cells": [
             {"name": name, "axes": axes, "root": str(root)} for name, (root, axes) in cells.items()
         ],

@@ -65,22 +65,11 @@ def test_export_limit_must_be_positive(synthetic_run, tmp_path):
         export_site(synthetic_run, tmp_path / "x", limit=0)
 
 
-def test_export_of_a_study(tmp_path):
-    from bench.view_run import write_view_run
-    from tests.view.study_root import make_study
-
-    a = write_view_run(tmp_path / "a", 40, k=2, tokens=3, seed=3)
-    b = write_view_run(tmp_path / "b", 30, k=2, tokens=3, seed=4)
-    study = make_study(
-        tmp_path / "study",
-        {"a": (a, {"seed": 3}), "b": (b, {"seed": 4})},
-        lambda m, train, test: 0.5,
-        ["logprob_min"],
-    )
+def test_export_of_a_study(synthetic_study, tmp_path):
     out = tmp_path / "site"
-    done = export_site(study, out, limit=4, per_page=2)
+    done = export_site(synthetic_study, out, limit=4, per_page=2)
     assert done["cells"] == 2
     _check_links(out)
-    assert (out / "cells" / "a" / "index.html").is_file()
-    assert (out / "compare" / "transfer_logprob_min.png").is_file()
-    assert 'href="../../index.html"' in (out / "cells" / "b" / "index.html").read_text()
+    assert (out / "cells" / "k2_seed1" / "index.html").is_file()
+    assert (out / "compare" / "transfer_got_logistic_last.png").is_file()
+    assert 'href="../../index.html"' in (out / "cells" / "k2_seed2" / "index.html").read_text()

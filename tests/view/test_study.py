@@ -8,40 +8,15 @@ import re
 import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
-from hallulog.contracts import layout
-from hallulog.evaluation.protocol import auroc
-from hallulog.evaluation.scores import read_scores
 from hallulog.view.app import create_app
 from hallulog.view.study import open_study, study_page
-
-from bench.view_run import write_view_run
-from tests.view.study_root import make_study
 
 HTML = {"Accept": "text/html"}
 
 
-def _auroc_on(root, method):
-    t = read_scores(layout.evaluation_dir(root) / layout.SCORES)
-    return auroc(t.labels, t.scores[method])
-
-
-@pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    base = tmp_path_factory.mktemp("study")
-    a = write_view_run(base / "runs" / "a", 120, k=2, tokens=4, seed=1)
-    b = write_view_run(base / "runs" / "b", 90, k=2, tokens=4, seed=2)
-    cells = {"k2 seed1": (a, {"seed": 1, "k": 2}), "k2/seed2": (b, {"seed": 2, "k": 2})}
-    roots = {name: root for name, (root, _) in cells.items()}
-    return make_study(
-        base / "study",
-        cells,
-        lambda m, train, test: _auroc_on(roots[test], m),
-        ["got_logistic_last"],
-    )
-
-
-def test_study_page_model_holds_the_files_numbers(study):
-    page = study_page(open_study(study))
+def test_study_page_model_holds_the_files_numbers(synthetic_study):
+    study = synthetic_study
+    page = study_page(open_study(synthetic_study))
     table = pq.read_table(study / "compare" / "table.parquet").to_pylist()
     assert {c.name for c in page.cells} == {"k2 seed1", "k2/seed2"}
     assert [c.slug for c in page.cells] == ["k2_seed1", "k2_seed2"]
@@ -59,8 +34,8 @@ def test_study_page_model_holds_the_files_numbers(study):
     assert page.plots == ["transfer_got_logistic_last.png"] and page.axes == ["seed", "k"]
 
 
-def test_study_served_with_cells_linked_to_their_runs(study):
-    app = create_app(study)
+def test_study_served_with_cells_linked_to_their_runs(synthetic_study):
+    app = create_app(synthetic_study)
     with TestClient(app) as c:
         home = c.get("/", headers=HTML)
         assert home.status_code == 200
@@ -79,7 +54,8 @@ def test_study_served_with_cells_linked_to_their_runs(study):
         site.close()
 
 
-def test_a_cell_without_its_run_is_named(study, tmp_path):
+def test_a_cell_without_its_run_is_named(synthetic_study, tmp_path):
+    study = synthetic_study
     import json
     import shutil
 
