@@ -13,7 +13,7 @@ then, each in a fresh process:
 - baseline: ``pandas.read_parquet`` of prompts.parquet and generations.parquet (what a notebook
   does to look at a run): its time and peak RSS.
 
-    python bench/bench_view.py [ROOT] [--prompts 100000] [--pages 30]
+    python bench/bench_view.py [ROOT] [--prompts 100000] [--pages 30] [--memory-limit 512MB]
 
 The last line is one JSON object.
 """
@@ -50,7 +50,7 @@ def _get(url: str) -> float:
     return time.perf_counter() - t
 
 
-def _worker_view(root: Path, pages: int) -> dict:
+def _worker_view(root: Path, pages: int, memory_limit: str) -> dict:
     t_imports = time.perf_counter()
     import duckdb  # noqa: F401
     from hallulog.view.app import create_app
@@ -58,7 +58,7 @@ def _worker_view(root: Path, pages: int) -> dict:
 
     t0, c0 = time.perf_counter(), time.process_time()
     imports_s = t0 - t_imports
-    app = create_app(root)
+    app = create_app(root, memory_limit=memory_limit)
     with ViewServer(app) as srv:
         _get(srv.url + "questions")
         open_s, open_cpu_s = time.perf_counter() - t0, time.process_time() - c0
@@ -109,9 +109,19 @@ def _worker_baseline(root: Path) -> dict:
     return {"read_s": time.perf_counter() - t0, "rows": rows, "peak_rss_mib": _rss_mib()}
 
 
-def _child(kind: str, root: Path, pages: int) -> dict:
+def _child(kind: str, root: Path, pages: int, memory_limit: str) -> dict:
     out = subprocess.run(
-        [sys.executable, __file__, str(root), "--worker", kind, "--pages", str(pages)],
+        [
+            sys.executable,
+            __file__,
+            str(root),
+            "--worker",
+            kind,
+            "--pages",
+            str(pages),
+            "--memory-limit",
+            memory_limit,
+        ],  # fmt: skip
         capture_output=True,
         text=True,
         check=True,
@@ -125,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("root", type=Path, nargs="?", default=None, help="run root (made if absent)")
     ap.add_argument("--prompts", type=int, default=100_000)
     ap.add_argument("--pages", type=int, default=30)
+    ap.add_argument("--memory-limit", default="512MB", help="hallulog view's --memory-limit")
     ap.add_argument(
         "--no-baseline",
         action="store_true",
@@ -133,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", choices=("view", "baseline"), default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker == "view":
-        print(json.dumps(_worker_view(args.root, args.pages)))
+        print(json.dumps(_worker_view(args.root, args.pages, args.memory_limit)))
         return 0
     if args.worker == "baseline":
         print(json.dumps(_worker_baseline(args.root)))
@@ -152,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         write_view_run(root, args.prompts, k=5)
         print(f"wrote a {args.prompts}-prompt run in {time.perf_counter() - t:.1f} s: {root}")
     size_mb = sum(p.stat().st_size for p in layout.consolidated_dir(root).iterdir()) / 2**20
-    base = None if args.no_baseline else _child("baseline", root, args.pages)
-    view = _child("view", root, args.pages)
+    base = None if args.no_baseline else _child("baseline", root, args.pages, args.memory_limit)
+    view = _child("view", root, args.pages, args.memory_limit)
     load = os.getloadavg()[0]
     print(
         f"run: {root} ({size_mb:.0f} MiB of Parquet), "
@@ -176,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"view peak RSS {view['peak_rss_mib']:.0f} MiB")
     result = {
         "prompts": args.prompts,
+        "memory_limit": args.memory_limit,
         "parquet_mib": round(size_mb, 1),
         "load_avg": round(load, 1),
         **{f"view_{k}": round(v, 3) for k, v in view.items()},

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -61,6 +62,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+_SIZE = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$", re.IGNORECASE)
+
+
 def _fail(message: str, code: int = 1) -> int:
     print(f"hallulog view: error: {message}", file=sys.stderr)
     return code
@@ -69,6 +73,10 @@ def _fail(message: str, code: int = 1) -> int:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING)
     token = args.token or os.environ.get(TOKEN_ENV) or None
+    if not _SIZE.match(args.memory_limit.strip()):
+        return _fail(f"--memory-limit {args.memory_limit!r}: a size such as 512MB or 2GB", 2)
+    if args.export_limit < 1:
+        return _fail(f"--export-limit must be >= 1, got {args.export_limit}", 2)
     try:
         require("duckdb", "hallulog view")
         if args.export is not None:

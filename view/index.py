@@ -64,6 +64,7 @@ _FILTER_SQL = {
 }
 _SCORE_META = ("prompt_id", "label", "fold", "test")
 _TEXT_CHARS = 300  # question and answer as the list shows them
+_TEXT_KEPT = 1000  # ... as the index keeps them (and the search looks into them): bounded rows
 _CACHED_SETS = 8
 _CACHED_COUNTS = 256
 
@@ -158,7 +159,8 @@ class QuestionIndex:
                        any_value(text) FILTER (WHERE sample_id = 0) AS answer
                 FROM read_parquet({gens}, file_row_number = true) GROUP BY prompt_id)
             SELECT p.file_row_number::INTEGER AS n, p.prompt_id,
-                   coalesce(p.question, p.prompt) AS question, g.answer,
+                   left(coalesce(p.question, p.prompt), {_TEXT_KEPT}) AS question,
+                   left(g.answer, {_TEXT_KEPT}) AS answer,
                    p.label::INTEGER AS label, p.label_status, p.label_grader,
                    g.g0, g.g1 {scores_sel}
             FROM read_parquet({prompts}, file_row_number = true) p

@@ -34,6 +34,24 @@ def test_a_root_without_consolidated_is_one_line(tmp_path, capsys):
     ]
 
 
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--memory-limit", "lots"], "--memory-limit 'lots': a size such as 512MB"),
+        (["--export-limit", "0"], "--export-limit must be >= 1, got 0"),
+        (["--port", "x"], "argument --port: invalid int value"),
+    ],
+)
+def test_bad_flags_are_one_line(synthetic_run, capsys, flags, words):
+    try:
+        code = main(["view", str(synthetic_run), *flags])
+    except SystemExit as exc:  # argparse's own checks
+        code = exc.code
+    assert code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert words in line
+
+
 def test_off_loopback_without_a_token_is_refused(synthetic_run, capsys, monkeypatch):
     monkeypatch.delenv("HALLULOG_VIEW_TOKEN", raising=False)
     assert main(["view", str(synthetic_run), "--host", "0.0.0.0"]) == 2
