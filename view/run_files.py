@@ -62,14 +62,19 @@ def open_run_files(root: Path | str) -> RunFiles:
             f"`hallulog consolidate --artifact-root {root}`"
         )
     tables = {name: cons / name for name in layout.PARQUET_TABLES}
+    manifest = RunManifest.load(root)
     for name in (layout.PROMPTS_PARQUET, layout.GENERATIONS_PARQUET):
+        if not tables[name].is_file() and manifest is not None and manifest.get("imported"):
+            raise ViewInputError(
+                f"{root} is an imported run (hallulog import): it has no {name}, which the "
+                "explorer reads; its detector scores are in evaluation/ after `hallulog evaluate`"
+            )
         if not tables[name].is_file():
             raise ViewInputError(
                 f"{tables[name]} is missing: the explorer reads the Parquet tables that "
                 f"consolidation writes; run `hallulog consolidate --artifact-root {root}`"
             )
     labels = tables[layout.LABELS_PARQUET]
-    manifest = RunManifest.load(root)
     evaluation = layout.evaluation_dir(root)
     scores = evaluation / layout.SCORES
     report_path = evaluation / layout.REPORT_JSON

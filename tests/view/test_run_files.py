@@ -29,6 +29,15 @@ def test_no_parquet_tables(synthetic_run, tmp_path):
         open_run_files(root)
 
 
+def test_an_imported_run_is_named(tmp_path):
+    import json
+
+    layout.consolidated_dir(tmp_path).mkdir()
+    (tmp_path / layout.MANIFEST).write_text(json.dumps({"imported": True, "model": "m"}))
+    with pytest.raises(ViewInputError, match="is an imported run .hallulog import.: it has no"):
+        open_run_files(tmp_path)
+
+
 def test_no_evaluation_opens_and_says_what_to_run(unevaluated_run):
     files = open_run_files(unevaluated_run)
     assert files.scores is None and files.report is None and files.plots == {}
