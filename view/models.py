@@ -204,12 +204,14 @@ class CompareValue(_Model):
     auroc_lo: float | None
     auroc_hi: float | None
     prr: float | None
+    prr_lo: float | None = None
+    prr_hi: float | None = None
 
 
 class StudyCell(_Model):
     name: str
     slug: str  # its folder in the URL and the static export
-    axes: dict[str, Any]
+    axes: dict[str, str]  # axis → its value as shown
     root: str
     problem: str | None = None  # why its run pages cannot open (one line)
 

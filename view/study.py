@@ -2,11 +2,13 @@
 (``compare/table.parquet``, ``compare/transfer.parquet``) and the heatmap PNGs of
 ``compare/``; each cell links to its run's pages.
 
-Read as documented for the study command's output: ``study.json`` holds ``cells``, each with a
-``name``, its axis values (``axes``) and its run root (``root``, relative to the study root or
-absolute); ``table.parquet`` has a row per cell × method with at least ``cell``, ``method``,
-``auroc``, ``auroc_lo``, ``auroc_hi``, ``prr``; ``transfer.parquet`` has ``method``,
-``train_cell``, ``test_cell``, ``auroc``. A missing piece is one line on the page.
+Read as the study command documents its output: ``study.json`` holds ``axes`` (the axis names)
+and ``cells``, each with a ``name``, its axis values (``values``: a scalar, or a table shown by
+its ``name`` or as ``key=value`` pairs) and its run root (``root``, relative to the study root;
+an absolute one is taken too); ``table.parquet`` has a row per cell × method with at least
+``cell``, ``method``, ``auroc``, ``auroc_lo``, ``auroc_hi``, ``prr`` (``prr_lo``, ``prr_hi`` when
+present); ``transfer.parquet`` has ``method``, ``train_cell``, ``test_cell``, ``auroc``. A
+missing piece is one line on the page.
 """
 
 from __future__ import annotations
@@ -50,12 +52,22 @@ def _slug(name: str, taken: set[str]) -> str:
 class StudyFiles:
     root: Path
     name: str | None
+    axes: list[str]
     cells: list[StudyCell]
     roots: dict[str, Path]  # slug → run root
     table: Path | None
     transfer: Path | None
     plots: dict[str, Path] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+
+
+def _shown(value: Any) -> str:
+    """An axis value as a cell of the table: a table by its ``name``, else its pairs."""
+    if isinstance(value, dict):
+        if isinstance(value.get("name"), str):
+            return value["name"]
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    return "" if value is None else str(value)
 
 
 def _cell_problem(root: Path) -> str | None:
@@ -78,7 +90,8 @@ def open_study(root: Path | str) -> StudyFiles:
         run_root = Path(c["root"])
         run_root = run_root if run_root.is_absolute() else root / run_root
         slug = _slug(str(c["name"]), taken)
-        axes = c.get("axes") if isinstance(c.get("axes"), dict) else {}
+        values = c.get("values") if isinstance(c.get("values"), dict) else {}
+        axes = {str(k): _shown(v) for k, v in values.items()}
         cells.append(
             StudyCell(
                 name=str(c["name"]),
@@ -99,9 +112,11 @@ def open_study(root: Path | str) -> StudyFiles:
         if compare.is_dir()
         else {}
     )
+    axes = doc.get("axes") if isinstance(doc.get("axes"), list) else []
     return StudyFiles(
         root=root,
         name=doc.get("name") if isinstance(doc.get("name"), str) else None,
+        axes=[str(a) for a in axes],
         cells=cells,
         roots=roots,
         table=table if table.is_file() else None,
@@ -115,27 +130,32 @@ def _num(v: Any) -> float | None:
     return None if v is None or not math.isfinite(float(v)) else float(v)
 
 
-def _read(path: Path, columns: tuple[str, ...]) -> list[dict[str, Any]]:
+def _read(
+    path: Path, columns: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
     have = pq.read_schema(path).names
     lacking = [c for c in columns if c not in have]
     if lacking:
         raise ViewInputError(f"{path}: no column(s) {lacking} (has {have})")
-    return pq.read_table(path, columns=list(columns)).to_pylist()
+    wanted = [*columns, *(c for c in optional if c in have)]
+    return pq.read_table(path, columns=wanted).to_pylist()
 
 
 def study_page(files: StudyFiles) -> StudyPage:
     table: dict[str, dict[str, CompareValue]] = {}
     methods: list[str] = []
     if files.table is not None:
-        for r in _read(files.table, _TABLE_COLUMNS):
+        for r in _read(files.table, _TABLE_COLUMNS, ("prr_lo", "prr_hi")):
             methods.append(r["method"])
             table.setdefault(str(r["cell"]), {})[r["method"]] = CompareValue(
                 auroc=_num(r["auroc"]),
                 auroc_lo=_num(r["auroc_lo"]),
                 auroc_hi=_num(r["auroc_hi"]),
                 prr=_num(r["prr"]),
+                prr_lo=_num(r.get("prr_lo")),
+                prr_hi=_num(r.get("prr_hi")),
             )
     transfer = []
     if files.transfer is not None:
@@ -160,7 +180,7 @@ def study_page(files: StudyFiles) -> StudyPage:
     return StudyPage(
         root=str(files.root),
         name=files.name,
-        axes=list(dict.fromkeys(k for c in files.cells for k in c.axes)),
+        axes=list(dict.fromkeys([*files.axes, *(k for c in files.cells for k in c.axes)])),
         cells=files.cells,
         methods=sorted(set(methods), key=lambda m: (-best[m], m)),
         table=table,

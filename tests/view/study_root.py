@@ -1,5 +1,6 @@
 """A study root assembled from finished runs, in the layout the study command documents:
-``study.json`` (cells: name, axes, root), ``compare/table.parquet`` (a row per cell × method:
+``study.json`` (``axes``; cells: ``name``, ``values``, ``root``; the roots here are absolute,
+which the explorer also takes), ``compare/table.parquet`` (a row per cell × method:
 cell, method, auroc, auroc_lo, auroc_hi, prr, computed from each run's
 ``evaluation/scores.parquet`` by hallulog's own ``summarize_scores``),
 ``compare/transfer.parquet`` (method, train_cell, test_cell, auroc) and a heatmap PNG drawn
@@ -29,6 +30,8 @@ def compare_rows(cell: str, root: Path) -> list[dict]:
             "auroc_lo": r["ci95"][0],
             "auroc_hi": r["ci95"][1],
             "prr": (r.get("metrics") or {}).get("prr"),
+            "prr_lo": ((r.get("metrics_ci95") or {}).get("prr") or [None, None])[0],
+            "prr_hi": ((r.get("metrics_ci95") or {}).get("prr") or [None, None])[1],
         }
         for m, r in methods.items()
     ]
@@ -41,13 +44,17 @@ def make_study(
     transfer_methods: list[str],
     name: str = "test study",
 ) -> Path:
-    """``cells``: name → (run root, axis values); ``transfer(method, train, test)`` → AUROC."""
+    """``cells``: name → (run root, axis values); ``transfer(method, train, test)`` → AUROC.
+    ``table.parquet`` holds the documented columns plus ``prr_lo``/``prr_hi``."""
     compare = study / "compare"
     compare.mkdir(parents=True, exist_ok=True)
     doc = {
+        "study_version": 1,
         "name": name,
+        "axes": list(dict.fromkeys(k for _, axes in cells.values() for k in axes)),
         "cells": [
-            {"name": name, "axes": axes, "root": str(root)} for name, (root, axes) in cells.items()
+            {"name": cell, "values": axes, "root": str(root), "fingerprint": None}
+            for cell, (root, axes) in cells.items()
         ],
     }
     (study / "study.json").write_text(json.dumps(doc, indent=1))

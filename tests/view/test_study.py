@@ -22,8 +22,8 @@ def test_study_page_model_holds_the_files_numbers(synthetic_study):
     assert [c.slug for c in page.cells] == ["k2_seed1", "k2_seed2"]
     for r in table:
         v = page.table[r["cell"]][r["method"]]
-        assert (v.auroc, v.auroc_lo, v.auroc_hi, v.prr) == pytest.approx(
-            (r["auroc"], r["auroc_lo"], r["auroc_hi"], r["prr"])
+        assert (v.auroc, v.auroc_lo, v.auroc_hi, v.prr, v.prr_lo, v.prr_hi) == pytest.approx(
+            (r["auroc"], r["auroc_lo"], r["auroc_hi"], r["prr"], r["prr_lo"], r["prr_hi"])
         )
     (t,) = page.transfer
     assert t.method == "got_logistic_last" and t.train == t.test == ["k2 seed1", "k2/seed2"]
@@ -62,12 +62,16 @@ def test_a_cell_without_its_run_is_named(synthetic_study, tmp_path):
     root = tmp_path / "study"
     shutil.copytree(study, root)
     doc = json.loads((root / "study.json").read_text())
-    doc["cells"].append({"name": "lost", "axes": {"seed": 3}, "root": str(tmp_path / "gone")})
+    doc["cells"].append(
+        {"name": "lost", "values": {"seed": 3, "task": {"task": "qa", "task_path": "x.csv"}},
+         "root": str(tmp_path / "gone")}
+    )  # fmt: skip
     (root / "study.json").write_text(json.dumps(doc))
     (root / "compare" / "transfer.parquet").unlink()
     page = study_page(open_study(root))
     lost = [c for c in page.cells if c.name == "lost"][0]
     assert "no such directory" in lost.problem and page.transfer == []
+    assert lost.axes == {"seed": "3", "task": "task=qa, task_path=x.csv"}
     app = create_app(root)
     with TestClient(app) as c:
         assert c.get("/cells/lost/", headers=HTML).status_code == 404
