@@ -19,23 +19,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hallulog.contracts import layout
 from hallulog.contracts.jsonl import read_document
 from hallulog.view.models import CompareValue, StudyCell, StudyPage, TransferMatrix
 from hallulog.view.run_files import ViewInputError, open_run_files
 
-__all__ = ["STUDY_FILE", "COMPARE_DIR", "is_study", "StudyFiles", "open_study", "study_page"]
+__all__ = ["is_study", "StudyFiles", "open_study", "study_page"]
 
-STUDY_FILE = "study.json"
-COMPARE_DIR = "compare"
-COMPARE_TABLE = "table.parquet"
-TRANSFER_TABLE = "transfer.parquet"
 _PNG = re.compile(r"^[\w.-]+\.png$")
 _TABLE_COLUMNS = ("cell", "method", "auroc", "auroc_lo", "auroc_hi", "prr")
 _TRANSFER_COLUMNS = ("method", "train_cell", "test_cell", "auroc")
 
 
 def is_study(root: Path | str) -> bool:
-    return (Path(root) / STUDY_FILE).is_file()
+    return (Path(root) / layout.STUDY_MANIFEST).is_file()
 
 
 def _slug(name: str, taken: set[str]) -> str:
@@ -80,13 +77,14 @@ def _cell_problem(root: Path) -> str | None:
 
 def open_study(root: Path | str) -> StudyFiles:
     root = Path(root)
-    doc = read_document(root / STUDY_FILE, "study file")
+    manifest = root / layout.STUDY_MANIFEST
+    doc = read_document(manifest, "study manifest")
     if not isinstance(doc, dict) or not isinstance(doc.get("cells"), list):
-        raise ViewInputError(f"{root / STUDY_FILE}: no 'cells' list (rerun the study command)")
+        raise ViewInputError(f"{manifest}: no 'cells' list (rerun the study command)")
     cells, roots, taken = [], {}, set()
     for i, c in enumerate(doc["cells"]):
         if not isinstance(c, dict) or not c.get("name") or not c.get("root"):
-            raise ViewInputError(f"{root / STUDY_FILE}: cell {i} lacks a 'name' or a 'root'")
+            raise ViewInputError(f"{manifest}: cell {i} lacks a 'name' or a 'root'")
         run_root = Path(c["root"])
         run_root = run_root if run_root.is_absolute() else root / run_root
         slug = _slug(str(c["name"]), taken)
@@ -102,8 +100,8 @@ def open_study(root: Path | str) -> StudyFiles:
             )
         )
         roots[slug] = run_root
-    compare = root / COMPARE_DIR
-    table, transfer = compare / COMPARE_TABLE, compare / TRANSFER_TABLE
+    compare = layout.compare_dir(root)
+    table, transfer = compare / layout.COMPARE_TABLE, compare / layout.COMPARE_TRANSFER
     missing = []
     if not table.is_file():
         missing.append(f"{table} is missing: the study's compare step has not run")

@@ -46,7 +46,7 @@ def make_study(
 ) -> Path:
     """``cells``: name → (run root, axis values); ``transfer(method, train, test)`` → AUROC.
     ``table.parquet`` holds the documented columns plus ``prr_lo``/``prr_hi``."""
-    compare = study / "compare"
+    compare = layout.compare_dir(study)
     compare.mkdir(parents=True, exist_ok=True)
     doc = {
         "study_version": 1,
@@ -57,16 +57,16 @@ def make_study(
             for cell, (root, axes) in cells.items()
         ],
     }
-    (study / "study.json").write_text(json.dumps(doc, indent=1))
+    (study / layout.STUDY_MANIFEST).write_text(json.dumps(doc, indent=1))
     rows = [r for name, (root, _) in cells.items() for r in compare_rows(name, root)]
-    pq.write_table(pa.Table.from_pylist(rows), compare / "table.parquet")
+    pq.write_table(pa.Table.from_pylist(rows), compare / layout.COMPARE_TABLE)
     grid = [
         {"method": m, "train_cell": a, "test_cell": b, "auroc": transfer(m, a, b)}
         for m in transfer_methods
         for a in cells
         for b in cells
     ]
-    pq.write_table(pa.Table.from_pylist(grid), compare / "transfer.parquet")
+    pq.write_table(pa.Table.from_pylist(grid), compare / layout.COMPARE_TRANSFER)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -81,6 +81,6 @@ def make_study(
         ax.set_xticks(range(len(names)), names)
         ax.set_yticks(range(len(names)), names)
         ax.set_title(m)
-        fig.savefig(compare / f"transfer_{m}.png", dpi=60)
+        fig.savefig(compare / layout.transfer_heatmap(m), dpi=60)
         plt.close(fig)
     return study
