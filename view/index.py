@@ -33,7 +33,7 @@ import numpy as np
 from hallulog.contracts.extras import require
 from hallulog.view.defaults import DEFAULT_MEMORY_LIMIT
 from hallulog.view.models import DetectorCell, QuestionPage, QuestionQuery, QuestionRow
-from hallulog.view.run_files import RunFiles
+from hallulog.view.run_files import RunFiles, ViewInputError
 
 __all__ = [
     "QuestionIndex",
@@ -126,7 +126,15 @@ class QuestionIndex:
             for m in self.methods
         }
         self.default_methods = default_methods(report, self.methods)
-        self._build()
+        try:
+            self._build()
+        except duckdb.Error as exc:  # a truncated or foreign file: one line naming the run
+            self.close()
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ViewInputError(
+                f"{files.root}: its Parquet tables cannot be read ({first}); rerun "
+                f"`hallulog consolidate --artifact-root {files.root}`"
+            ) from None
         self.size = int(self._con.execute("SELECT count(*) FROM b").fetchone()[0])
         if self.default_methods:
             self._ranked(tuple(self.default_methods))

@@ -54,3 +54,16 @@ def test_malformed_report_names_the_file(synthetic_run, tmp_path):
     (layout.evaluation_dir(root) / layout.REPORT_JSON).write_text("{not json")
     with pytest.raises(Exception, match=r"report.json:1: malformed evaluation report"):
         open_run_files(root)
+
+
+def test_a_truncated_table_is_one_line(synthetic_run, tmp_path):
+    from hallulog.view.index import QuestionIndex
+
+    root = tmp_path / "run"
+    shutil.copytree(synthetic_run, root)
+    path = layout.consolidated_dir(root) / layout.PROMPTS_PARQUET
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(ViewInputError) as exc:
+        QuestionIndex(open_run_files(root))
+    assert str(exc.value).startswith(f"{root}: its Parquet tables cannot be read (")
+    assert "\n" not in str(exc.value) and "hallulog consolidate" in str(exc.value)
