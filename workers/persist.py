@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hallulog.contracts import layout
+from hallulog.contracts.errors import HallulogError
 from hallulog.contracts.jsonl import JsonlAppender, cut_torn_tail, encode, iter_lines, truncate_to
 from hallulog.contracts.writer_lock import fence_writer, hold_writer
 
@@ -34,7 +35,7 @@ __all__ = ["WorkerDir", "GenerationRecord", "PersistBroken", "recover_worker_dir
 log = logging.getLogger(__name__)
 
 
-class PersistBroken(OSError):
+class PersistBroken(HallulogError, OSError):
     """A group failed and could not be rolled back: stop appending to this worker directory.
 
     The directory is consistent again once :func:`recover_worker_dir` has run (next run).
