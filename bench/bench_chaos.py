@@ -42,11 +42,12 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from instant_run import REPO, InstantFleet, free_port, write_task  # noqa: E402
+from hallulog.backends.shm import orphaned, shm_names
 
-sys.path.insert(0, str(REPO))
-from hallulog.backends.shm import orphaned, shm_names  # noqa: E402
+if __package__:  # imported by the tests as bench.bench_chaos
+    from .instant_run import REPO, InstantFleet, free_port, write_task
+else:  # python bench/bench_chaos.py
+    from instant_run import REPO, InstantFleet, free_port, write_task
 
 KINDS = ("orchestrator", "worker", "server")
 TAG_VAR = "HALLULOG_CHAOS_TAG"

@@ -1,6 +1,6 @@
 """Persisting prompt groups into a worker directory, and rolling back after a crash.
 
-Commit order (DESIGN.md): activations written and fsynced → ``generations.jsonl`` and
+Commit order (docs/architecture.md, "The commit protocol"): activations written and fsynced → ``generations.jsonl`` and
 ``activation_index.jsonl`` lines appended and fsynced (both at once, while the store makes its
 own commit point durable) → the group's ``prompt_index.jsonl`` line appended and fsynced (the
 commit marker, once the store and both files are durable) → done reported. Groups that finish

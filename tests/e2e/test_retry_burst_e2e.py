@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 
 import pytest
 
+from bench.instant_run import InstantFleet, write_task
 from tests.e2e.conftest import REPO, worker_rows
 from tests.e2e.faulty_proxy import FaultyProxy
-
-sys.path.insert(0, str(REPO / "bench"))
-from instant_run import InstantFleet, write_task  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
