@@ -11,7 +11,7 @@ killer SIGKILLs at random intervals:
 * ``worker``: one of the driver's worker processes (the pool re-queues its groups, restarts it);
 * ``server``: one backend; it is started again on its port after 0.2-1 s (a supervisor's
   restart), meanwhile its workers' requests fail and their groups are queued again after the
-  run's backoff (run/dispatch.py).
+  run's backoff (orchestrator/run/dispatch.py).
 
 Then it checks: every (prompt, sample) has exactly one generation and one activation in
 ``consolidated/`` (no duplicate, none missing), validation is clean, and no process of the run,

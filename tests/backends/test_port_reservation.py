@@ -1,4 +1,4 @@
-"""Ports a run chooses itself are reserved for its life (run/ports.py): two runs choosing at
+"""Ports a run chooses itself are reserved for its life (backends/ports.py): two runs choosing at
 the same instant never get the same port; a killed holder's reservation ends with it."""
 
 from __future__ import annotations

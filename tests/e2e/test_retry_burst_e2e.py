@@ -1,4 +1,4 @@
-"""A burst of server faults costs time, not prompts (run/dispatch.py re-queues).
+"""A burst of server faults costs time, not prompts (orchestrator/run/dispatch.py re-queues).
 
 A real run (the orchestrator against an instant backend behind tests/e2e/faulty_proxy.py)
 meets 503s on every generation request for 8 s — longer than the worker client's own three
