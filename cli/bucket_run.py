@@ -38,9 +38,14 @@ import logging
 import sys
 from pathlib import Path
 
-from hallulog.cli.bucket_staging import recover_worker_dirs, ship_finished, staging_dir_for
-from hallulog.contracts.errors import HallulogError
-from hallulog.contracts.root_lock import root_lock
+from hallulog.cli.bucket_staging import (
+    held_staging,
+    recover_worker_dirs,
+    remove_staging,
+    ship_finished,
+    staging_dir_for,
+)
+from hallulog.contracts.errors import HallulogError, ResumeRefused
 from hallulog.remote.client import Bucket, object_url
 from hallulog.remote.lease import BucketLease, BucketLockLost, bucket_lock
 from hallulog.remote.restore import fence_chain, restore_staging, segment_chains
@@ -93,9 +98,13 @@ def run_remote(config, *, retry: bool = False):
     command = "retry" if retry else "run"
     with bucket_lock(bucket, command) as lease:  # one writer per prefix, on any node
         refuse_finished()  # pushed by the lease's previous holder
-        staging.mkdir(parents=True, exist_ok=True)
-        with root_lock(staging, command):  # restoring rewrites the staging root
-            return _run_staged(config, url, bucket, staging, retry, lease)
+        explicit = config.staging_dir is not None
+        # restoring rewrites the staging root: held, as a cache of the bucket's run
+        with held_staging(url, staging, bucket, command, explicit=explicit):
+            result, pushed = _run_staged(config, url, bucket, staging, retry, lease)
+        if pushed is not None:  # every byte of the staging root is in the bucket
+            remove_staging(staging, url)
+        return result, pushed
 
 
 def _fence_all(bucket: Bucket) -> dict[str, int]:
@@ -147,6 +156,15 @@ def _run_staged(config, url: str, bucket: Bucket, staging: Path, retry: bool, le
     target = RemoteTarget(url, min(ACTOR_SHIP_GAP, config.checkpoint_interval), since)
     try:
         result = run(local, only=only, redo=redo, remote=target)
+    except ResumeRefused as exc:  # the bucket's run, not the staging directory, is refused
+        _, _, rest = str(exc).partition(" holds ")
+        if shipper is not None:
+            shipper.stop()
+        raise ResumeRefused(
+            f"{url} holds {rest}".replace(
+                "another --artifact-root, or remove the old run", "another prefix"
+            )
+        ) from None
     except BaseException:
         if shipper is not None:
             try:  # what was committed before the error or the stop is kept in the bucket
@@ -197,7 +215,7 @@ def report_run(config, url: str, result, pushed) -> int:
     """Print what a run (or retry) on a bucket root did; its exit code."""
     from hallulog.cli import commands
 
-    print(commands.format_result(result))
+    print(commands.format_result(result).replace(str(result.artifact_root), url))
     if pushed is not None:
         print(f"bucket: {url} ({pushed.files} files, {pushed.transferred} copied)")
     elif result.complete:

@@ -53,3 +53,27 @@ class BucketSlots:
             len(ids),
         )
         return ids
+
+    def drop_node_staging(self, timeout: float = 30.0) -> None:
+        """Every actor stopped: remove the slots' staging roots on every live node (a lost
+        actor's node included), one task per node pinned to it."""
+        import ray
+        from hallulog.remote.actor_shipping import drop_node_staging
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        task = ray.remote(num_cpus=0)(drop_node_staging)
+        refs = [
+            task.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+            ).remote(self.actor_options["url"])
+            for node in ray.nodes()
+            if node.get("Alive")
+        ]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        removed = 0
+        for ref in done:
+            try:
+                removed += len(ray.get(ref))
+            except Exception as exc:  # a node that went away meanwhile: its cache stays
+                log.warning("ray executor: a node's staging directories not removed: %s", exc)
+        log.info("ray executor: %d node staging director(ies) removed", removed)
