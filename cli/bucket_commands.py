@@ -49,7 +49,9 @@ from hallulog.cli.bucket_staging import (
 from hallulog.contracts import layout
 from hallulog.contracts.errors import HallulogError
 from hallulog.remote.client import Bucket, object_url
+from hallulog.remote.compact import drop_segments
 from hallulog.remote.lease import bucket_lock
+from hallulog.remote.restore import fence_session
 
 __all__ = ["remote_command", "postrun_command", "evaluate_command", "merge_command"]
 
@@ -126,11 +128,13 @@ def _consolidate(config, url: str, staging: Path, *, merge: bool) -> int:
         )
         return 0
     explicit = config.staging_dir is not None
-    with bucket_lock(bucket, "consolidate"):
+    with bucket_lock(bucket, "consolidate") as lease:
         if read_tree_list(bucket) is not None:  # pushed by the lease's previous holder
             print(f"{url} holds a finished root (consolidated, validated, pushed): nothing to do")
             return 0
         with held_staging(url, staging, bucket, "consolidate", explicit=explicit):
+            # the segments are the truth from here: an earlier holder's later ones never count
+            fence_session(bucket, lease.epoch, "consolidate")
             stage_root(url, staging, bucket=bucket)
             done = finish(staging, expected_prompt_ids=_expected_ids(config), merge=merge)
             print_finished(done, local=(staging, url))
@@ -138,6 +142,7 @@ def _consolidate(config, url: str, staging: Path, *, merge: bool) -> int:
                 print(f"bucket: {url} keeps the segments; nothing pushed", file=sys.stderr)
                 return 1
             pushed = ship_finished(staging, url, bucket=bucket)
+            drop_segments(bucket)  # the finished root holds every byte of them
         remove_staging(staging, url)
     print(f"bucket: {url} ({pushed.files} files, {pushed.transferred} copied)")
     return 0

@@ -96,7 +96,14 @@ class ActorShipping:
             )
         self.root = node_staging(self.bucket.url, slot)
         states = restore_staging(self.root, self.bucket, workers=[self.worker])
-        self.shipper = SegmentShipper(self.root, self.bucket, states, interval=self.gap)
+        self.shipper = SegmentShipper(
+            self.root,
+            self.bucket,
+            states,
+            interval=self.gap,
+            epoch=int(remote.get("epoch") or 0),
+            chains=[self.worker],
+        )
         self._held: list[tuple[float, dict]] = []
         self._given = 0  # groups submitted and not resolved
         self._cond = threading.Condition()

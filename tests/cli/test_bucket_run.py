@@ -243,7 +243,11 @@ def test_run_into_a_bucket_then_sigkill_and_resume_on_a_new_node(tmp_path, s3, m
         assert "bucket: s3://remote-run/small" in done.stdout
         keys = _keys(s3, "remote-run")
         assert f"small/{TREE_LIST}" in keys
-        assert any(key.startswith("small/.hallulog-run/segments/worker_0/") for key in keys)
+        # the finished root holds every byte of the segments: they are removed once it is in
+        versions = s3.client().list_object_versions(Bucket="remote-run", Prefix="small/")
+        shipped_keys = {v["Key"] for v in versions.get("Versions", [])}
+        assert any(key.startswith("small/.hallulog-run/segments/worker_0/") for key in shipped_keys)
+        assert not any("/.hallulog-run/segments/" in key for key in keys)
         # the default staging directory (one per URL under $HALLULOG_CACHE_DIR/staging) is
         # removed once the finished root is pushed: every byte of it is in the bucket
         assert list((tmp_path / "cache" / "staging").iterdir()) == []
@@ -283,14 +287,9 @@ def test_run_into_a_bucket_then_sigkill_and_resume_on_a_new_node(tmp_path, s3, m
             start_new_session=True,
         )
         deadline = time.monotonic() + 120
-        while (
-            sum(
-                key.endswith(".json") and "/segments/" in key
-                for key in _keys(s3, "remote-run")
-                if key.startswith("big/")
-            )
-            < 2
-        ):
+        # two segments after the session's fence (number 0)
+        second = "big/.hallulog-run/segments/worker_0/00000002.json"
+        while second not in _keys(s3, "remote-run"):
             assert proc.poll() is None, proc.stderr.read().decode()
             assert time.monotonic() < deadline, "no segment shipped in 120 s"
             time.sleep(0.05)
