@@ -58,6 +58,7 @@ __all__ = [
     "BucketLease",
     "bucket_lock",
     "acquire",
+    "live_holder",
 ]
 
 log = logging.getLogger(__name__)
@@ -397,3 +398,12 @@ def _leave(key: str, held: BucketLease) -> None:
     except KeyboardInterrupt:  # the interrupt of a loss, arriving late
         if not held.lost:
             raise
+
+
+def live_holder(bucket: Bucket, lease: float | None = None) -> dict[str, Any] | None:
+    """The lease record of the command that holds the prefix now, None when none does."""
+    got = bucket.get_tagged(LOCK_KEY)
+    rec = _decode(got[0]) if got is not None else {}
+    if not rec or _stale(rec, lease or lease_seconds()) is not None:
+        return None
+    return rec
