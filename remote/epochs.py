@@ -78,18 +78,18 @@ def write_epoch(bucket: Bucket, epoch: int, command: str, fences: dict[str, int]
         )
 
 
+def _fences(bucket: Bucket, key: str) -> dict[str, int]:
+    """One epoch record's fences (a JSON document)."""
+    try:
+        doc = json.loads(bucket.get_bytes(key))
+        return {str(k): int(v) for k, v in doc["fences"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ObjectStoreError(f"{bucket.display(key)}: unreadable epoch record ({exc})") from None
+
+
 def read_epochs(bucket: Bucket) -> dict[int, dict[str, int]]:
     """``epoch -> {chain: fence number}`` of every recorded epoch."""
-    out = {}
-    for epoch, key in sorted(_listed(bucket).items()):
-        try:
-            doc = json.loads(bucket.get_bytes(key))
-            out[epoch] = {str(k): int(v) for k, v in doc["fences"].items()}
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ObjectStoreError(
-                f"{bucket.display(key)}: unreadable epoch record ({exc})"
-            ) from None
-    return out
+    return {epoch: _fences(bucket, key) for epoch, key in sorted(_listed(bucket).items())}
 
 
 class EpochRule:
