@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -287,6 +288,11 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+_IPC_TMPDIR_MAX = 64
+"""The longest ``TMPDIR`` a vLLM server gets: its ZMQ IPC socket paths add a ``/`` and a 36-character
+uuid, and a Unix socket path holds at most 107 bytes."""
+
+
 def start_servers(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: Path,
                   cache_dir: Path, board: ServerBoard, *, wait: bool = True
                   ) -> tuple[list[ServerProcess], list[str]]:
@@ -322,8 +328,13 @@ def start_servers(config: RunConfig, model: ModelInfo, layer_ids: list[int], roo
         if config.backend == "vllm":
             env = vllm_server_env(env, gpu=gpus, cache_dir=cache_dir,
                                   ranks=config.gpus_per_server)
-            # temporary files of this run's servers apart from any other run's
-            env["TMPDIR"] = str(Path(env["TMPDIR"]) / layout.run_spool_dir(root, cache_dir).name)
+            # temporary files of this run's servers apart from any other run's; vLLM binds its
+            # ZMQ sockets there (ipc://TMPDIR/<uuid>, 107 bytes at most): a deep cache's is
+            # replaced by the system's temporary directory
+            tmp = Path(env["TMPDIR"]) / layout.run_spool_dir(root, cache_dir).name
+            if len(os.fsencode(tmp)) > _IPC_TMPDIR_MAX:
+                tmp = Path(tempfile.gettempdir()) / tmp.name
+            env["TMPDIR"] = str(tmp)
             for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
                         "TMPDIR"):
                 Path(env[key]).mkdir(parents=True, exist_ok=True)

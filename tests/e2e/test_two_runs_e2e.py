@@ -32,7 +32,7 @@ def test_two_runs_started_together_on_an_empty_cache(tmp_path):
 def _probe_ports(work, stop: threading.Event, seen: dict) -> None:
     """As soon as a run's server is started, bind its port from here (a foreign program):
     ``run name -> (errno of the bind, whether the server was still starting)``."""
-    pattern = re.compile(r"=== start [^:]+: (.*)")
+    pattern = re.compile(r"=== start \S+: (.*)")
     while not stop.is_set() and len(seen) < 2:
         for name in ("a", "b"):
             log = work / name / "servers" / "server_0.log"
