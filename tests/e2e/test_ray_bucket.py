@@ -60,13 +60,23 @@ def cluster(s3, tmp_path_factory):
     c.shutdown()
 
 
-def _manifests(s3) -> list[dict]:
+def _manifests(s3, history: bool = False) -> list[dict]:
+    """The segment manifests in the bucket (``history``: every one ever written, those removed
+    once the finished root was pushed included: the bucket is versioned)."""
     client = s3.client()
-    pages = client.get_paginator("list_objects_v2").paginate(Bucket="ray-bucket")
-    keys = [o["Key"] for p in pages for o in p.get("Contents", [])]
+    if history:
+        pages = client.get_paginator("list_object_versions").paginate(Bucket="ray-bucket")
+        keys = [(v["Key"], v["VersionId"]) for p in pages for v in p.get("Versions", [])]
+    else:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket="ray-bucket")
+        keys = [(o["Key"], None) for p in pages for o in p.get("Contents", [])]
     return [
-        json.loads(client.get_object(Bucket="ray-bucket", Key=k)["Body"].read())
-        for k in keys
+        json.loads(
+            client.get_object(Bucket="ray-bucket", Key=k, **({"VersionId": v} if v else {}))[
+                "Body"
+            ].read()
+        )
+        for k, v in keys
         if "/segments/" in k and k.endswith(".json")
     ]
 
@@ -189,9 +199,10 @@ def test_ray_actors_share_only_the_bucket_and_survive_sigkills(cluster, s3, tmp_
         for g in read_jsonl(pulled / "consolidated" / "generations.jsonl")
     )
     assert set(gens.values()) == {1} and len(gens) == LIMIT * (K + 1)
-    fences = [doc for doc in _manifests(s3) if doc.get("fence")]
+    fences = [doc for doc in _manifests(s3, history=True) if doc.get("fence")]
     assert any(d["fence"].startswith("slot") for d in fences)  # the lost actor's chain
-    assert any(d["fence"] == "new driver session" for d in fences)  # the second session's
+    assert any(d["fence"] == "run, epoch 2" for d in fences)  # the second session's
+    assert not [d for d in _manifests(s3)]  # the segments go once the root is pushed
     pages = s3.client().get_paginator("list_object_versions").paginate(Bucket="ray-bucket")
     versions = Counter(
         v["Key"]
