@@ -9,16 +9,12 @@ from __future__ import annotations
 import errno
 import re
 import socket
-import sys
 import threading
 import time
 
 import pytest
 
-from tests.e2e.conftest import REPO
-
-sys.path.insert(0, str(REPO / "bench"))
-from bench_two_runs import one_round  # noqa: E402
+from bench.bench_two_runs import one_round
 
 pytestmark = pytest.mark.e2e
 
