@@ -50,6 +50,9 @@ ALLOWED: dict[str, set[str]] = {
         "estimate",
         "postrun",
     },
+    # the results explorer: reads a finished run's tables (contracts, storage), scores with the
+    # evaluation's own metric code, serves under the status API's token rules (api)
+    "view": {"contracts", "storage", "evaluation", "api"},
     "cli": set(ROOMS) - {"cli"},
     FACE: {"contracts", "storage", "exports", "evaluation", "cli"},
     PLUGIN: set(),
