@@ -16,7 +16,7 @@ import pytest
 
 from bench.bench_two_runs import one_round
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.alone]  # two runs racing for ports and the model cache
 
 
 def test_two_runs_started_together_on_an_empty_cache(tmp_path):
