@@ -44,6 +44,7 @@ from hallulog.cli.bucket_staging import (
     stage_root,
     staging_dir_for,
 )
+from hallulog.config.plan import plan_task
 from hallulog.contracts import layout
 from hallulog.contracts.errors import HallulogError
 from hallulog.contracts.root_lock import root_lock
@@ -51,12 +52,6 @@ from hallulog.remote.client import Bucket, object_url
 from hallulog.remote.lease import bucket_lock
 
 __all__ = ["remote_command", "postrun_command", "evaluate_command", "merge_command"]
-
-
-def _expected_ids(config) -> set[str]:
-    from hallulog.tasks import open_config_task
-
-    return {g.prompt_id for g in open_config_task(config.to_dict()).groups()}
 
 
 def _print_local(text: str, staging: Path, url: str) -> None:
@@ -99,7 +94,7 @@ def _validate(config, url: str, staging: Path, *, deep: bool) -> int:
 
     with root_lock(staging, "validate"):
         staged = stage_root(url, staging)
-        report = validate(staging, expected_prompt_ids=_expected_ids(config))
+        report = validate(staging, expected_prompt_ids=plan_task(config).prompt_ids)
         _print_local(format_report(report), staging, url)
         if not staged.finished:
             print(f"{url} holds the run's segments, no finished root", file=sys.stderr)
@@ -128,7 +123,7 @@ def _consolidate(config, url: str, staging: Path, *, merge: bool) -> int:
             print(f"{url} holds a finished root (consolidated, validated, pushed): nothing to do")
             return 0
         stage_root(url, staging, bucket=bucket)
-        done = finish(staging, expected_prompt_ids=_expected_ids(config), merge=merge)
+        done = finish(staging, expected_prompt_ids=plan_task(config).prompt_ids, merge=merge)
         print_finished(done, local=(staging, url))
         if not done.ok:
             print(f"bucket: {url} keeps the segments; nothing pushed", file=sys.stderr)
@@ -148,7 +143,7 @@ def _retry(config, url: str, staging: Path) -> int:
         return report_run(config, url, result, pushed)
     with root_lock(staging, "retry"):
         stage_root(url, staging)
-        retry = prompts_to_retry(staging, _expected_ids(config))
+        retry = prompts_to_retry(staging, plan_task(config).prompt_ids)
     if not retry:
         print(f"{url} holds a finished root with nothing to retry")
         return 0

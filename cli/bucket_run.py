@@ -39,6 +39,7 @@ import sys
 from pathlib import Path
 
 from hallulog.cli.bucket_staging import recover_worker_dirs, ship_finished, staging_dir_for
+from hallulog.config.plan import plan_task
 from hallulog.contracts.errors import HallulogError
 from hallulog.contracts.root_lock import root_lock
 from hallulog.remote.client import Bucket, object_url
@@ -63,12 +64,6 @@ class RemoteTarget:
     url: str
     ship_gap: float
     since: dict[str, int]
-
-
-def _expected_ids(config) -> set[str]:
-    from hallulog.tasks import open_config_task
-
-    return {g.prompt_id for g in open_config_task(config.to_dict()).groups()}
 
 
 def run_remote(config, *, retry: bool = False):
@@ -111,7 +106,7 @@ def _retry_set(config, staging: Path, states) -> tuple[set[str] | None, set[str]
     from hallulog.postrun.repair import prompts_to_retry
     from hallulog.remote.segments import WorkerState, advance
 
-    retry = prompts_to_retry(staging, _expected_ids(config))
+    retry = prompts_to_retry(staging, plan_task(config).prompt_ids)
     for name, st in states.items():  # repair may set malformed lines aside: not on segments
         now, _, _, _ = advance(staging / name, WorkerState(name))
         if now.ends != st.ends:
@@ -165,7 +160,7 @@ def _run_staged(config, url: str, bucket: Bucket, staging: Path, retry: bool, le
         restore_staging(staging, bucket, reset=False)  # the session's manifest and checkpoint
         recover_worker_dirs(staging)
         _label_again(config, staging)
-    done = finish(staging, expected_prompt_ids=_expected_ids(config))
+    done = finish(staging, expected_prompt_ids=plan_task(config).prompt_ids)
     result.consolidation, result.exports, result.validation = (
         done.consolidation,
         done.exports,
