@@ -300,7 +300,8 @@ class RunConfig:
         from hallulog.tasks.study import check_study
 
         check_study(self.task, self.task_path, task_spec(self).study)
-        _check((problem := servers_problem(backend_for(self.backend), engine_options(self), self.gpus,
+        backend = backend_for(self.backend)  # a choice of the registry: the Literal says so
+        _check((problem := servers_problem(backend, engine_options(self), self.gpus,
                                            manage=self.manage_servers)) is None, problem or "")
         _check(self.k_samples >= 0, "--k-samples must be >= 0")
         _check(self.fewshot_k >= 0, "--fewshot-k must be >= 0")
@@ -326,8 +327,8 @@ class RunConfig:
         _check(self.ray_cpus_per_actor > 0, "--ray-cpus-per-actor must be > 0")
         _check(self.ray_max_restarts >= 0, "--ray-max-restarts must be >= 0")
         _check(self.groups_in_flight is None or self.groups_in_flight >= 1, "--groups-in-flight must be >= 1")
-        object.__setattr__(self, "groups_in_flight", self.groups_in_flight
-                           or backend_for(self.backend).default_groups_in_flight)
+        object.__setattr__(self, "groups_in_flight",
+                           self.groups_in_flight or backend.default_groups_in_flight)
         _check(0 <= self.commit_interval_ms <= 60_000,
                "--commit-interval-ms must be between 0 and 60000")
         from hallulog.remote.root import check_artifact_root
