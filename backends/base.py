@@ -26,7 +26,7 @@ from hallulog.backends.engine import (
     gpus_problem,
     options_problem,
 )
-from hallulog.backends.ports import choose_ports
+from hallulog.backends.ports import listen_on_ports
 
 __all__ = ["Backend", "ServerSpec", "servers_problem"]
 
@@ -70,9 +70,11 @@ class Backend:
         return f"--{name.replace('_', '-')} is not an option of --backend {self.name}"
 
     def ports(self, count: int, base: int | None) -> tuple[list[socket.socket | None], list[int]]:
-        """The ports of ``count`` servers, and a socket bound on each when the run holds them
-        for the servers (None: each server binds its port itself, after a bind check)."""
-        return [None] * count, choose_ports(count, base)
+        """The ports of ``count`` servers, and the listening socket the run bound on each,
+        held by the run until the server stops (run.ports: no other program can take it, also
+        while the server restarts); the server serves on it (``--fd``)."""
+        listeners = list(listen_on_ports(count, base))
+        return list(listeners), [sock.getsockname()[1] for sock in listeners]
 
     def command(
         self,
@@ -82,9 +84,12 @@ class Backend:
         port: int,
         spool_dir: str | os.PathLike[str],
         python: str = sys.executable,
+        inherited_socket: bool = False,
     ) -> list[str]:
         """The command line of one server of ``spec``: capture flags, engine options, then
-        ``--engine-args`` split as a shell would, last."""
+        ``--engine-args`` split as a shell would, last. ``inherited_socket``: the caller
+        appends ``--fd N`` of a listening socket it bound (a server that takes ``--fd`` anyway
+        ignores it)."""
         raise NotImplementedError
 
     def capture_args(

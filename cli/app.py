@@ -190,16 +190,31 @@ def _view(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from hallulog.api.client import fetch_status, format_status, status_from_artifacts
 
-    if bool(args.url) == bool(args.artifact_root):
-        args._parser.error("status needs exactly one of --url or --artifact-root")
+    if args.root is not None and args.artifact_root is not None:
+        args._parser.error("give the root once: ROOT or --artifact-root")
+    root = args.root if args.root is not None else args.artifact_root
+    if bool(args.url) == bool(root):
+        args._parser.error("status needs exactly one of --url, ROOT or --artifact-root")
+    from hallulog.remote.url import object_url
+
+    url = object_url(root) if root is not None else None
     try:
         token = args.token or os.environ.get("HALLULOG_STATUS_TOKEN")
-        snapshot = (
-            fetch_status(args.url, token) if args.url else status_from_artifacts(args.artifact_root)
-        )
+        if args.url:
+            snapshot = fetch_status(args.url, token)
+        elif url is not None:
+            from hallulog.cli.bucket_status import status_from_bucket
+
+            snapshot = status_from_bucket(url)
+        else:
+            snapshot = status_from_artifacts(root)
     except Exception as exc:  # network or file errors: one clear line
         return _fail(exc, args.debug)
     print(json.dumps(snapshot, indent=2) if args.json else format_status(snapshot))
+    if url is not None and not args.json:
+        from hallulog.cli.bucket_status import format_lease
+
+        print(format_lease(snapshot))
     return 0
 
 

@@ -339,6 +339,8 @@ class ActorSlots:
             ).dump(self.root)
         except HallulogError:
             log.exception("could not record the executor's figures in the manifest")
+        if self._remote is not None:  # what the actors staged is in the bucket now
+            self._remote.drop_node_staging()
         self.kill_all(slots)
 
     def kill_all(self, slots: dict[int, WorkerSlot]) -> None:
