@@ -76,7 +76,8 @@ def test_a_paused_holders_late_segment_is_never_consolidated(s3, tmp_path, monke
         return None
 
     with (
-        InstantFleet(tmp_path / "fleet", servers=1) as fleet,
+        # answers after 100 ms: the run is never done within two cuts
+        InstantFleet(tmp_path / "fleet", servers=1, latency_ms=100) as fleet,
         FaultyProxy(s3.endpoint, fault=fault) as proxy,
     ):
         env = {
