@@ -46,6 +46,7 @@ from hallulog.cli.bucket_staging import (
     stage_root,
     staging_dir_for,
 )
+from hallulog.config.plan import plan_task
 from hallulog.contracts import layout
 from hallulog.contracts.errors import HallulogError
 from hallulog.remote.client import Bucket, object_url
@@ -54,12 +55,6 @@ from hallulog.remote.lease import bucket_lock
 from hallulog.remote.restore import fence_session
 
 __all__ = ["remote_command", "postrun_command", "evaluate_command", "merge_command"]
-
-
-def _expected_ids(config) -> set[str]:
-    from hallulog.tasks import open_config_task
-
-    return {g.prompt_id for g in open_config_task(config.to_dict()).groups()}
 
 
 def _print_local(text: str, staging: Path, url: str) -> None:
@@ -103,7 +98,7 @@ def _validate(config, url: str, staging: Path, *, deep: bool) -> int:
     explicit = config.staging_dir is not None
     with held_staging(url, staging, Bucket(url), "validate", explicit=explicit):
         staged = stage_root(url, staging)
-        report = validate(staging, expected_prompt_ids=_expected_ids(config))
+        report = validate(staging, expected_prompt_ids=plan_task(config).prompt_ids)
         _print_local(format_report(report), staging, url)
         if not staged.finished:
             print(f"{url} holds the run's segments, no finished root", file=sys.stderr)
@@ -136,7 +131,7 @@ def _consolidate(config, url: str, staging: Path, *, merge: bool) -> int:
             # the segments are the truth from here: an earlier holder's later ones never count
             fence_session(bucket, lease.epoch, "consolidate")
             stage_root(url, staging, bucket=bucket)
-            done = finish(staging, expected_prompt_ids=_expected_ids(config), merge=merge)
+            done = finish(staging, expected_prompt_ids=plan_task(config).prompt_ids, merge=merge)
             print_finished(done, local=(staging, url))
             if not done.ok:
                 print(f"bucket: {url} keeps the segments; nothing pushed", file=sys.stderr)
@@ -158,7 +153,7 @@ def _retry(config, url: str, staging: Path) -> int:
         return report_run(config, url, result, pushed)
     with held_staging(url, staging, Bucket(url), "retry", explicit=config.staging_dir is not None):
         stage_root(url, staging)
-        retry = prompts_to_retry(staging, _expected_ids(config))
+        retry = prompts_to_retry(staging, plan_task(config).prompt_ids)
     if not retry:
         print(f"{url} holds a finished root with nothing to retry")
         return 0

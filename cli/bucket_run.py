@@ -45,6 +45,7 @@ from hallulog.cli.bucket_staging import (
     ship_finished,
     staging_dir_for,
 )
+from hallulog.config.plan import plan_task
 from hallulog.contracts.errors import HallulogError, ResumeRefused
 from hallulog.remote.client import Bucket, object_url
 from hallulog.remote.compact import drop_segments
@@ -72,12 +73,6 @@ class RemoteTarget:
     since: dict[str, int]
     epoch: int = 0
     """The session's lease epoch: every segment its actors ship carries it."""
-
-
-def _expected_ids(config) -> set[str]:
-    from hallulog.tasks import open_config_task
-
-    return {g.prompt_id for g in open_config_task(config.to_dict()).groups()}
 
 
 def run_remote(config, *, retry: bool = False):
@@ -116,7 +111,7 @@ def _retry_set(config, staging: Path, states) -> tuple[set[str] | None, set[str]
     from hallulog.postrun.repair import prompts_to_retry
     from hallulog.remote.segments import WorkerState, advance, chain_dir
 
-    retry = prompts_to_retry(staging, _expected_ids(config))
+    retry = prompts_to_retry(staging, plan_task(config).prompt_ids)
     for name, st in states.items():  # repair may set malformed lines aside: not on segments
         now, _, _, _ = advance(chain_dir(staging, name), WorkerState(name))
         if now.ends != st.ends:
@@ -186,7 +181,7 @@ def _run_staged(config, url: str, bucket: Bucket, staging: Path, retry: bool, le
         recover_worker_dirs(staging)
         _label_again(config, staging)
         shipper.ship()  # the labels given now
-    done = finish(staging, expected_prompt_ids=_expected_ids(config))
+    done = finish(staging, expected_prompt_ids=plan_task(config).prompt_ids)
     result.consolidation, result.exports, result.validation = (
         done.consolidation,
         done.exports,

@@ -44,8 +44,7 @@ from pathlib import Path
 from hallulog.contracts import layout
 from hallulog.contracts.jsonl import parse_line
 from hallulog.remote.client import ObjectStoreError
-from hallulog.storage.packed_layout import COMMIT_LOG
-from hallulog.storage.zarr_store import STORE_NAME as ZARR_STORE
+from hallulog.storage.registry import commit_records, committed_files
 
 __all__ = [
     "RUN_PREFIX",
@@ -76,8 +75,8 @@ ROOT_CHAIN = "_root"
 """The chain of the root's own files (``labels.jsonl``), beside the ``worker_{i}`` chains."""
 ROOT_FILES = (layout.LABELS,)
 STORE_DIR = "activations"
-COMMIT_LOG_REL = f"{STORE_DIR}/{COMMIT_LOG}"
-_ZARR_METADATA = (".zgroup", ".zattrs", ".zarray", "zarr.json")
+(_COMMIT_RECORD,) = commit_records()  # the stores' commit log (packed, zarr: one name)
+COMMIT_LOG_REL = f"{STORE_DIR}/{_COMMIT_RECORD}"
 
 
 def manifest_key(worker: str, seq: int) -> str:
@@ -185,21 +184,22 @@ def _complete_lines(data: bytes, start: int):
         yield start + pos, row
 
 
-def _index_rows(new: WorkerState, rows: list[dict], whole: set[str], zarr: set[int]) -> None:
+def _index_rows(new: WorkerState, rows: list[dict], whole: set[str], in_array: set[int]) -> None:
     """Activation index rows of a committed group: their keys, and where their bytes are (a
-    range of an appended shard, a file of its own, or a sample of a zarr array)."""
+    range of an appended shard, a file of its own, or a sample of an array, by the location
+    fields of the index line, docs/formats/)."""
     for r in rows:
         if r.get("activation_key") is not None:
             new.keys.add(r["activation_key"])
         rel = r.get("file_path")
         if not rel:
             continue
-        if r.get("zarr_index") is not None:  # zarr: the sample's chunk files
-            zarr.add(int(r["zarr_index"]))
+        if r.get("zarr_index") is not None:  # a sample of an array: its chunk files
+            in_array.add(int(r["zarr_index"]))
         elif r.get("byte_offset") is not None:  # packed: a range of an append-only shard
             stop = int(r["byte_offset"]) + int(r["size_bytes"])
             new.shard_ends[str(rel)] = max(new.shard_ends.get(str(rel), 0), stop)
-        else:  # npy: a file of its own, written once before its commit
+        else:  # a file of its own, written once before its commit
             whole.add(str(rel))
 
 
@@ -214,7 +214,7 @@ def advance(wdir: Path, st: WorkerState) -> tuple[WorkerState, dict[str, int], s
     """
     new = st.copy()
     whole: set[str] = set()
-    zarr: set[int] = set()
+    in_array: set[int] = set()
     prompt_ids: list[str] = []
     if st.name == ROOT_CHAIN:  # the root's own files: their whole lines
         for name in ROOT_FILES:
@@ -240,7 +240,7 @@ def advance(wdir: Path, st: WorkerState) -> tuple[WorkerState, dict[str, int], s
                 new.ends[name] = end
                 new.lines[name] = new.lines.get(name, 0) + len(pending)
                 if name == layout.ACTIVATION_INDEX:
-                    _index_rows(new, pending, whole, zarr)
+                    _index_rows(new, pending, whole, in_array)
                 pending = []
     start = st.ends.get(layout.ERRORS, 0)
     for end, _ in _complete_lines(read_range(wdir / layout.ERRORS, start), start):
@@ -255,14 +255,14 @@ def advance(wdir: Path, st: WorkerState) -> tuple[WorkerState, dict[str, int], s
         header = False
     for rel, stop in new.shard_ends.items():
         new.ends[rel] = max(new.ends.get(rel, 0), stop)
-    if zarr or new.metadata:
-        _zarr_files(wdir, zarr, new, whole)
+    if in_array or new.metadata:
+        _array_files(wdir, in_array, new, whole)
     grown = {k: v for k, v in new.ends.items() if v > st.ends.get(k, 0)}
     return new, grown, whole, prompt_ids
 
 
 def _metadata_crc(path: Path) -> int | None:
-    """CRC-32 of a zarr metadata file, None when absent; an error while it is half written."""
+    """CRC-32 of a store's metadata file, None when absent; an error while it is half written."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -274,20 +274,15 @@ def _metadata_crc(path: Path) -> int | None:
     return zlib.crc32(data)
 
 
-def _zarr_files(wdir: Path, samples: set[int], new: WorkerState, whole: set[str]) -> None:
-    """A zarr store's part of a segment: the chunk files of the newly committed samples, and
-    the metadata files changed since they were last shipped (read after the commit log)."""
-    store = wdir / STORE_DIR / ZARR_STORE
-    acts = store / "arrays" / "activations"
-    chunks = acts / "c" if (acts / "zarr.json").exists() else acts
-    for i in sorted(samples):
-        top = chunks / str(i)
-        if top.is_dir():
-            whole.update(str(p.relative_to(wdir)) for p in top.rglob("*") if p.is_file())
-    for folder in (store, store / "arrays", acts):
-        for name in _ZARR_METADATA:
-            rel = str((folder / name).relative_to(wdir))
-            crc = _metadata_crc(folder / name)
-            if crc is not None and new.metadata.get(rel) != crc:
-                new.metadata[rel] = crc
-                whole.add(rel)
+def _array_files(wdir: Path, samples: set[int], new: WorkerState, whole: set[str]) -> None:
+    """A store of arrays' part of a segment (zarr; the storage registry's ``committed_files``):
+    the chunk files of the newly committed samples, and the metadata files changed since they
+    were last shipped (read after the commit log)."""
+    data, metadata = committed_files(wdir, samples)
+    whole.update(str(Path(p).relative_to(wdir)) for p in data)
+    for path in map(Path, metadata):
+        rel = str(path.relative_to(wdir))
+        crc = _metadata_crc(path)
+        if crc is not None and new.metadata.get(rel) != crc:
+            new.metadata[rel] = crc
+            whole.add(rel)
