@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from hallulog.config.run_config import RunConfig
 from hallulog.contracts.chat_options import template_kwargs
 from hallulog.contracts.errors import ConfigError

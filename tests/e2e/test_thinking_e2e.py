@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from hallulog.contracts.layout import GENERATIONS, PROMPT_INDEX
+
 from tests.e2e.conftest import run_orchestrator, worker_rows
 from tests.reasoning.thinking_model import THINK_CLOSE, build_thinking_model
 

@@ -228,8 +228,14 @@ def test_chat_sends_the_template_kwargs_only_when_given():
             return {"choices": [{"message": {"content": "Paris"}, "finish_reason": "stop"}]}
 
         client._post = post  # the HTTP exchange is the e2e tests' (tests/e2e/test_thinking_e2e.py)
-        await client.chat([{"role": "user", "content": "q"}], temperature=0.0, top_p=1.0,
-                          max_tokens=4, seed=0, capture=False)
+        await client.chat(
+            [{"role": "user", "content": "q"}],
+            temperature=0.0,
+            top_p=1.0,
+            max_tokens=4,
+            seed=0,
+            capture=False,
+        )
         await client.close()
 
     asyncio.run(run({"enable_thinking": False}))
