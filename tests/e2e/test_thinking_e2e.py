@@ -1,5 +1,5 @@
 """--thinking and --chat-template-kwargs end to end: a reasoning test model (SmolLM2's real
-weights with ``<think>``/``</think>`` and a Qwen3-style template, tests/reasoning/thinking_model.py)
+weights with ``<think>``/``</think>`` and a Qwen3-style template, tests/serving/thinking_model.py)
 served by the real embedded server inside real runs."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hallulog.contracts.layout import GENERATIONS, PROMPT_INDEX
 
 from tests.e2e.conftest import run_orchestrator, worker_rows
-from tests.reasoning.thinking_model import THINK_CLOSE, build_thinking_model
+from tests.serving.thinking_model import THINK_CLOSE, build_thinking_model
 
 pytestmark = pytest.mark.e2e
 

