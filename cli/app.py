@@ -1,6 +1,6 @@
 """``hallulog`` (= ``python -m orchestrator``): the CLI as subcommands.
 
-``run | consolidate | validate | retry | merge | evaluate | import | status | push | pull |
+``run | consolidate | validate | retry | merge | evaluate | import | compare | status | push | pull |
 estimate | export | serve``. The
 flags of the commands that take a run's config are derived from ``RunConfig``'s fields,
 docstrings and types (``contracts/config_cli.py``: a ``Literal`` field's values are its
@@ -125,6 +125,18 @@ def _import(args: argparse.Namespace) -> int:
     return run_import(args)
 
 
+def _add_compare(sub) -> argparse.ArgumentParser:
+    from hallulog.study.cli import add_compare_parser
+
+    return add_compare_parser(sub)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from hallulog.study.cli import run_compare
+
+    return run_compare(args)
+
+
 def _merge(args: argparse.Namespace) -> int:
     from hallulog.cli.commands import print_merge
     from hallulog.postrun.merge import merge_shards
@@ -199,6 +211,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("merge", parsers.add_merge, _merge),
     Subcommand("evaluate", parsers.add_evaluate, _evaluate),
     Subcommand("import", _add_import, _import),
+    Subcommand("compare", _add_compare, _compare),
     Subcommand("status", parsers.add_status, _status),
     Subcommand("push", _add_push, _push),
     Subcommand("pull", _add_pull, _pull),

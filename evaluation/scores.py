@@ -19,7 +19,14 @@ from hallulog.contracts import layout
 from hallulog.evaluation.metrics import metric_intervals, paired_differences, point_metrics
 from hallulog.evaluation.protocol import summarize
 
-__all__ = ["ScoreTable", "write_scores", "read_scores", "summarize_scores", "SCORES_FILE"]
+__all__ = [
+    "ScoreTable",
+    "write_scores",
+    "read_scores",
+    "summarize_scores",
+    "summarize_method",
+    "SCORES_FILE",
+]
 
 SCORES_FILE = layout.SCORES
 _META_KEY = b"hallulog.scores"
@@ -92,6 +99,22 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))
 
 
+def summarize_method(
+    labels: np.ndarray, scores: np.ndarray, *, probability: bool, n_boot: int, seed: int
+) -> dict:
+    """One method's ``{auroc, ci95, n, n_hallucinated, metrics, metrics_ci95}`` on the given
+    (test) prompts, those with a finite score; ``probability``: the scores are logits of
+    P(hallucinated) (ECE and Brier are computed on their sigmoid)."""
+    r = summarize(labels, scores, n_boot=n_boot, seed=seed)
+    ok = np.isfinite(scores)
+    y, s = labels[ok], scores[ok]
+    prob = _sigmoid(s) if probability else None
+    if len(y) and len(np.unique(y)) == 2:
+        r["metrics"] = point_metrics(y, s, prob)
+        r["metrics_ci95"] = metric_intervals(y, s, prob, n_boot=n_boot, seed=seed)
+    return r
+
+
 def summarize_scores(table: ScoreTable) -> tuple[dict[str, dict], dict]:
     """``({method: {auroc, ci95, n, n_hallucinated, metrics, metrics_ci95}}, comparison)`` on
     the test prompts; ``comparison``: the best method by AUROC against every other one
@@ -100,15 +123,13 @@ def summarize_scores(table: ScoreTable) -> tuple[dict[str, dict], dict]:
     y_all = table.labels[test]
     out: dict[str, dict] = {}
     for m, v in table.scores.items():
-        s_all = v[test]
-        r = summarize(y_all, s_all, n_boot=table.n_boot, seed=table.seed)
-        ok = np.isfinite(s_all)
-        y, s = y_all[ok], s_all[ok]
-        prob = _sigmoid(s) if m in table.probability else None
-        if len(y) and len(np.unique(y)) == 2:
-            r["metrics"] = point_metrics(y, s, prob)
-            r["metrics_ci95"] = metric_intervals(y, s, prob, n_boot=table.n_boot, seed=table.seed)
-        out[m] = r
+        out[m] = summarize_method(
+            y_all,
+            v[test],
+            probability=m in table.probability,
+            n_boot=table.n_boot,
+            seed=table.seed,
+        )
     finite = {m: r["auroc"] for m, r in out.items() if np.isfinite(r["auroc"])}
     comparison: dict = {}
     if finite:
