@@ -34,8 +34,7 @@ def heatmap(
 
     h, w = values.shape
     fig, ax = plt.subplots(figsize=(min(3.0 + 0.85 * w, 40), min(1.8 + 0.32 * h, 60)))
-    cmap = matplotlib.colormaps["RdYlGn"].copy()
-    cmap.set_bad("#d9d9d9")
+    cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="#d9d9d9")
     im = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
     ax.set_xticks(range(w), cols, rotation=45, ha="right", fontsize=7)
     ax.set_yticks(range(h), rows, fontsize=7)

@@ -124,6 +124,7 @@ def test_transfer_equals_evaluate_with_a_train_root(synthetic_study, compared):
         assert [row["layer"]] == want["selected_layers"]
 
 
+@pytest.mark.slow  # matplotlib's import and seven figures: seconds
 def test_heatmaps_of_the_table_and_of_each_transfer_matrix(compared, tmp_path):
     from hallulog.study.plots import table_heatmaps, transfer_heatmaps
 
