@@ -80,11 +80,14 @@ def wait_health(url: str, timeout: float = 30.0, proc: subprocess.Popen | None =
 
 class InstantFleet:
     """``servers`` instant backends (bench/instant_backend.py) on free ports, spooling under
-    ``work/spool``; a fake model dir ``work/model``. Start with ``with`` or :meth:`start`."""
+    ``work/spool``; a fake model dir ``work/model``. Start with ``with`` or :meth:`start`.
+    ``vary_rows``: captures of different prompts hold different rows (probes fit on them)."""
 
-    def __init__(self, work: Path, servers: int = 1, answer_tokens: int = 4) -> None:
+    def __init__(
+        self, work: Path, servers: int = 1, answer_tokens: int = 4, vary_rows: bool = False
+    ) -> None:
         self.work = Path(work)
-        self.servers, self.answer_tokens = servers, answer_tokens
+        self.servers, self.answer_tokens, self.vary_rows = servers, answer_tokens, vary_rows
         self.model = self.work / "instant-model"
         self.env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.procs: list[subprocess.Popen] = []
@@ -108,6 +111,7 @@ class InstantFleet:
                 self.model.name,
                 "--answer-tokens",
                 str(self.answer_tokens),
+                *(["--vary-rows"] if self.vary_rows else []),
             ],
             env=self.env,
             stdout=subprocess.DEVNULL,

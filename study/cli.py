@@ -74,6 +74,12 @@ def add_compare_parser(subparsers) -> argparse.ArgumentParser:
         default=5,
         help="k of the k-fold that chooses a transferred probe's layer (default: 5).",
     )
+    p.add_argument(
+        "--transfer-methods",
+        nargs="+",
+        metavar="PROBE",
+        help="Probes (or probe families) of the transfer matrices (default: every probe compared).",
+    )
     p.add_argument("--no-transfer", action="store_true", help="Compute no transfer matrices.")
     p.add_argument(
         "--evaluate",
@@ -132,6 +138,7 @@ def run_compare(args: argparse.Namespace) -> int:
             n_boot=args.bootstrap,
             folds=args.folds,
             transfer=not args.no_transfer,
+            transfer_methods=args.transfer_methods,
             evaluate_missing=args.evaluate,
             embeddings=not args.no_embeddings,
             plots=not args.no_plots,

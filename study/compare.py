@@ -117,6 +117,7 @@ def compare(
     n_boot: int | None = None,
     folds: int = 5,
     transfer: bool = True,
+    transfer_methods: list[str] | None = None,
     evaluate_missing: bool = False,
     embeddings: bool = True,
     plots: bool = True,
@@ -124,13 +125,15 @@ def compare(
     """Compare ``cells`` into ``out``. ``methods``: families or methods of ``evaluate``
     (default: every method a cell's scores hold). ``seed`` / ``n_boot``: the table's bootstrap
     (default: each cell's own, as its report) and the paired and transfer ones (default 0 and
-    1000). ``folds``: the k-fold that chooses a transferred probe's layer."""
+    1000). ``folds``: the k-fold that chooses a transferred probe's layer; ``transfer_methods``:
+    the probes (or families) of the transfer matrices (default: every probe compared)."""
     from hallulog.evaluation.evaluate import ALL_METHODS, resolve_methods
     from hallulog.evaluation.probes import PROBES
 
     t0 = time.monotonic()
     out = Path(out)
     wanted = resolve_methods(methods)[0] if methods else None
+    transferred = set(resolve_methods(transfer_methods)[0]) if transfer_methods else None
     result = CompareResult(out=out)
     opened: list[tuple[CellRef, CellScores]] = []
     for cell in cells:
@@ -150,7 +153,7 @@ def compare(
     if transfer:
         result.transfer_stats = TransferStats()
         by = {(r["cell"], r["method"]): r for r in result.table}
-        probes = [m for m in order if m in PROBES]
+        probes = [m for m in order if m in PROBES and (transferred is None or m in transferred)]
         result.transfer = list(
             transfer_rows(
                 [c for c, _ in opened],
