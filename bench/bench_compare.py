@@ -5,10 +5,12 @@ Builds a study root of ``--cells`` cells of ``--prompts`` prompts each: every ce
 captures differ between prompts; light profile, 2 layer ids x hidden 64, K=``--k``, each cell
 its own ``--seed``; all cells ask the same prompts, the worst case of the paired bootstrap: every
 pair of cells shares them), then ``hallulog evaluate --no-embeddings --no-plots`` on every cell
-(real scores files). Then, in this run: ``evaluate`` once more on cell 0 (into a scratch
-directory: the baseline) and ``hallulog compare STUDY`` (the table and the paired bootstrap over
-every method, the transfer matrices of ``--transfer-methods``), each in its own process under
-a wrapper that reports the process tree's peak RSS (``ru_maxrss`` of its waited children).
+(real scores files). Then, in this run: ``evaluate --no-embeddings`` once more on cell 0 (into a
+scratch directory, its plots included: the baseline; the sentence-embedding model would only
+add its own child process, ~0.6-0.9 GiB) and ``hallulog compare STUDY`` (the table and the
+paired bootstrap over every method, the transfer matrices of ``--transfer-methods``, the
+heatmaps), each in its own process under a wrapper that reports the process tree's peak RSS
+(``ru_maxrss`` of its waited children).
 
 Prints both peaks, their ratio (compare / evaluate), the wall times and the sizes of compare's
 tables; the last line is one JSON object. ``--dir`` keeps the built study for a rerun (built
@@ -128,7 +130,6 @@ def main() -> None:
             "--out",
             str(scratch),
             "--no-embeddings",
-            "--no-plots",
         ),
         env,
     )
