@@ -84,16 +84,16 @@ def _open(cell: CellRef, result: CompareResult, evaluate_missing, embeddings, pl
     state = cell.state
     info = {"name": cell.name, "values": cell.values, "root": str(cell.root), "state": state}
     result.cells.append(info)
-    manifest = cell.manifest() if state != "absent" else None
-    if manifest is not None:
-        info.update(model=manifest.get("model"), dataset=manifest.get("dataset"))
-        fp = manifest.config_fingerprint
-        if cell.fingerprint and fp and fp != cell.fingerprint:
-            result.warnings.append(
-                f"{cell.name}: the run's config fingerprint {fp[:12]} is not the study's "
-                f"{cell.fingerprint[:12]} (the cell was run with another config)"
-            )
     try:
+        manifest = cell.manifest() if state != "absent" else None
+        if manifest is not None:
+            info.update(model=manifest.get("model"), dataset=manifest.get("dataset"))
+            fp = manifest.config_fingerprint
+            if cell.fingerprint and fp and fp != cell.fingerprint:
+                result.warnings.append(
+                    f"{cell.name}: the run's config fingerprint {fp[:12]} is not the study's "
+                    f"{cell.fingerprint[:12]} (the cell was run with another config)"
+                )
         if state == "finished" and evaluate_missing:
             _evaluate_cell(cell, embeddings, plots)
             state = info["state"] = cell.state

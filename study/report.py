@@ -3,6 +3,7 @@ transfer matrices, as Markdown."""
 
 from __future__ import annotations
 
+import json
 import math
 
 from hallulog.study.plots import method_order
@@ -32,7 +33,8 @@ def _pivot(rows: list[dict], cells: list[str], metric: str) -> list[str]:
 
 
 def _values(values: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in values.items()) if values else ""
+    text = ", ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in values.items())
+    return text.replace("|", "\\|")  # a table cell
 
 
 def _paired(rows: list[dict]) -> list[str]:

@@ -102,13 +102,10 @@ def transfer_rows(
     stats = stats if stats is not None else TransferStats()
     probes = [p for p in probes if p in PROBES]
     for group in shape_groups(cells, stats):
-        model = table_model = None
         for c in group:
             for p in probes:
                 if (c.name, p) in table:
-                    row = table[(c.name, p)]
-                    table_model = row["model"]
-                    yield _diagonal(row)
+                    yield _diagonal(table[(c.name, p)])
         if len(group) < 2:
             continue
         opened = []
@@ -127,7 +124,6 @@ def transfer_rows(
                 for test_name, p, scores, layer in transfer_scores(train, tests, mine):
                     if (test_name, p) not in table:
                         continue  # the test cell's own evaluation could not score this probe
-                    model = table[(test_name, p)]["model"] or table_model
                     test = next(t for t in tests if t.name == test_name)
                     ok = np.isfinite(scores)
                     y, s = test.labels[ok], scores[ok]
@@ -136,7 +132,7 @@ def transfer_rows(
                         "method": p,
                         "train_cell": train.name,
                         "test_cell": test_name,
-                        "model": model,
+                        "model": table[(test_name, p)]["model"],
                         "auroc": auroc(y, s),
                         "auroc_lo": lo,
                         "auroc_hi": hi,

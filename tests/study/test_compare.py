@@ -134,3 +134,22 @@ def test_heatmaps_of_the_table_and_of_each_transfer_matrix(compared, tmp_path):
     assert "transfer_got_logistic_last.png" in made
     for name in made:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow  # evaluates two cells with every method: seconds
+def test_evaluate_first_scores_finished_cells_or_names_why_not(tmp_path):
+    from hallulog.study import compare, root_cells
+
+    from tests.evaluation.synthetic import make_run
+
+    good = make_run(tmp_path / "good", n=40, k=2)
+    one_class = make_run(tmp_path / "one_class", n=20, k=2, labels=[0] * 20)
+    cells = root_cells([good, one_class])
+    skipped = compare(cells, tmp_path / "c0", plots=False, transfer=False).skipped
+    assert set(skipped) == {"good", "one_class"} and "--evaluate" in skipped["good"]
+    result = compare(
+        cells, tmp_path / "c1", plots=False, transfer=False, evaluate_missing=True, embeddings=False
+    )
+    assert (good / "evaluation" / "scores.parquet").is_file()
+    assert {r["cell"] for r in result.table} == {"good"}
+    assert "AUROC needs both classes" in result.skipped["one_class"]
