@@ -56,7 +56,7 @@ TABLE_COLUMNS = {
 
 @dataclass
 class CellScores:
-    """A cell's scores file, open: its test prompts (ids as bytes, labels, row positions in
+    """A cell's scores file, open: its test prompts (ids, labels, row positions in
     the file) and method columns; columns are read on demand."""
 
     name: str
@@ -100,7 +100,7 @@ def open_cell_scores(cell: CellRef) -> CellScores:
     head = f.read(columns=["prompt_id", "label", "test"])
     test = head.column("test").to_numpy(zero_copy_only=False).astype(bool)
     rows = np.flatnonzero(test)
-    ids = np.asarray(head.column("prompt_id").to_pylist(), dtype="S")[rows]
+    ids = np.asarray(head.column("prompt_id").to_pylist(), dtype=str)[rows]
     labels = head.column("label").to_numpy().astype(np.int64)[rows]
     manifest = cell.manifest()
     return CellScores(

@@ -32,7 +32,7 @@ def _cell(tmp_path, name, ids, seed, nan_at=()):
 
 
 def test_reused_resamples_equal_fresh_pairs(tmp_path):
-    ids = [f"{i:016x}" for i in range(60)]
+    ids = [f"{i:016x}" for i in range(57)] + ["frage-ä", "问题", "q|3"]  # imported runs: any id
     cells = [
         _cell(tmp_path, "x", ids, 1),
         _cell(tmp_path, "y", ids[::-1], 2),  # same prompts, another order
