@@ -28,7 +28,12 @@ methods (the prompts both scored).
 from __future__ import annotations
 
 import numpy as np
-from hallulog.evaluation.protocol import auroc, resample_counts, weighted_aurocs
+from hallulog.evaluation.protocol import (
+    auroc,
+    iter_resample_counts,
+    resample_counts,
+    weighted_aurocs,
+)
 
 __all__ = [
     "METRICS",
@@ -214,10 +219,9 @@ def metric_intervals(
     p = None if prob is None else np.asarray(prob, np.float64)
     if not len(y):
         return {}
-    counts = resample_counts(len(y), n_boot, seed)
     vals: dict[str, list[np.ndarray]] = {}
-    for b in range(0, n_boot, chunk):
-        for k, v in _all_weighted(y, s, counts[b : b + chunk], p).items():
+    for counts in iter_resample_counts(len(y), n_boot, seed, chunk):
+        for k, v in _all_weighted(y, s, counts, p).items():
             vals.setdefault(k, []).append(v)
     out = {}
     for k, parts in vals.items():

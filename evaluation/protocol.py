@@ -18,6 +18,7 @@ __all__ = [
     "summarize",
     "KFOLD_MAX",
     "resample_counts",
+    "iter_resample_counts",
     "weighted_aurocs",
 ]
 
@@ -112,11 +113,19 @@ def auroc(labels: np.ndarray, scores: np.ndarray) -> float:
 def resample_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
     """``(n_boot, n)`` multiplicities of each prompt in each resample (drawn one resample at a
     time from ``default_rng(seed)``, so the resamples do not depend on how they are scored)."""
+    parts = list(iter_resample_counts(n, n_boot, seed, chunk=max(n_boot, 1)))
+    return parts[0] if parts else np.zeros((0, n), np.int32)
+
+
+def iter_resample_counts(n: int, n_boot: int, seed: int, chunk: int = 100):
+    """The rows of ``resample_counts(n, n_boot, seed)``, ``chunk`` at a time: the same draws,
+    in O(chunk x n) memory."""
     rng = np.random.default_rng(seed)
-    counts = np.zeros((n_boot, n), np.int32)
-    for b in range(n_boot):
-        counts[b] = np.bincount(rng.integers(0, n, n), minlength=n)
-    return counts
+    for start in range(0, n_boot, chunk):
+        counts = np.zeros((min(chunk, n_boot - start), n), np.int32)
+        for b in range(len(counts)):
+            counts[b] = np.bincount(rng.integers(0, n, n), minlength=n)
+        yield counts
 
 
 def weighted_aurocs(labels: np.ndarray, scores: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -150,16 +159,18 @@ def bootstrap_ci(
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of the AUROC, resampling prompts with replacement.
 
-    The resamples are scored ``chunk`` at a time (memory O(chunk x prompts)).
+    The resamples are drawn and scored ``chunk`` at a time (memory O(chunk x prompts)).
     """
     labels = np.asarray(labels)
     scores = np.asarray(scores, np.float64)
     n = len(labels)
     if n == 0:
         return float("nan"), float("nan")
-    counts = resample_counts(n, n_boot, seed)
     vals = np.concatenate(
-        [weighted_aurocs(labels, scores, counts[b : b + chunk]) for b in range(0, n_boot, chunk)]
+        [
+            weighted_aurocs(labels, scores, counts)
+            for counts in iter_resample_counts(n, n_boot, seed, chunk)
+        ]
         or [np.empty(0)]
     )
     vals = vals[np.isfinite(vals)]

@@ -14,10 +14,12 @@ probe's layer, then at the chosen layers only, as is each test run's; the scores
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from hallulog.contracts import layout
 from hallulog.evaluation.data import EvaluationInputError, Run
 from hallulog.evaluation.features import collect
 from hallulog.evaluation.probes import (
@@ -105,7 +107,8 @@ def transfer_probes(
 class ProbeCell:
     """One run's labelled prompts as the probes read them: labels, the stored row of each kind,
     the store index of each primary answer, the SEP target (``se_discrete_exact``) and the k-fold
-    split that chooses the layers when the run trains."""
+    split that chooses the layers when the run trains. Holds no open store (a reader's key index
+    is a dict of every activation key): :meth:`reader` opens one for a read."""
 
     name: str
     root: Path
@@ -114,25 +117,25 @@ class ProbeCell:
     store_idx: np.ndarray
     se: np.ndarray | None
     split: Split
-    reader: object
 
-    def close(self) -> None:
-        self.reader.close()
+    def reader(self):
+        """The run's store, open (close it: ``with closing(cell.reader()) as r``)."""
+        from hallulog.storage import open_store
+
+        return open_store(layout.consolidated_dir(self.root))
 
 
 def open_probe_cell(name: str, root: Path | str, *, seed: int = 0, folds: int = 5) -> ProbeCell:
-    """Read a run's exports once (labels, rows, semantic entropy) and open its store."""
+    """Read a run's exports once (labels, rows, semantic entropy) and its store's key index."""
     from hallulog.storage import open_store
 
     run = Run(root)
     feats = collect(run, {"se_discrete_exact"})
     labels, scores, rows = feats.arrays()
-    reader = open_store(run.consolidated)
-    idx = np.array([store_index(reader, k) for k in feats.activation_keys], np.int64)
+    with closing(open_store(run.consolidated)) as reader:
+        idx = np.array([store_index(reader, k) for k in feats.activation_keys], np.int64)
     split = make_split(feats.prompt_ids, labels, seed=seed, k=folds)
-    return ProbeCell(
-        name, run.root, labels, rows, idx, scores.get("se_discrete_exact"), split, reader
-    )
+    return ProbeCell(name, run.root, labels, rows, idx, scores.get("se_discrete_exact"), split)
 
 
 def _target(cell: ProbeCell, spec, mask: np.ndarray) -> np.ndarray:
@@ -151,15 +154,17 @@ def _usable(cell: ProbeCell, spec, x: np.ndarray) -> np.ndarray | None:
     return ok
 
 
-def _select_layers(train: ProbeCell, probes: list[str], batch: int) -> dict[str, int | None]:
+def _select_layers(
+    train: ProbeCell, reader, probes: list[str], batch: int
+) -> dict[str, int | None]:
     """The stored layer (index) of each probe: the best pooled out-of-fold AUROC on ``train``."""
     specs = [PROBES[p] for p in probes]
     needed = {s.row: train.rows[s.row] for s in specs}
-    L, n = train.reader.num_layers, len(train.labels)
+    L, n = reader.num_layers, len(train.labels)
     oof = {s.name: np.full((L, n), np.nan) for s in specs}
     upper = set(upper_layers(L))
     for layer in range(L):
-        feats = fill_layer(train.reader, layer, train.store_idx, needed, batch)
+        feats = fill_layer(reader, layer, train.store_idx, needed, batch)
         for s in specs:
             if s.layers == "upper" and layer not in upper:
                 continue
@@ -193,36 +198,37 @@ def transfer_scores(
     import sklearn.linear_model  # noqa: F401  (load BLAS first: threadpoolctl caps loaded libraries)
     from threadpoolctl import threadpool_limits
 
-    with threadpool_limits(limits=1):
-        best = _select_layers(train, probes, batch)
-    for p in probes:
-        if best[p] is None:
-            for test in tests:
-                yield test.name, p, np.full(len(test.labels), np.nan), None
-    for layer in sorted({b for b in best.values() if b is not None}):
-        specs = [PROBES[p] for p in probes if best[p] == layer]
-        rows = {s.row for s in specs}
-        fa = fill_layer(
-            train.reader, layer, train.store_idx, {r: train.rows[r] for r in rows}, batch
-        )
-        fitted = {}
+    with closing(train.reader()) as reader_a:
         with threadpool_limits(limits=1):
-            for s in specs:
-                ok = _usable(train, s, fa[s.row])
-                x = fa[s.row][ok]
-                fitted[s.name] = fit_probe(s.kind, x, _target(train, s, ok))
-        del fa
-        layer_id = int(train.reader.layer_ids[layer])
-        for test in tests:
-            fb = fill_layer(
-                test.reader, layer, test.store_idx, {r: test.rows[r] for r in rows}, batch
+            best = _select_layers(train, reader_a, probes, batch)
+        for p in probes:
+            if best[p] is None:
+                for test in tests:
+                    yield test.name, p, np.full(len(test.labels), np.nan), None
+        for layer in sorted({b for b in best.values() if b is not None}):
+            specs = [PROBES[p] for p in probes if best[p] == layer]
+            rows = {s.row for s in specs}
+            fa = fill_layer(
+                reader_a, layer, train.store_idx, {r: train.rows[r] for r in rows}, batch
             )
-            for s in specs:
-                x = fb[s.row]
-                ok = np.isfinite(x).all(1)
-                scores = np.full(len(test.labels), np.nan)
-                if ok.any():
-                    with threadpool_limits(limits=1):
-                        scores[ok] = fitted[s.name](x[ok])
-                yield test.name, s.name, scores, layer_id
-            del fb
+            fitted = {}
+            with threadpool_limits(limits=1):
+                for s in specs:
+                    ok = _usable(train, s, fa[s.row])
+                    fitted[s.name] = fit_probe(s.kind, fa[s.row][ok], _target(train, s, ok))
+            del fa
+            layer_id = int(reader_a.layer_ids[layer])
+            for test in tests:
+                with closing(test.reader()) as reader_b:
+                    fb = fill_layer(
+                        reader_b, layer, test.store_idx, {r: test.rows[r] for r in rows}, batch
+                    )
+                for s in specs:
+                    x = fb[s.row]
+                    ok = np.isfinite(x).all(1)
+                    scores = np.full(len(test.labels), np.nan)
+                    if ok.any():
+                        with threadpool_limits(limits=1):
+                            scores[ok] = fitted[s.name](x[ok])
+                    yield test.name, s.name, scores, layer_id
+                del fb

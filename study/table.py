@@ -100,7 +100,7 @@ def open_cell_scores(cell: CellRef) -> CellScores:
     head = f.read(columns=["prompt_id", "label", "test"])
     test = head.column("test").to_numpy(zero_copy_only=False).astype(bool)
     rows = np.flatnonzero(test)
-    ids = np.asarray(head.column("prompt_id").to_pylist(), dtype=str)[rows]
+    ids = np.asarray(head.column("prompt_id").take(rows).to_pylist(), dtype=str)
     labels = head.column("label").to_numpy().astype(np.int64)[rows]
     manifest = cell.manifest()
     return CellScores(

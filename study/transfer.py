@@ -109,46 +109,42 @@ def transfer_rows(
         if len(group) < 2:
             continue
         opened = []
-        try:
-            for c in group:
-                try:
-                    opened.append(open_probe_cell(c.name, c.root, seed=seed, folds=folds))
-                except EvaluationInputError as exc:
-                    stats.skipped[c.name] = str(exc)
-            for train in opened:
-                mine = [p for p in probes if (train.name, p) in table]
-                tests = [t for t in opened if t is not train]
-                if not mine or not tests:
-                    continue
-                t0 = time.monotonic()
-                for test_name, p, scores, layer in transfer_scores(train, tests, mine):
-                    if (test_name, p) not in table:
-                        continue  # the test cell's own evaluation could not score this probe
-                    test = next(t for t in tests if t.name == test_name)
-                    ok = np.isfinite(scores)
-                    y, s = test.labels[ok], scores[ok]
-                    lo, hi = bootstrap_ci(y, s, n_boot=n_boot, seed=seed)
-                    yield {
-                        "method": p,
-                        "train_cell": train.name,
-                        "test_cell": test_name,
-                        "model": table[(test_name, p)]["model"],
-                        "auroc": auroc(y, s),
-                        "auroc_lo": lo,
-                        "auroc_hi": hi,
-                        "n": int(ok.sum()),
-                        "n_pos": int((y == 1).sum()),
-                        "layer": layer,
-                        "in_domain": False,
-                    }
-                stats.pairs += len(tests)
-                stats.seconds += time.monotonic() - t0
-                log.info(
-                    "transfer: %s -> %d cells (%.1f s)",
-                    train.name,
-                    len(tests),
-                    time.monotonic() - t0,
-                )
-        finally:
-            for pc in opened:
-                pc.close()
+        for c in group:
+            try:
+                opened.append(open_probe_cell(c.name, c.root, seed=seed, folds=folds))
+            except EvaluationInputError as exc:
+                stats.skipped[c.name] = str(exc)
+        for train in opened:
+            mine = [p for p in probes if (train.name, p) in table]
+            tests = [t for t in opened if t is not train]
+            if not mine or not tests:
+                continue
+            t0 = time.monotonic()
+            for test_name, p, scores, layer in transfer_scores(train, tests, mine):
+                if (test_name, p) not in table:
+                    continue  # the test cell's own evaluation could not score this probe
+                test = next(t for t in tests if t.name == test_name)
+                ok = np.isfinite(scores)
+                y, s = test.labels[ok], scores[ok]
+                lo, hi = bootstrap_ci(y, s, n_boot=n_boot, seed=seed)
+                yield {
+                    "method": p,
+                    "train_cell": train.name,
+                    "test_cell": test_name,
+                    "model": table[(test_name, p)]["model"],
+                    "auroc": auroc(y, s),
+                    "auroc_lo": lo,
+                    "auroc_hi": hi,
+                    "n": int(ok.sum()),
+                    "n_pos": int((y == 1).sum()),
+                    "layer": layer,
+                    "in_domain": False,
+                }
+            stats.pairs += len(tests)
+            stats.seconds += time.monotonic() - t0
+            log.info(
+                "transfer: %s -> %d cells (%.1f s)",
+                train.name,
+                len(tests),
+                time.monotonic() - t0,
+            )
