@@ -30,8 +30,8 @@ from __future__ import annotations
 import numpy as np
 from hallulog.evaluation.protocol import (
     auroc,
+    bootstrap_chunk,
     iter_resample_counts,
-    resample_counts,
     weighted_aurocs,
 )
 
@@ -211,7 +211,7 @@ def metric_intervals(
     n_boot: int = 1000,
     seed: int = 0,
     level: float = 0.95,
-    chunk: int = 100,
+    chunk: int | None = None,
 ) -> dict[str, list[float]]:
     """Percentile intervals of every metric from the same resamples of the prompts (the ones
     ``protocol.bootstrap_ci`` draws, so the AUROC interval is unchanged)."""
@@ -242,16 +242,19 @@ PAIRED_METRICS = {
 }
 
 
-def resampled_metrics(labels, scores, counts: np.ndarray, *, chunk: int = 100) -> dict:
+def resampled_metrics(labels, scores, counts, *, chunk: int | None = None) -> dict:
     """``{metric: value per resample}`` of each :data:`PAIRED_METRICS` metric, the resamples
-    given as multiplicities (rows of ``counts``, e.g. ``resample_counts``), ``chunk`` at a time."""
+    given as multiplicities: one ``(resamples, prompts)`` array (scored ``chunk`` rows at a
+    time) or an iterable of row blocks (``protocol.iter_resample_counts``)."""
     y, s = np.asarray(labels), np.asarray(scores, np.float64)
-    return {
-        name: np.concatenate(
-            [f(y, s, counts[i : i + chunk]) for i in range(0, len(counts), chunk)] or [np.empty(0)]
-        )
-        for name, f in PAIRED_METRICS.items()
-    }
+    if isinstance(counts, np.ndarray):
+        c = chunk or bootstrap_chunk(len(y))
+        counts = (counts[i : i + c] for i in range(0, len(counts), c))
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in PAIRED_METRICS}
+    for block in counts:
+        for name, f in PAIRED_METRICS.items():
+            parts[name].append(f(y, s, block))
+    return {name: np.concatenate(v) if v else np.empty(0) for name, v in parts.items()}
 
 
 def paired_point(labels, scores) -> dict[str, float]:
@@ -288,7 +291,7 @@ def paired_differences(
     n_boot: int = 1000,
     seed: int = 0,
     level: float = 0.95,
-    chunk: int = 100,
+    chunk: int | None = None,
     labels_b=None,
 ) -> dict:
     """Paired bootstrap of AUROC(a) - AUROC(b) and PRR(a) - PRR(b) over the prompts both score
@@ -305,11 +308,8 @@ def paired_differences(
     out = {"n": int(ok.sum())}
     if not len(y) or len(np.unique(y)) < 2 or len(np.unique(yb)) < 2:
         return out
-    counts = resample_counts(len(y), n_boot, seed)
-    va, vb = (
-        resampled_metrics(y, a, counts, chunk=chunk),
-        resampled_metrics(yb, b, counts, chunk=chunk),
-    )
+    va = resampled_metrics(y, a, iter_resample_counts(len(y), n_boot, seed, chunk))
+    vb = resampled_metrics(yb, b, iter_resample_counts(len(y), n_boot, seed, chunk))
     pa, pb = paired_point(y, a), paired_point(yb, b)
     for name in PAIRED_METRICS:
         out[name] = difference_summary(pa[name], pb[name], va[name], vb[name], level)

@@ -19,6 +19,7 @@ __all__ = [
     "KFOLD_MAX",
     "resample_counts",
     "iter_resample_counts",
+    "bootstrap_chunk",
     "weighted_aurocs",
 ]
 
@@ -117,9 +118,16 @@ def resample_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
     return parts[0] if parts else np.zeros((0, n), np.int32)
 
 
-def iter_resample_counts(n: int, n_boot: int, seed: int, chunk: int = 100):
-    """The rows of ``resample_counts(n, n_boot, seed)``, ``chunk`` at a time: the same draws,
-    in O(chunk x n) memory."""
+def bootstrap_chunk(n: int, budget: int = 1 << 18) -> int:
+    """Resamples scored at once for ``n`` prompts: at most 100, and about ``budget`` prompt
+    multiplicities (each temporary of a chunk is ``chunk x n`` floats: 2 MiB at the budget)."""
+    return max(1, min(100, budget // max(n, 1)))
+
+
+def iter_resample_counts(n: int, n_boot: int, seed: int, chunk: int | None = None):
+    """The rows of ``resample_counts(n, n_boot, seed)``, ``chunk`` at a time (default
+    :func:`bootstrap_chunk`): the same draws, in O(chunk x n) memory."""
+    chunk = chunk or bootstrap_chunk(n)
     rng = np.random.default_rng(seed)
     for start in range(0, n_boot, chunk):
         counts = np.zeros((min(chunk, n_boot - start), n), np.int32)
@@ -155,11 +163,12 @@ def bootstrap_ci(
     n_boot: int = 1000,
     seed: int = 0,
     level: float = 0.95,
-    chunk: int = 100,
+    chunk: int | None = None,
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of the AUROC, resampling prompts with replacement.
 
-    The resamples are drawn and scored ``chunk`` at a time (memory O(chunk x prompts)).
+    The resamples are drawn and scored ``chunk`` at a time (default :func:`bootstrap_chunk`;
+    memory O(chunk x prompts)); the interval does not depend on it.
     """
     labels = np.asarray(labels)
     scores = np.asarray(scores, np.float64)

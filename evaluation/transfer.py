@@ -125,17 +125,30 @@ class ProbeCell:
         return open_store(layout.consolidated_dir(self.root))
 
 
-def open_probe_cell(name: str, root: Path | str, *, seed: int = 0, folds: int = 5) -> ProbeCell:
-    """Read a run's exports once (labels, rows, semantic entropy) and its store's key index."""
+def open_probe_cell(
+    name: str,
+    root: Path | str,
+    *,
+    seed: int = 0,
+    folds: int = 5,
+    row_kinds: set[str] | None = None,
+    with_se: bool = True,
+) -> ProbeCell:
+    """Read a run's exports once (labels, rows, semantic entropy) and its store's key index;
+    ``row_kinds`` / ``with_se``: keep only the rows (and the SEP target) the probes read."""
     from hallulog.storage import open_store
 
     run = Run(root)
-    feats = collect(run, {"se_discrete_exact"})
+    feats = collect(run, {"se_discrete_exact"} if with_se else set())
     labels, scores, rows = feats.arrays()
     with closing(open_store(run.consolidated)) as reader:
         idx = np.array([store_index(reader, k) for k in feats.activation_keys], np.int64)
     split = make_split(feats.prompt_ids, labels, seed=seed, k=folds)
-    return ProbeCell(name, run.root, labels, rows, idx, scores.get("se_discrete_exact"), split)
+    del feats
+    rows = {k: v.astype(np.int32) for k, v in rows.items() if row_kinds is None or k in row_kinds}
+    return ProbeCell(
+        name, run.root, labels.astype(np.int8), rows, idx, scores.get("se_discrete_exact"), split
+    )
 
 
 def _target(cell: ProbeCell, spec, mask: np.ndarray) -> np.ndarray:

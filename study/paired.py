@@ -22,7 +22,7 @@ from hallulog.evaluation.metrics import (
     paired_point,
     resampled_metrics,
 )
-from hallulog.evaluation.protocol import resample_counts
+from hallulog.evaluation.protocol import iter_resample_counts
 from hallulog.study.table import CellScores
 
 __all__ = ["PAIRED_COLUMNS", "shared_pairs", "paired_rows"]
@@ -66,19 +66,6 @@ def shared_pairs(cells: list[CellScores]) -> list[tuple[int, int, np.ndarray, np
     return out
 
 
-class _Counts:
-    """The resample multiplicities for n prompts (the last size asked for, kept)."""
-
-    def __init__(self, n_boot: int, seed: int) -> None:
-        self.n_boot, self.seed, self.n, self.counts = n_boot, seed, -1, None
-
-    def __call__(self, n: int) -> np.ndarray:
-        if n != self.n:
-            self.counts = None  # release before drawing the next
-            self.n, self.counts = n, resample_counts(n, self.n_boot, self.seed)
-        return self.counts
-
-
 def _row(method, a: CellScores, b: CellScores, ya, yb, n_boot, seed, res=None) -> dict:
     row = {
         "method": method,
@@ -116,24 +103,23 @@ def paired_rows(
     for p in pairs:
         ids = cells[p[0]].test_ids[p[2]]
         groups.setdefault(hashlib.sha1(ids.tobytes()).digest(), []).append(p)
-    counts = _Counts(n_boot, seed)
     for plist in groups.values():
         for method in methods:
-            yield from _method_rows(cells, plist, method, counts)
+            yield from _method_rows(cells, plist, method, n_boot, seed)
 
 
-def _side(cache: dict, key: int | None, y: np.ndarray, s: np.ndarray, w: np.ndarray) -> tuple:
+def _side(cache: dict, key: int | None, y, s, n_boot: int, seed: int) -> tuple:
     """(point metrics, resampled metrics) of one cell's scores; ``key``: cache it under the
     cell's index (its scores are finite on the group's whole shared set), None: do not."""
     if key is not None and key in cache:
         return cache[key]
-    out = (paired_point(y, s), resampled_metrics(y, s, w))
+    out = (paired_point(y, s), resampled_metrics(y, s, iter_resample_counts(len(y), n_boot, seed)))
     if key is not None:
         cache[key] = out
     return out
 
 
-def _method_rows(cells: list[CellScores], plist: list, method: str, counts: _Counts):
+def _method_rows(cells: list[CellScores], plist: list, method: str, n_boot: int, seed: int):
     """The rows of one method over pairs sharing one prompt set."""
     cols: dict[int, np.ndarray] = {}
     cache: dict[int, tuple] = {}
@@ -150,11 +136,10 @@ def _method_rows(cells: list[CellScores], plist: list, method: str, counts: _Cou
         whole = bool(ok.all())
         ya, yb, a, b = ya[ok], yb[ok], a[ok], b[ok]
         if not len(ya) or len(np.unique(ya)) < 2 or len(np.unique(yb)) < 2:
-            yield _row(method, ca, cb, ya, yb, counts.n_boot, counts.seed)
+            yield _row(method, ca, cb, ya, yb, n_boot, seed)
             continue
-        w = counts(len(ya))
-        pa, va = _side(cache, i if whole else None, ya, a, w)
-        pb, vb = _side(cache, j if whole else None, yb, b, w)
+        pa, va = _side(cache, i if whole else None, ya, a, n_boot, seed)
+        pb, vb = _side(cache, j if whole else None, yb, b, n_boot, seed)
         diff = {m: difference_summary(pa[m], pb[m], va[m], vb[m]) for m in PAIRED_METRICS}
         res = {"a": pa, "b": pb, "diff": diff}
-        yield _row(method, ca, cb, ya, yb, counts.n_boot, counts.seed, res)
+        yield _row(method, ca, cb, ya, yb, n_boot, seed, res)

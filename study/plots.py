@@ -33,7 +33,12 @@ def heatmap(
     import matplotlib.pyplot as plt
 
     h, w = values.shape
-    fig, ax = plt.subplots(figsize=(min(3.0 + 0.85 * w, 40), min(1.8 + 0.32 * h, 60)))
+    width, height = min(3.0 + 0.6 * w, 30), min(1.8 + 0.25 * h, 40)
+    fig, ax = plt.subplots(figsize=(width, height))
+    # margins from the labels' lengths (tight_layout's extra drawing pass costs ~12 MB here)
+    left = min(0.6, (0.6 + 0.06 * max(map(len, rows), default=1)) / width)
+    bottom = min(0.6, (0.5 + 0.045 * max(map(len, cols), default=1)) / height)
+    fig.subplots_adjust(left=left, bottom=bottom, right=1 - 0.5 / width, top=1 - 0.45 / height)
     cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="#d9d9d9")
     im = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
     ax.set_xticks(range(w), cols, rotation=45, ha="right", fontsize=7)
@@ -47,9 +52,8 @@ def heatmap(
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
-    fig.colorbar(im, ax=ax, shrink=0.8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.colorbar(im, ax=ax, shrink=0.8, fraction=0.04)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
 

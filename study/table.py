@@ -14,7 +14,7 @@ import json
 import logging
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -70,12 +70,19 @@ class CellScores:
     labels: np.ndarray
     model: str | None = None
     dataset: str | None = None
-    _file: object = field(default=None, repr=False)
 
     def column(self, method: str) -> np.ndarray:
         """One method's scores on the test prompts (float64, NaN where it has none)."""
-        col = self._file.read(columns=[method]).column(0)
+        col = _read(self.path, [method]).column(0)
         return col.to_numpy(zero_copy_only=False).astype(np.float64)[self.test_rows]
+
+
+def _read(path: Path, columns: list[str]):
+    """Columns of a scores file: memory-mapped, one thread (small reads; Arrow's thread pools
+    keep memory per thread)."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path, memory_map=True).read(columns=columns, use_threads=False)
 
 
 def _scheme(root: Path) -> str | None:
@@ -95,9 +102,9 @@ def open_cell_scores(cell: CellRef) -> CellScores:
             f"run `hallulog evaluate --artifact-root {cell.root}` on the cell itself"
         )
     path = scores_path(cell.root)
-    f = pq.ParquetFile(path)
-    meta = json.loads((f.schema_arrow.metadata or {}).get(b"hallulog.scores", b"{}"))
-    head = f.read(columns=["prompt_id", "label", "test"])
+    schema = pq.read_schema(path, memory_map=True)
+    meta = json.loads((schema.metadata or {}).get(b"hallulog.scores", b"{}"))
+    head = _read(path, ["prompt_id", "label", "test"])
     test = head.column("test").to_numpy(zero_copy_only=False).astype(bool)
     rows = np.flatnonzero(test)
     ids = np.asarray(head.column("prompt_id").take(rows).to_pylist(), dtype=str)
@@ -106,7 +113,7 @@ def open_cell_scores(cell: CellRef) -> CellScores:
     return CellScores(
         name=cell.name,
         path=path,
-        methods=[c for c in f.schema_arrow.names if c not in FIXED_COLUMNS],
+        methods=[c for c in schema.names if c not in FIXED_COLUMNS],
         probability=set(meta.get("probability", [])),
         seed=int(meta.get("seed", 0)),
         n_boot=int(meta.get("bootstrap", 1000)),
@@ -115,7 +122,6 @@ def open_cell_scores(cell: CellRef) -> CellScores:
         labels=labels,
         model=None if manifest is None else manifest.get("model"),
         dataset=None if manifest is None else manifest.get("dataset"),
-        _file=f,
     )
 
 

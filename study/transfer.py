@@ -111,7 +111,16 @@ def transfer_rows(
         opened = []
         for c in group:
             try:
-                opened.append(open_probe_cell(c.name, c.root, seed=seed, folds=folds))
+                opened.append(
+                    open_probe_cell(
+                        c.name,
+                        c.root,
+                        seed=seed,
+                        folds=folds,
+                        row_kinds={PROBES[p].row for p in probes},
+                        with_se=any(PROBES[p].target == "se" for p in probes),
+                    )
+                )
             except EvaluationInputError as exc:
                 stats.skipped[c.name] = str(exc)
         for train in opened:
