@@ -5,7 +5,15 @@ hidden-state capture (``capture``). Other packages use ``default_model_dir()`` t
 safetensors directory of the default model (SmolLM2-135M-Instruct), converting it on first call.
 """
 
-from hallulog.serving.config import ServerConfig
-from hallulog.serving.model_loader import DEFAULT_MODEL_NAME, default_model_dir
+import os
+
+# oneDNN and torch's glue to it (ideep) keep a compiled matrix product per input shape, ~0.7 MB
+# each, 1,024 of each by default; a decode step's row count changes every few steps, so the
+# caches would grow by hundreds of MB over a run. Read once, when torch loads: set before it.
+for _cache in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):
+    os.environ.setdefault(_cache, "128")
+
+from hallulog.serving.config import ServerConfig  # noqa: E402
+from hallulog.serving.model_loader import DEFAULT_MODEL_NAME, default_model_dir  # noqa: E402
 
 __all__ = ["DEFAULT_MODEL_NAME", "ServerConfig", "default_model_dir"]

@@ -10,7 +10,8 @@ weighted sum of all the query heads of one key/value head in one pass (float32 t
 the sums in another order than ``matmul``, so results differ by rounding only).
 
 It runs on the calling thread (no OpenMP): engines of an ``EnginePool`` with one intra-op
-thread each call it side by side (``ctypes`` releases the GIL). ``decode_attention`` is None
+thread each call it side by side (``ctypes`` releases the GIL); an engine with more intra-op
+threads cuts its rows into as many blocks, run at once on helper threads. ``decode_attention`` is None
 when no compiler is found, the build fails, ``HALLULOG_ATTENTION_KERNEL=0`` is set, or the shape
 does not fit (``head_dim`` a multiple of 16, at most 128; at most 16 query heads per key/value
 head). The shared object goes to ``$HALLULOG_CACHE_DIR/kernels/`` under a name derived from the
@@ -19,6 +20,7 @@ source, the flags and the CPU, written to a temporary name and renamed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import hashlib
 import logging
@@ -188,30 +190,60 @@ def decode_attention(
     values: torch.Tensor,
     start: torch.Tensor,
     end: int,
+    parts: int = 1,
 ) -> torch.Tensor:
     """Attention of ``query`` ``[rows, kv_heads, groups, head_dim]`` (scaled, contiguous) over
     columns ``start[r] .. end - 1`` of each row of the slot buffers ``keys``/``values``
     ``[row_capacity, kv_heads, columns, head_dim]``; returns ``[rows, kv_heads, groups,
-    head_dim]``."""
+    head_dim]``. ``parts`` > 1: the rows are cut into that many blocks, run side by side on
+    this thread and helper threads (a row's result is the same either way)."""
     rows, kv_heads, groups, dim = query.shape
     if keys.stride(2) != dim or keys.stride(3) != 1 or values.stride() != keys.stride():
         raise ValueError("the slot buffers must be contiguous in their last two dimensions")
     start = start.to(torch.int64).contiguous()
     out = torch.empty_like(query)
-    scratch = torch.empty(groups * max(end - int(start.min()), 1), dtype=torch.float32)
-    function(
-        query.data_ptr(),
-        keys.data_ptr(),
-        values.data_ptr(),
-        keys.stride(0),
-        keys.stride(1),
-        start.data_ptr(),
-        end,
-        rows,
-        kv_heads,
-        groups,
-        dim,
-        out.data_ptr(),
-        scratch.data_ptr(),
-    )
+    parts = max(1, min(parts, rows // 2))
+    bounds = [rows * i // parts for i in range(parts + 1)]
+    width = max(end - int(start.min()), 1)
+    scratch = torch.empty((parts, groups * width), dtype=torch.float32)
+    row_bytes = keys.stride(0) * keys.element_size()
+
+    def block(i: int) -> None:
+        lo, hi = bounds[i], bounds[i + 1]
+        function(
+            query[lo].data_ptr(),
+            keys.data_ptr() + lo * row_bytes,
+            values.data_ptr() + lo * row_bytes,
+            keys.stride(0),
+            keys.stride(1),
+            start[lo].data_ptr(),
+            end,
+            hi - lo,
+            kv_heads,
+            groups,
+            dim,
+            out[lo].data_ptr(),
+            scratch[i].data_ptr(),
+        )
+
+    if parts == 1:
+        block(0)
+        return out
+    helpers = [_helpers().submit(block, i) for i in range(1, parts)]
+    block(0)  # ctypes lets go of the GIL: the blocks run at once
+    for helper in helpers:
+        helper.result()
     return out
+
+
+_pool: list[concurrent.futures.ThreadPoolExecutor] = []
+
+
+def _helpers() -> concurrent.futures.ThreadPoolExecutor:
+    with _lock:
+        if not _pool:
+            workers = max(1, (os.cpu_count() or 2) - 1)
+            _pool.append(
+                concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="attention")
+            )
+        return _pool[0]

@@ -24,9 +24,15 @@ its own generator), one ``topk`` serves the top-k logprobs and the top-p candida
 chosen and top-k logprobs are moved to Python in one call each.
 
 Captured hidden states come out of each forward pass as one ``[rows, tokens, layer_ids, hidden]``
-tensor; each capturing sequence copies the rows its ``capture_rows`` keeps (every position, or
-from the last prompt token on, ...) into its own growing buffer (``[tokens, layer_ids, hidden]``),
-which is what the spool file is written from.
+tensor; the rows each capturing sequence's ``capture_rows`` keeps (every position, or from the
+last prompt token on, ...) go straight to its spool file (``hallulog.serving.capture.SpoolFile``),
+written by the engine's writer thread once per pass (at most ``WRITES_IN_FLIGHT`` passes behind),
+so no sequence holds its states in memory.
+
+Memory: a waiting sequence is admitted only while the key/value cache of the running ones, with
+it, fits ``kv_budget`` at their longest (``hallulog.serving.memory``); the others wait in the
+queue. ``want_threads`` (set by ``EnginePool``) is the engine's intra-op thread count from its
+next step on.
 """
 
 from __future__ import annotations
@@ -36,18 +42,19 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 
 import torch
 from hallulog.serving.capture import HiddenStateRecorder, SpoolWriter
 from hallulog.serving.decode import FusedDecoder, supports_fused_decode
 from hallulog.serving.kvslots import SlotKVCache
+from hallulog.serving.memory import KVBudget, trim_heap
 from hallulog.serving.metrics import ServingMetrics
 from hallulog.serving.model_loader import LoadedModel
 from hallulog.serving.running_batch import Prompts, RunningBatch, supports_joining
 from hallulog.serving.sampling import SAMPLING_EPS, candidates_needed, choose_tokens
 from hallulog.serving.sequences import (
-    BufferPool,
     SamplingParams,
     SequenceOutput,
     SequenceState,
@@ -59,6 +66,7 @@ __all__ = ["Engine", "SamplingParams", "SequenceOutput", "TokenLogprob"]
 logger = logging.getLogger(__name__)
 
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf; vLLM clamps the same way
+WRITES_IN_FLIGHT = 4  # passes whose capture rows may wait for the writer thread
 
 
 class Engine:
@@ -76,9 +84,12 @@ class Engine:
         fused_decode: bool = True,
         share_prefill: bool = True,
         decoder: FusedDecoder | None = None,
+        kv_budget: KVBudget | None = None,
+        budget_owner: int = 0,
     ):
         """``decoder``: a ``FusedDecoder`` of the same model to share (``EnginePool``: engines
-        on one model hold its packed weights once)."""
+        on one model hold its packed weights once). ``kv_budget``: the key/value cache's budget
+        (shared by the engines of a pool, each its own ``budget_owner``); None: unbounded."""
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         self.loaded = loaded
@@ -109,7 +120,20 @@ class Engine:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="serving-engine", daemon=True)
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="capture-writer")
-        self._buffers = BufferPool(keep=max_batch_size)  # capture buffers, reused
+        self._rows_out: list[tuple] = []  # (file, row, block) of this pass, for the writer
+        self._writes = threading.Semaphore(WRITES_IN_FLIGHT)
+        self.kv_budget, self.budget_owner = kv_budget, budget_owner
+        config = self.model.config
+        heads = config.num_attention_heads
+        self._kv_cell = (  # bytes_for's arguments but rows and columns
+            config.num_hidden_layers,
+            getattr(config, "num_key_value_heads", None) or heads,
+            getattr(config, "head_dim", None) or config.hidden_size // heads,
+            loaded.dtype.itemsize,
+        )
+        self._pending: deque[SequenceState] = deque()  # taken from the queue, not yet admitted
+        self.want_threads: int | None = None  # intra-op threads from the next step on
+        self._threads: int | None = None
         self._shown = {"running": 0, "waiting": 0}  # what this engine added to the gauges
         self._shown_lock = threading.Lock()
 
@@ -148,8 +172,11 @@ class Engine:
                 generator.manual_seed(params.seed)
         seq = SequenceState(list(prompt_ids), params, concurrent.futures.Future(), generator)
         self._queue.put(seq)
-        self._show(waiting=self._queue.qsize())
+        self._show(waiting=self._waiting())
         return seq.future
+
+    def _waiting(self) -> int:
+        return self._queue.qsize() + len(self._pending)
 
     def _show(self, **values: int) -> None:
         """Set this engine's share of the running/waiting gauges (engines of a pool share them)."""
@@ -163,41 +190,84 @@ class Engine:
     # ---- engine thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
+        torch.get_num_threads()  # torch's per-thread setup first, so that ours is kept
         while not self._stopping.is_set():
+            self._apply_threads()
             batch = self._next_batch()
             if not batch:
                 continue
-            self._show(waiting=self._queue.qsize(), running=len(batch))
+            self._show(waiting=self._waiting(), running=len(batch))
             try:
                 with torch.inference_mode():
                     self._generate(batch)
             except Exception as exc:  # noqa: BLE001 - every waiting request must hear about it
                 logger.exception("batch of %d sequences failed", len(batch))
+                self._rows_out.clear()
                 for seq in batch:
+                    if seq.file is not None:
+                        self._writer.submit(seq.file.discard)
                     if not seq.future.done():
                         seq.future.set_exception(exc)
             finally:
+                self._claim(0, 0, force=True)
                 self._show(running=0)
 
+    def _apply_threads(self) -> None:
+        """Take ``want_threads`` as this thread's intra-op thread count (torch's count is per
+        thread once set on it)."""
+        want = self.want_threads
+        if want is not None and want != self._threads:
+            torch.set_num_threads(want)
+            self._threads = want
+
+    def _claim(self, rows: int, longest: int, force: bool = False) -> bool:
+        """Whether ``rows`` sequences, the longest reaching ``longest`` positions, fit the
+        key/value budget (claimed if so; ``force``: claimed whatever the others hold)."""
+        if self.kv_budget is None or not self._joinable:
+            return True
+        longest = min(longest, self.loaded.max_model_len)
+        need = SlotKVCache.bytes_for(rows, longest, *self._kv_cell) if rows else 0
+        if force:
+            self.kv_budget.set(self.budget_owner, need)
+            return True
+        return self.kv_budget.claim(self.budget_owner, need)
+
+    def _take(
+        self, taken: list[SequenceState], room: int, running: list[SequenceState], deadline=None
+    ) -> None:
+        """Move waiting sequences to ``taken`` while there is ``room`` and the key/value
+        budget holds them beside ``running``; until ``deadline`` (monotonic) waits for more,
+        else never waits. A sequence the budget refuses stays first in line."""
+        longest = max((seq.longest for seq in (*running, *taken)), default=0)
+        while len(taken) < room:
+            if self._pending:
+                seq = self._pending.popleft()
+            else:
+                remaining = 0.0 if deadline is None else deadline - time.monotonic()
+                try:
+                    if remaining > 0:
+                        seq = self._queue.get(timeout=remaining)
+                    else:
+                        seq = self._queue.get_nowait()
+                except queue.Empty:
+                    return
+            if not self._claim(len(running) + len(taken) + 1, max(longest, seq.longest)):
+                self._pending.appendleft(seq)
+                return
+            taken.append(seq)
+            longest = max(longest, seq.longest)
+
     def _next_batch(self) -> list[SequenceState]:
-        try:
-            batch = [self._queue.get(timeout=0.1)]
-        except queue.Empty:
-            return []
+        if self._pending:
+            batch = [self._pending.popleft()]
+        else:
+            try:
+                batch = [self._queue.get(timeout=0.1)]
+            except queue.Empty:
+                return []
+        self._claim(1, batch[0].longest, force=True)  # an idle engine always runs one
         deadline = time.monotonic() + self.batch_wait_s
-        while len(batch) < self.max_batch_size:
-            try:
-                batch.append(self._queue.get_nowait())
-                continue
-            except queue.Empty:
-                pass
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                batch.append(self._queue.get(timeout=remaining))
-            except queue.Empty:
-                break
+        self._take(batch, self.max_batch_size, [], deadline)
         return batch
 
     def _generate(self, batch: list[SequenceState]) -> None:
@@ -214,7 +284,11 @@ class Engine:
                 self._finish(seq)
             if finished:
                 run.drop_finished()
-            newcomers = self._take_waiting(self.max_batch_size - len(run.active))
+                longest = max((seq.longest for seq in run.active), default=0)
+                self._claim(len(run.active), longest, force=True)
+            self._apply_threads()
+            trim_heap()
+            newcomers = self._take_waiting(self.max_batch_size - len(run.active), run.active)
             batch[:] = run.active + newcomers  # what is still owed an answer
             if not run.active and not newcomers:
                 return
@@ -228,7 +302,7 @@ class Engine:
                 run.advance()
             if joining is not None:
                 self._admit(run, joining)
-            self._show(running=len(run.active), waiting=self._queue.qsize())
+            self._show(running=len(run.active), waiting=self._waiting())
 
     def _new_cache(self):
         from transformers import DynamicCache
@@ -237,14 +311,11 @@ class Engine:
             return SlotKVCache(self._num_cache_layers, self.max_batch_size)
         return DynamicCache(config=self.model.config)
 
-    def _take_waiting(self, room: int) -> list[SequenceState]:
+    def _take_waiting(self, room: int, running: list[SequenceState]) -> list[SequenceState]:
         """Sequences that can join the running batch now (never waits)."""
         taken: list[SequenceState] = []
-        while len(taken) < room and self._joinable:
-            try:
-                taken.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
+        if self._joinable:
+            self._take(taken, room, running)
         return taken
 
     def _prompts(self, batch: list[SequenceState]) -> Prompts:
@@ -267,8 +338,8 @@ class Engine:
         if capturing:
             for seq, row in zip(batch, source):
                 if seq.params.capture:
-                    rows = states[row, width - prompts.lengths[row] :]
-                    seq.capture(rows, self.loaded.max_model_len, self._buffers)
+                    seq.capture(states[row, width - prompts.lengths[row] :], self._put(seq))
+            self._flush_rows()
         mask, positions = prompts.mask, prompts.positions
         if prompts.unique < len(batch):  # copy each distinct prompt's row to its sequences
             index = torch.tensor(source)
@@ -324,8 +395,45 @@ class Engine:
         if capturing:
             for row, seq in enumerate(run.active):
                 if seq.params.capture:
-                    seq.capture(states[row, -1:], self.loaded.max_model_len, self._buffers)
+                    seq.capture(states[row, -1:], self._put(seq))
+            self._flush_rows()
         return logits
+
+    def _put(self, seq: SequenceState):
+        """Where ``seq.capture`` puts rows: its spool file (opened at its first rows), through
+        this pass's list for the writer thread."""
+
+        def put(row: int, block: torch.Tensor) -> None:
+            if seq.file is None:
+                seq.file = self.spool.open(block.shape[1:], block.dtype)
+            self._rows_out.append((seq.file, row, block))
+
+        return put
+
+    def _flush_rows(self) -> None:
+        """Hand this pass's captured rows to the writer thread (one task), waiting while it is
+        ``WRITES_IN_FLIGHT`` passes behind (the rows are views of the pass's buffer, kept until
+        written)."""
+        if not self._rows_out:
+            return
+        rows, self._rows_out = self._rows_out, []
+        self._writes.acquire()
+        try:
+            self._writer.submit(self._write_rows, rows)
+        except BaseException:
+            self._writes.release()
+            raise
+
+    def _write_rows(self, rows: list[tuple]) -> None:
+        try:
+            for file, row, block in rows:
+                if file.error is None:
+                    try:
+                        file.write(row, block)
+                    except OSError as exc:  # reported to the request at its end
+                        file.error = exc
+        finally:
+            self._writes.release()
 
     def _forward(self, input_ids, mask, positions, cache, capturing: bool):
         """The model's own forward pass (no fused path): the last logits, and the captured
@@ -418,18 +526,23 @@ class Engine:
         if not (seq.params.capture and self.recorder is not None):
             seq.future.set_result(output)
             return
-        buffer, rows, row0 = seq.states, seq.n_states, seq.row0
-        seq.states, seq.n_states = None, 0
+        rows, row0 = seq.n_states, seq.row0
         tokens = (seq.prompt_ids + seq.out_ids)[row0 : row0 + rows]
-        self._writer.submit(self._write_capture, seq.future, output, buffer, row0, tokens)
+        if seq.file is None:  # no row was kept
+            hidden = self.model.config.hidden_size
+            seq.file = self.spool.open((len(self.recorder.layer_ids), hidden), self.loaded.dtype)
+        self._writer.submit(self._write_capture, seq.future, output, seq.file, row0, tokens)
+        seq.file = None
 
-    def _write_capture(self, future, output: SequenceOutput, buffer, row0: int, tokens) -> None:
+    def _write_capture(self, future, output: SequenceOutput, file, row0: int, tokens) -> None:
         try:
-            output.hidden_states_path = self.spool.write(buffer[: len(tokens)], tokens, row0)
-            self._buffers.give(buffer)  # the file holds the rows now
+            if file.error is not None:
+                raise file.error
+            output.hidden_states_path = file.finish(tokens, row0)
             if self.metrics:
                 self.metrics.captures.inc()
             future.set_result(output)
         except Exception as exc:  # noqa: BLE001 - reported to the request
             logger.exception("writing a capture file failed")
+            file.discard()
             future.set_exception(exc)

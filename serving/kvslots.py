@@ -11,10 +11,15 @@ position ids are explicit per row, so rows of different lengths share the column
 - A finished row is replaced by the last row (one row copied, ``remove``); columns that are
   padding in every remaining row are dropped by moving ``lo`` (no copy).
 - When the columns run out, the live ones move back to the start of the buffers (in place);
-  only when the rows run out are new buffers allocated (rows doubling up to the batch limit),
-  uninitialised, so the copy is amortised over many steps and memory is touched only where rows
-  are used. Columns a row can see but never wrote (left of its prompt) are zeroed when it joins:
-  attention reads them masked, so they must be finite.
+  only when the rows run out are new buffers allocated (rows growing by a quarter, at least 8,
+  up to the batch limit), uninitialised, so the copy is amortised over many steps and memory is
+  touched only where rows are used. Every layer's keys and values are views of one allocation,
+  so a cache given up returns its memory to the system at once. Columns a row can see but never
+  wrote (left of its prompt) are zeroed when it joins: attention reads them masked, so they must
+  be finite.
+- ``bytes_for(rows, columns)``: what the buffers of that many rows take when the longest of
+  them is ``columns`` long (the engine admits a sequence only when that fits its budget,
+  ``hallulog.serving.memory.KVBudget``).
 
 Only for models whose every cache layer is a plain full-attention ``DynamicLayer``
 (``hallulog.serving.running_batch.supports_joining``).
@@ -27,8 +32,9 @@ from collections.abc import Sequence
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-HEADROOM = 64  # free columns left of ``lo`` after making room, for prompts longer than the batch
-GROWTH = 64  # free columns right of ``hi`` after making room (decode steps before the next time)
+HEADROOM = 16  # free columns left of ``lo`` after making room, for prompts longer than the batch
+GROWTH = 32  # free columns right of ``hi`` after making room (decode steps before the next time)
+ROW_STEP = 8  # rows are allocated in multiples of this
 
 
 def _uninitialised(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
@@ -64,6 +70,7 @@ class SlotKVCache(Cache):
 
     def __init__(self, num_layers: int, max_rows: int):
         super().__init__(layers=[_SlotLayer(self) for _ in range(num_layers)])
+        self.num_layers = num_layers
         self.max_rows = max_rows
         self.rows = 0
         self.lo = self.hi = 0
@@ -92,13 +99,14 @@ class SlotKVCache(Cache):
                 self.mask[: self.rows, dst] = self.mask[: self.rows, src].clone()
         else:
             row_cap = self.row_capacity
-            if rows > row_cap:  # grow by doubling, up to the batch limit
-                row_cap = max(rows, min(self.max_rows, 2 * row_cap))
-            cap = max(cap, self.capacity)
+            if rows > row_cap:  # grow by a quarter (whole steps of rows), up to the batch limit
+                grown = max(rows, row_cap + max(ROW_STEP, row_cap // 4))
+                row_cap = max(rows, min(self.max_rows, -(-grown // ROW_STEP) * ROW_STEP))
             _, heads, _, dim = like.shape
-            for layer in self.layers:
-                keys = _uninitialised((row_cap, heads, cap, dim), like)
-                values = _uninitialised((row_cap, heads, cap, dim), like)
+            # one allocation for every layer: given back to the system as a whole when freed
+            block = _uninitialised((self.num_layers, 2, row_cap, heads, cap, dim), like)
+            for index, layer in enumerate(self.layers):
+                keys, values = block[index, 0], block[index, 1]
                 if self.rows and width:
                     keys[: self.rows, :, left : left + width] = layer.keys[
                         : self.rows, :, self.lo : self.hi
@@ -113,6 +121,16 @@ class SlotKVCache(Cache):
             self.mask = mask
             self.capacity, self.row_capacity = cap, row_cap
         self.lo, self.hi = left, left + width
+
+    @staticmethod
+    def bytes_for(
+        rows: int, columns: int, num_layers: int, kv_heads: int, head_dim: int, itemsize: int
+    ) -> int:
+        """Bytes of the buffers holding ``rows`` rows whose longest is ``columns`` long (with
+        the free columns kept on both sides)."""
+        return (
+            2 * num_layers * rows * kv_heads * (columns + HEADROOM + GROWTH) * head_dim * itemsize
+        )
 
     def admit(
         self, prefill: Sequence[tuple[torch.Tensor, torch.Tensor]], prefill_mask: torch.Tensor
