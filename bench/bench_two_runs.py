@@ -3,7 +3,7 @@
 Each round: a fresh ``HALLULOG_CACHE_DIR`` (so both runs convert the default model, under the
 cache's file lock: one converts, the other waits and reuses), two ``python -m orchestrator run``
 on the real SmolLM2 model with no ``--server-base-port`` (each run reserves the ports it chooses:
-run/ports.py), started together. A round passes when both exit 0 with validation OK, on
+backends/ports.py), started together. A round passes when both exit 0 with validation OK, on
 different ports, the cache holds one complete model and no temporary directory, and nothing of
 theirs is left (spool files, server processes, port reservations).
 
@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def _cmd(root: Path, limit: int) -> list[str]:

@@ -47,7 +47,6 @@ import asyncio
 import fcntl
 import json
 import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -55,8 +54,7 @@ from typing import Any
 
 import numpy as np
 
-# run as a script: this checkout's contracts/ (the capture-rows rule the servers share)
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+# the capture-rows rule the servers share
 from hallulog.contracts.capture_rows import (
     CAPTURE_ROWS_FIELD,
     ROW0_KEY,

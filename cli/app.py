@@ -1,7 +1,7 @@
 """``hallulog`` (= ``python -m orchestrator``): the CLI as subcommands.
 
 ``run | consolidate | validate | retry | merge | evaluate | import | status | push | pull |
-estimate | export | serve``. The
+estimate | view | export | serve``. The
 flags of the commands that take a run's config are derived from ``RunConfig``'s fields,
 docstrings and types (``contracts/config_cli.py``: a ``Literal`` field's values are its
 choices). Every subcommand is one entry of :data:`SUBCOMMANDS` (name, a function adding its
@@ -175,6 +175,18 @@ def _pull(args: argparse.Namespace) -> int:
     return run_pull(args)
 
 
+def _add_view(sub) -> argparse.ArgumentParser:
+    from hallulog.view.command import add_parser
+
+    return add_parser(sub)
+
+
+def _view(args: argparse.Namespace) -> int:
+    from hallulog.view.command import run
+
+    return run(args)
+
+
 def _status(args: argparse.Namespace) -> int:
     from hallulog.api.client import fetch_status, format_status, status_from_artifacts
 
@@ -203,6 +215,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("push", _add_push, _push),
     Subcommand("pull", _add_pull, _pull),
     Subcommand("estimate", parsers.add_estimate, lambda args: _config_command(args)),
+    Subcommand("view", _add_view, _view),
     *PASSTHROUGH_SUBCOMMANDS,
 ]
 """The subcommands in the order ``--help`` lists them."""

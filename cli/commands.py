@@ -6,6 +6,7 @@ from __future__ import annotations
 from hallulog.config.run_config import RunConfig
 from hallulog.contracts.root_lock import holds_root
 from hallulog.orchestrator.run import RunResult
+from hallulog.orchestrator.run.progress import describe_capture_failures
 
 __all__ = [
     "format_result",
@@ -35,7 +36,8 @@ def format_result(result: RunResult) -> str:
         [
             f"run finished in {result.wall_seconds:.1f} s: {done}/{result.total} prompts done "
             f"({result.done} this session, {result.done_before} before), {len(result.failed)} failed, "
-            f"{result.capture_errors} capture(s) failed",
+            f"{describe_capture_failures(result.capture_errors, result.capture_reasons)} "
+            "capture(s) failed",
             f"labels: {balance}",
             f"artifacts: {result.artifact_root}",
         ]

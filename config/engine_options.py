@@ -55,7 +55,7 @@ VLLM_RESERVED: dict[str, str] = {
     "--trust-remote-code": "use --trust-remote-code",
 }
 
-# The same for ``python -m serving`` (the embedded server).
+# The same for ``hallulog serve`` (the embedded server).
 EMBEDDED_RESERVED: dict[str, str] = {
     "--model": "use --model",
     "--served-model-name": "the name comes from --model",

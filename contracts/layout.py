@@ -12,6 +12,11 @@
                  exports/  selfcheck_samples.jsonl semantic_entropy_inputs.jsonl
                            semantic_energy_inputs.jsonl geometry_inputs.jsonl logprob_inputs.jsonl
   evaluation/    report.json report.md *.png
+
+{study_root}/                  (docs/formats/study.md)
+  study.json                   the study manifest: its cells, their axis values and run roots
+  cells/{name}/                one artifact root per cell
+  compare/  table.parquet paired.parquet transfer.parquet report.md *.png   (hallulog compare)
 ```
 
 Modules that read or write these files take their names from here, never spell them out.
@@ -56,7 +61,17 @@ __all__ = [
     "REPORT_JSON",
     "REPORT_MD",
     "SCORES",
+    "STUDY_MANIFEST",
+    "STUDY_CELLS",
+    "COMPARE",
+    "COMPARE_TABLE",
+    "COMPARE_PAIRED",
+    "COMPARE_TRANSFER",
+    "COMPARE_HEATMAPS",
     "ARTIFACT_FILE_NAMES",
+    "study_cells_dir",
+    "compare_dir",
+    "transfer_heatmap",
     "worker_dir",
     "worker_dirs",
     "worker_id_of",
@@ -120,6 +135,19 @@ REPORT_MD = "report.md"
 SCORES = "scores.parquet"
 """``evaluation/``'s files (``hallulog evaluate``): the report and the per-prompt scores."""
 
+STUDY_MANIFEST = "study.json"
+"""A study root's manifest: its cells, their axis values and run roots (docs/formats/study.md)."""
+STUDY_CELLS = "cells"
+"""A study root's directory of cell run roots (``cells/{name}/``)."""
+COMPARE = "compare"
+"""The directory ``hallulog compare`` writes in a study root."""
+COMPARE_TABLE = "table.parquet"
+COMPARE_PAIRED = "paired.parquet"
+COMPARE_TRANSFER = "transfer.parquet"
+"""``compare/``'s tables (docs/formats/study.md); its report is ``report.md`` (REPORT_MD)."""
+COMPARE_HEATMAPS = {"auroc": "auroc.png", "prr": "prr.png"}
+"""``compare/``'s method x cell heatmap of each metric."""
+
 ARTIFACT_FILE_NAMES = frozenset(
     {
         MANIFEST,
@@ -136,6 +164,10 @@ ARTIFACT_FILE_NAMES = frozenset(
         REPORT_JSON,
         REPORT_MD,
         SCORES,
+        STUDY_MANIFEST,
+        COMPARE_TABLE,
+        COMPARE_PAIRED,
+        COMPARE_TRANSFER,
     }
 )
 """Every file name above: no module outside ``contracts/`` spells one out
@@ -173,6 +205,21 @@ def exports_dir(artifact_root: str | Path) -> Path:
 
 def evaluation_dir(artifact_root: str | Path) -> Path:
     return Path(artifact_root) / EVALUATION
+
+
+def study_cells_dir(study_root: str | Path) -> Path:
+    """``{study}/cells``: the cells' run roots are its sub-directories."""
+    return Path(study_root) / STUDY_CELLS
+
+
+def compare_dir(study_root: str | Path) -> Path:
+    """``{study}/compare``: what ``hallulog compare STUDY`` writes."""
+    return Path(study_root) / COMPARE
+
+
+def transfer_heatmap(method: str) -> str:
+    """``compare/``'s transfer matrix heatmap of one probe."""
+    return f"transfer_{method}.png"
 
 
 def activations_dir(directory: str | Path) -> Path:

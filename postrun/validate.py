@@ -364,14 +364,22 @@ def _store_checker(out: Path, report: _Report) -> Callable[[int, dict], None] | 
 
 
 def _capture_error_cause(root: Path) -> str:
-    """The most frequent ``capture_failed`` message of the workers' errors.jsonl."""
+    """The most frequent ``capture_failed`` message of the workers' errors.jsonl, or the
+    captures whose rows failed the check, per reason (``capture_zeros`` …), when they are more."""
     causes: Counter = Counter()
+    reasons: Counter = Counter()
     for wdir in layout.worker_dirs(root):
         for row in iter_rows(wdir / layout.ERRORS, malformed="skip"):
             if row.get("error_type") == "capture_failed":
-                causes[str(row.get("error_message", "?"))[:200]] += 1
-    if not causes:
+                if row.get("reason"):
+                    reasons[str(row["reason"])] += 1
+                else:
+                    causes[str(row.get("error_message", "?"))[:200]] += 1
+    if not causes and not reasons:
         return "unknown (no capture_failed rows in worker_*/errors.jsonl)"
+    if sum(reasons.values()) >= max(causes.values(), default=0):
+        named = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common())
+        return f"rows that failed the capture check: {named} (worker_*/errors.jsonl, docs/alignment.md)"
     message, n = causes.most_common(1)[0]
     return f"{message} ({n} time(s), worker_*/errors.jsonl)"
 

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hallulog.contracts.errors import HallulogError
 from hallulog.remote.client import Bucket, ObjectExistsError, ObjectStoreError
 from hallulog.remote.restore import restore_staging
 from hallulog.remote.segments import RUN_PREFIX
@@ -36,7 +37,7 @@ __all__ = ["ActorShipping", "BucketUnreachable", "session_key"]
 log = logging.getLogger(__name__)
 
 
-class BucketUnreachable(RuntimeError):
+class BucketUnreachable(HallulogError, RuntimeError):
     """The actor cannot read the driver's bucket from its node."""
 
 

@@ -1,12 +1,23 @@
-"""Suite-wide markers: ``fast`` is every test without a slow-lane marker.
+"""Suite-wide markers and fixtures.
 
-``pytest -m fast`` is the fast lane (CONTRIBUTING.md); it selects the same tests as
+Markers: ``fast`` is every test without a slow-lane marker. ``pytest -m fast`` is the fast lane
+(CONTRIBUTING.md); it selects the same tests as
 ``-m "not e2e and not browser and not vllm and not slurm and not ray and not slow"``.
+
+Fixtures: ``instant_backend`` (and ``instant_backend_module``, one per test module) start the
+bench's instant backend (bench/instant_backend.py: the OpenAI protocol and the capture contract
+without a model) and wait for its ``/health``; every one started is stopped at teardown.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
 import pytest
+
+from bench.instant_run import running_instant_backend
 
 SLOW_LANE = ("e2e", "browser", "vllm", "slurm", "ray", "slow")
 
@@ -22,3 +33,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if not any(item.get_closest_marker(name) for name in SLOW_LANE):
             item.add_marker(pytest.mark.fast)
+
+
+def _instant_starter(stack: contextlib.ExitStack, base: Path) -> Callable[..., str]:
+    started = [0]
+
+    def start(spool_dir: Path | None = None, **options) -> str:
+        """URL of a new instant backend spooling into ``spool_dir`` (default: a fresh folder);
+        ``options``: those of ``bench.instant_run.instant_backend_argv``."""
+        started[0] += 1
+        spool = spool_dir if spool_dir is not None else base / f"instant-spool-{started[0]}"
+        return stack.enter_context(running_instant_backend(spool, **options))
+
+    return start
+
+
+@pytest.fixture
+def instant_backend(tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """``start(spool_dir=None, num_layer_ids=2, hidden_size=64, ...)`` → the URL of a running
+    instant backend, stopped when the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield _instant_starter(stack, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def instant_backend_module(tmp_path_factory) -> Iterator[Callable[..., str]]:
+    """As ``instant_backend``, the backends living until the module's last test."""
+    with contextlib.ExitStack() as stack:
+        yield _instant_starter(stack, tmp_path_factory.mktemp("instant"))

@@ -60,6 +60,8 @@ class RunResult:
     failed: list[str] = field(default_factory=list)
     capture_errors: int = 0
     """Samples of committed groups whose activations could not be captured."""
+    capture_reasons: dict[str, int] = field(default_factory=dict)
+    """Of those, the ones whose rows failed the check, per reason (``capture_zeros`` …)."""
     wall_seconds: float = 0.0
     labels: dict[str, int] = field(default_factory=dict)
     judge: dict[str, Any] | None = None
@@ -299,7 +301,7 @@ def _worker_specs(config: RunConfig, model: ModelInfo, layer_ids: list[int], roo
         sample_temperature=config.sample_temperature, sample_top_p=config.sample_top_p,
         max_tokens=config.max_tokens, seed=config.seed, groups_in_flight=config.groups_in_flight,
         request_timeout=config.request_timeout, commit_interval_ms=config.commit_interval_ms,
-        driver_pid=os.getpid(),
+        check_captures=config.check_captures, driver_pid=os.getpid(),
     ) for i in range(config.worker_count)]
 
 

@@ -5,17 +5,13 @@ nothing left behind."""
 
 from __future__ import annotations
 
-import sys
 import time
 import uuid
 
 import pytest
+from hallulog.backends.shm import orphaned, shm_names
 
-from tests.e2e.conftest import REPO
-
-sys.path.insert(0, str(REPO / "bench"))
-from bench_chaos import Soak, check, tagged_processes  # noqa: E402
-from hallulog.backends.shm import orphaned, shm_names  # noqa: E402
+from bench.bench_chaos import Soak, check, tagged_processes
 
 pytestmark = pytest.mark.e2e
 

@@ -4,14 +4,9 @@ bench/bench_two_runs.py repeats this round N times."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-from tests.e2e.conftest import REPO
-
-sys.path.insert(0, str(REPO / "bench"))
-from bench_two_runs import one_round  # noqa: E402
+from bench.bench_two_runs import one_round
 
 pytestmark = pytest.mark.e2e
 

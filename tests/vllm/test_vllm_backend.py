@@ -1,4 +1,4 @@
-"""Unit tests of orchestrator/vllm_backend.py (pure functions; vLLM not needed)."""
+"""Unit tests of backends/vllm.py (pure functions; vLLM not needed)."""
 
 from __future__ import annotations
 
