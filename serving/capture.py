@@ -153,11 +153,13 @@ class SpoolFile:
     def __init__(self, spool: SpoolWriter, row_shape: Sequence[int], dtype: torch.dtype):
         if dtype not in _SAFETENSORS_DTYPES:
             raise ValueError(f"capture dtype {dtype} has no safetensors name here")
+        self.spool = spool
         self.name = f"hs-{uuid.uuid4().hex}"
         self.final = spool.spool_dir / f"{self.name}.safetensors"
         self.tmp = spool.spool_dir / f".{self.name}.safetensors.partial"
         self.row_shape = tuple(row_shape)
         self.dtype = _SAFETENSORS_DTYPES[dtype]
+        self.torch_dtype = dtype
         self.row_bytes = torch.Size(self.row_shape).numel() * dtype.itemsize
         widest = _header(_ROW_LIMIT, self.row_shape, self.dtype, self.row_bytes, _ROW_LIMIT)
         self.header_bytes = -(-len(widest) // 8) * 8  # the data starts 8-byte aligned
@@ -165,10 +167,13 @@ class SpoolFile:
         self.error: OSError | None = None  # a failed write, reported at the end
         self._fd: int | None = None
 
+    def _open(self) -> None:
+        if self._fd is None:
+            self._fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+
     def write(self, row: int, block: torch.Tensor) -> None:
         """Rows ``row .. row + len(block) - 1`` are ``block`` ``[rows, *row_shape]``."""
-        if self._fd is None:
-            self._fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._open()
         data = block.detach().contiguous().view(torch.uint8).numpy()
         offset = self.data_start + row * self.row_bytes
         view = memoryview(data).cast("B")
@@ -180,9 +185,10 @@ class SpoolFile:
         """Complete the file with ``len(token_ids)`` rows (positions ``row0 ..``) and put it in
         place under the lock protocol; returns its absolute path."""
         rows = len(token_ids)
-        if self._fd is None:  # no row came (an empty capture)
-            self._fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._open()  # no row came: an empty capture
         try:
+            if self.spool.on_finish is not None:
+                self.spool.on_finish(self, rows)
             header = _header(rows, self.row_shape, self.dtype, self.row_bytes, row0)
             header = header.ljust(self.header_bytes, b" ")
             end = self.data_start + rows * self.row_bytes
@@ -198,6 +204,15 @@ class SpoolFile:
             os.replace(self.tmp, self.final)
         return str(self.final)
 
+    def read_rows(self, rows: int) -> torch.Tensor:
+        """The first ``rows`` rows written so far, ``[rows, *row_shape]``."""
+        self._open()
+        data = bytearray(os.pread(self._fd, rows * self.row_bytes, self.data_start))
+        flat = (
+            torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        )
+        return flat.view(self.torch_dtype).view(rows, *self.row_shape)
+
     def discard(self) -> None:
         """Give the file up (its sequence failed)."""
         if self._fd is not None and self._fd >= 0:
@@ -212,6 +227,9 @@ class SpoolWriter:
     def __init__(self, spool_dir: str | os.PathLike[str]):
         self.spool_dir = pathlib.Path(spool_dir).expanduser().resolve()
         self.spool_dir.mkdir(parents=True, exist_ok=True)
+        self.on_finish = None
+        """Called as ``on_finish(file, rows)`` before a streamed file is completed (test
+        hooks: ``hallulog.serving.capture_faults``)."""
 
     def open(self, row_shape: Sequence[int], dtype: torch.dtype) -> SpoolFile:
         """A file to fill row by row (``SpoolFile``); nothing is created before its first row."""
