@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import hashlib
 import json
 import os
 import pathlib
@@ -147,10 +146,32 @@ class Server:
         self.log.close()
 
 
-def job_traffic(server: Server, texts: list[str], args) -> dict:
-    """The default job's requests; tokens/s, server CPU s, and every answer and capture."""
+def job_traffic(server: Server, texts: list[str], args, keep=None, against=None) -> dict:
+    """The default job's requests: tokens, wall and server CPU seconds, every answer. Capture
+    files are moved to ``keep`` (a directory), or compared with the file of the same request in
+    ``against`` (bitwise, and the largest difference relative to each layer's largest
+    magnitude), else read and deleted."""
     client = httpx.Client(timeout=900, limits=httpx.Limits(max_connections=512))
     answers, captures = {}, {}
+
+    def take(path: str, key: tuple[int, int]) -> None:
+        if keep is not None:
+            os.replace(path, keep / f"{key[0]}-{key[1]}.safetensors")
+        else:
+            states = load_file(path)["hidden_states"]
+            if against is not None:
+                other = against / f"{key[0]}-{key[1]}.safetensors"
+                ref = load_file(other)["hidden_states"]
+                scale = ref.abs().amax(dim=(0, 2), keepdim=True).clamp(min=1e-30)
+                diff = (
+                    ((states - ref).abs() / scale).max().item()
+                    if ref.shape == states.shape
+                    else float("inf")
+                )
+                captures[key] = (torch.equal(states, ref), diff)
+                other.unlink()
+            os.remove(path)
+        pathlib.Path(path + ".lock").unlink(missing_ok=True)
 
     def one(q: int, sample: int) -> int:
         body = {
@@ -172,11 +193,7 @@ def job_traffic(server: Server, texts: list[str], args) -> dict:
         reply = client.post(server.url + "/v1/chat/completions", json=body)
         reply.raise_for_status()
         data = reply.json()
-        path = data["kv_transfer_params"]["hidden_states_path"]
-        states = load_file(path)["hidden_states"]
-        captures[q, sample] = hashlib.sha1(states.numpy().tobytes()).hexdigest()
-        os.remove(path)
-        pathlib.Path(path + ".lock").unlink(missing_ok=True)
+        take(data["kv_transfer_params"]["hidden_states_path"], (q, sample))
         ids = data["choices"][0]["token_ids"]
         answers[q, sample] = ids
         return len(ids)
@@ -306,6 +323,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--light-concurrency", type=int, default=8)
     parser.add_argument("--server-args", default="", help="more flags for this tree's server")
+    parser.add_argument("--phases", default="job,light", help="of the servers: job, light")
     parser.add_argument("--job", action="store_true", help="also run the default job with each")
     args = parser.parse_args()
     load_before = os.getloadavg()
@@ -322,9 +340,13 @@ def main() -> int:
     light: dict[str, list[float]] = {name: [] for name in [*servers, "generate"]}
     light_ids: dict[str, list] = {}
     try:
-        for r in range(args.rounds):
+        phases = args.phases.split(",")
+        keep = work / "captures"
+        keep.mkdir()
+        for r in range(args.rounds if "job" in phases else 0):
             for name, server in servers.items():
-                out = job_traffic(server, texts, args)
+                first = {"keep": keep} if name == "baseline" else {"against": keep}
+                out = job_traffic(server, texts, args, **(first if r == 0 else {}))
                 jobs[name].append(out)
                 print(
                     f"round {r + 1} job   {name:>8}: {out['tokens']} tokens, "
@@ -336,7 +358,7 @@ def main() -> int:
         generate_threads = len(os.sched_getaffinity(0))
         torch.set_num_threads(generate_threads)
         generate_batch(loaded, argparse.Namespace(**{**vars(args), "max_tokens": 4}))  # warm-up
-        for r in range(args.rounds):
+        for r in range(args.rounds if "light" in phases else 0):
             for name, server in servers.items():
                 rate, light_ids[name] = light_traffic(server, args)
                 light[name].append(rate)
@@ -353,38 +375,44 @@ def main() -> int:
         for server in servers.values():
             server.stop()
     summary: dict = {"args": vars(args), "load_average_start": round(load_before[0], 2)}
+    ratios: dict = {}
+    same: dict = {}
     for name, rows in jobs.items():
         summary[name] = {
-            "tokens_per_s": round(statistics.median(o["tokens"] / o["wall"] for o in rows), 1),
-            "tokens_per_cpu_s": round(statistics.median(o["tokens"] / o["cpu"] for o in rows), 1),
             "peak_rss_mb": round(peaks[name] / 2**20),
             "ready_rss_mb": round(ready[name] / 2**20),
-            "light_tokens_per_s": round(statistics.median(light[name]), 1),
         }
-    base, cur = jobs["baseline"][0], jobs["current"][0]
-    same_answers = sum(cur["answers"][key] == ids for key, ids in base["answers"].items())
-    same_captures = sum(cur["captures"][key] == h for key, h in base["captures"].items())
-    generate_rate = statistics.median(light["generate"])
-    summary["generate_light_tokens_per_s"] = round(generate_rate, 1)
-    summary["ratios"] = {
-        "tokens_per_s": round(
-            summary["current"]["tokens_per_s"] / summary["baseline"]["tokens_per_s"], 3
-        ),
-        "tokens_per_cpu_s": round(
-            summary["current"]["tokens_per_cpu_s"] / summary["baseline"]["tokens_per_cpu_s"], 3
-        ),
-        "peak_rss": round(peaks["current"] / peaks["baseline"], 3),
-        "light_vs_generate": {
+        if rows:
+            summary[name]["tokens_per_s"] = round(
+                statistics.median(o["tokens"] / o["wall"] for o in rows), 1
+            )
+            summary[name]["tokens_per_cpu_s"] = round(
+                statistics.median(o["tokens"] / o["cpu"] for o in rows), 1
+            )
+        if light[name]:
+            summary[name]["light_tokens_per_s"] = round(statistics.median(light[name]), 1)
+    ratios["peak_rss"] = round(peaks["current"] / peaks["baseline"], 3)
+    if jobs["current"]:
+        for key in ("tokens_per_s", "tokens_per_cpu_s"):
+            ratios[key] = round(summary["current"][key] / summary["baseline"][key], 3)
+        base, cur = jobs["baseline"][0], jobs["current"][0]
+        equal = sum(cur["answers"][key] == ids for key, ids in base["answers"].items())
+        same["answers"] = f"{equal}/{len(base['answers'])}"
+        bitwise = sum(ok for ok, _ in cur["captures"].values())
+        same["captures_bitwise"] = f"{bitwise}/{len(cur['captures'])}"
+        same["captures_max_relative_difference"] = max(
+            (d for _, d in cur["captures"].values()), default=0.0
+        )
+    if light["generate"]:
+        generate_rate = statistics.median(light["generate"])
+        summary["generate_light_tokens_per_s"] = round(generate_rate, 1)
+        ratios["light_vs_generate"] = {
             name: round(statistics.median(light[name]) / generate_rate, 3) for name in servers
-        },
-    }
-    summary["same"] = {
-        "answers": f"{same_answers}/{len(base['answers'])}",
-        "captures_bitwise": f"{same_captures}/{len(base['captures'])}",
-        "light_greedy_vs_generate": {
+        }
+        same["light_greedy_vs_generate"] = {
             name: light_ids[name] == light_ids["generate"] for name in servers
-        },
-    }
+        }
+    summary["ratios"], summary["same"] = ratios, same
     if args.job:
         runs = {
             "baseline": run_job("baseline", base_path, work),
@@ -396,12 +424,7 @@ def main() -> int:
     summary["load_average_end"] = round(os.getloadavg()[0], 2)
     shutil.rmtree(work, ignore_errors=True)
     for name in servers:
-        row = summary[name]
-        print(
-            f"{name:>8}: job {row['tokens_per_s']} tokens/s ({row['tokens_per_cpu_s']} per "
-            f"CPU-s), peak RSS {row['peak_rss_mb']} MB (ready {row['ready_rss_mb']} MB); "
-            f"light {row['light_tokens_per_s']} tokens/s"
-        )
+        print(f"{name:>8}: {summary[name]}")
     print(f"ratios current/baseline: {summary['ratios']}; same: {summary['same']}")
     if args.job:
         for name, run in summary["job"].items():
