@@ -8,10 +8,11 @@ safetensors directory of the default model (SmolLM2-135M-Instruct), converting i
 import os
 
 # oneDNN and torch's glue to it (ideep) keep a compiled matrix product per input shape, ~0.7 MB
-# each, 1,024 of each by default; a decode step's row count changes every few steps, so the
-# caches would grow by hundreds of MB over a run. Read once, when torch loads: set before it.
+# each, 1,024 of each by default; a step's row count changes every few steps, so the caches grew
+# by 150-220 MB over 48 questions of the default job, at no measurable speed against 32 each
+# (docs/serving.md, "Memory"). Read once, when torch loads: set before it.
 for _cache in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):
-    os.environ.setdefault(_cache, "128")
+    os.environ.setdefault(_cache, "32")
 # An engine with several intra-op threads (a light load: engine_pool) on a CPU shared with other
 # processes: OpenMP threads that spin while they wait for a descheduled peer made a step ~10x
 # slower; sleeping ones do not. Read once, when torch loads.

@@ -26,8 +26,8 @@ chosen and top-k logprobs are moved to Python in one call each.
 Captured hidden states come out of each forward pass as one ``[rows, tokens, layer_ids, hidden]``
 tensor; the rows each capturing sequence's ``capture_rows`` keeps (every position, or from the
 last prompt token on, ...) go straight to its spool file (``hallulog.serving.capture.SpoolFile``),
-written by the engine's writer thread once per pass (at most ``WRITES_IN_FLIGHT`` passes behind),
-so no sequence holds its states in memory.
+copied out of the pass's buffer together and written by the engine's writer thread (at most
+``WRITES_IN_FLIGHT`` passes behind), so no sequence holds its states in memory.
 
 Memory: a waiting sequence is admitted only while the key/value cache of the running ones, with
 it, fits ``kv_budget`` at their longest (``hallulog.serving.memory``); the others wait in the
@@ -411,12 +411,19 @@ class Engine:
         return put
 
     def _flush_rows(self) -> None:
-        """Hand this pass's captured rows to the writer thread (one task), waiting while it is
-        ``WRITES_IN_FLIGHT`` passes behind (the rows are views of the pass's buffer, kept until
-        written)."""
+        """Hand this pass's captured rows to the writer thread (one task, one copy of the rows),
+        waiting while it is ``WRITES_IN_FLIGHT`` passes behind."""
         if not self._rows_out:
             return
         rows, self._rows_out = self._rows_out, []
+        # one copy of the kept rows: the pass's buffer (every position of every layer id, joining
+        # prompts' included) is freed now, not when the writer is done
+        kept = torch.cat([block for _, _, block in rows])
+        at, copied = 0, []
+        for file, row, block in rows:
+            copied.append((file, row, kept[at : at + block.shape[0]]))
+            at += block.shape[0]
+        rows = copied
         self._writes.acquire()
         try:
             self._writer.submit(self._write_rows, rows)
