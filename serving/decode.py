@@ -281,13 +281,20 @@ class FusedDecoder:
         return (*step_out, logits[rows:], kv, prefill_states)
 
     def _step_attention(self, rows: int, cache, mask: torch.Tensor):
-        """Attention of one token per running row over the slot cache (writes column ``hi``)."""
+        """Attention of one token per running row over the slot cache (writes column ``hi``),
+        after the row's prompt in the cache's prefix store when it has one."""
         lo, hi = cache.lo, cache.hi
         groups = self.heads // self.kv_heads
+        shared = getattr(cache, "prefix", None) is not None
+        if shared:
+            entry, length = cache.prefix_of_rows()
         kernel, parts = self.kernel, torch.get_num_threads()  # the kernel's rows in parts
         if kernel is not None:  # a row's tokens are its columns from the first real one to hi
             start = mask.to(torch.uint8).argmax(dim=1) + lo
         else:  # [rows, 1, 1, columns]: every query head of a row
+            if shared:  # the prompt's columns (padded to the longest) come first
+                columns = cache.prefix.keys[0].shape[2]
+                mask = torch.cat((torch.arange(columns)[None, :] < length[:, None], mask), dim=1)
             bias = torch.zeros(mask.shape, dtype=self.embed.dtype)
             bias = bias.masked_fill_(~mask, float("-inf"))[:, None, None, :]
 
@@ -297,10 +304,20 @@ class FusedDecoder:
             slot.values[:rows, :, hi : hi + 1] = value
             q = (query * self.scaling).reshape(rows, self.kv_heads, groups, self.head_dim)
             if kernel is not None:
-                out = decode_attention(kernel, q, slot.keys, slot.values, start, hi + 1, parts)
+                prefix = None
+                if shared:
+                    store = cache.prefix
+                    prefix = (store.keys[index], store.values[index], entry, length)
+                out = decode_attention(
+                    kernel, q, slot.keys, slot.values, start, hi + 1, parts, prefix
+                )
             else:
                 keys = slot.keys[:rows, :, lo : hi + 1]  # [rows, kv_heads, columns, head_dim]
                 values = slot.values[:rows, :, lo : hi + 1]
+                if shared:
+                    store = cache.prefix
+                    keys = torch.cat((store.keys[index][entry], keys), dim=2)
+                    values = torch.cat((store.values[index][entry], values), dim=2)
                 scores = torch.matmul(q, keys.transpose(-1, -2)).add_(bias)
                 out = torch.matmul(torch.softmax(scores, dim=-1), values)
             return out.reshape(rows, 1, self.heads * self.head_dim)

@@ -48,7 +48,7 @@ from collections.abc import Sequence
 import torch
 from hallulog.serving.capture import HiddenStateRecorder, SpoolWriter
 from hallulog.serving.decode import FusedDecoder, supports_fused_decode
-from hallulog.serving.kvslots import SlotKVCache
+from hallulog.serving.kvslots import SlotKVCache, kv_bytes
 from hallulog.serving.memory import KVBudget, trim_heap
 from hallulog.serving.metrics import ServingMetrics
 from hallulog.serving.model_loader import LoadedModel
@@ -125,11 +125,12 @@ class Engine:
         self.kv_budget, self.budget_owner = kv_budget, budget_owner
         config = self.model.config
         heads = config.num_attention_heads
-        self._kv_cell = (  # bytes_for's arguments but rows and columns
-            config.num_hidden_layers,
-            getattr(config, "num_key_value_heads", None) or heads,
-            getattr(config, "head_dim", None) or config.hidden_size // heads,
-            loaded.dtype.itemsize,
+        self._kv_cell = (  # bytes of one column of one cache row: every layer's key and value
+            2
+            * config.num_hidden_layers
+            * (getattr(config, "num_key_value_heads", None) or heads)
+            * (getattr(config, "head_dim", None) or config.hidden_size // heads)
+            * loaded.dtype.itemsize
         )
         self._pending: deque[SequenceState] = deque()  # taken from the queue, not yet admitted
         self.want_threads: int | None = None  # intra-op threads from the next step on
@@ -209,7 +210,7 @@ class Engine:
                     if not seq.future.done():
                         seq.future.set_exception(exc)
             finally:
-                self._claim(0, 0, force=True)
+                self._claim(_Footprint(), force=True)
                 self._show(running=0)
 
     def _apply_threads(self) -> None:
@@ -220,17 +221,24 @@ class Engine:
             torch.set_num_threads(want)
             self._threads = want
 
-    def _claim(self, rows: int, longest: int, force: bool = False) -> bool:
-        """Whether ``rows`` sequences, the longest reaching ``longest`` positions, fit the
-        key/value budget (claimed if so; ``force``: claimed whatever the others hold)."""
+    def _claim(self, need: _Footprint, force: bool = False) -> bool:
+        """Whether the sequences of ``need`` fit the key/value budget at their longest (claimed
+        if so; ``force``: claimed whatever the others hold)."""
         if self.kv_budget is None or not self._joinable:
             return True
-        longest = min(longest, self.loaded.max_model_len)
-        need = SlotKVCache.bytes_for(rows, longest, *self._kv_cell) if rows else 0
+        size = kv_bytes(
+            self._kv_cell,
+            need.rows,
+            need.generated,
+            min(need.longest, self.loaded.max_model_len),
+            len(need.prompts),
+            need.prompt,
+            shared=self._fused is not None,
+        )
         if force:
-            self.kv_budget.set(self.budget_owner, need)
+            self.kv_budget.set(self.budget_owner, size)
             return True
-        return self.kv_budget.claim(self.budget_owner, need)
+        return self.kv_budget.claim(self.budget_owner, size)
 
     def _take(
         self, taken: list[SequenceState], room: int, running: list[SequenceState], deadline=None
@@ -238,7 +246,7 @@ class Engine:
         """Move waiting sequences to ``taken`` while there is ``room`` and the key/value
         budget holds them beside ``running``; until ``deadline`` (monotonic) waits for more,
         else never waits. A sequence the budget refuses stays first in line."""
-        longest = max((seq.longest for seq in (*running, *taken)), default=0)
+        need = _Footprint([*running, *taken])
         while len(taken) < room:
             if self._pending:
                 seq = self._pending.popleft()
@@ -251,11 +259,12 @@ class Engine:
                         seq = self._queue.get_nowait()
                 except queue.Empty:
                     return
-            if not self._claim(len(running) + len(taken) + 1, max(longest, seq.longest)):
+            more = need.plus(seq)
+            if not self._claim(more):
                 self._pending.appendleft(seq)
                 return
             taken.append(seq)
-            longest = max(longest, seq.longest)
+            need = more
 
     def _next_batch(self) -> list[SequenceState]:
         if self._pending:
@@ -265,7 +274,7 @@ class Engine:
                 batch = [self._queue.get(timeout=0.1)]
             except queue.Empty:
                 return []
-        self._claim(1, batch[0].longest, force=True)  # an idle engine always runs one
+        self._claim(_Footprint(batch), force=True)  # an idle engine always runs one
         deadline = time.monotonic() + self.batch_wait_s
         self._take(batch, self.max_batch_size, [], deadline)
         return batch
@@ -284,8 +293,7 @@ class Engine:
                 self._finish(seq)
             if finished:
                 run.drop_finished()
-                longest = max((seq.longest for seq in run.active), default=0)
-                self._claim(len(run.active), longest, force=True)
+                self._claim(_Footprint(run.active), force=True)
             self._apply_threads()
             trim_heap()
             newcomers = self._take_waiting(self.max_batch_size - len(run.active), run.active)
@@ -307,8 +315,9 @@ class Engine:
     def _new_cache(self):
         from transformers import DynamicCache
 
-        if self._joinable:
-            return SlotKVCache(self._num_cache_layers, self.max_batch_size)
+        if self._joinable:  # the fused decoder reads a prompt's keys/values shared by its rows
+            shared = self._fused is not None
+            return SlotKVCache(self._num_cache_layers, self.max_batch_size, shared)
         return DynamicCache(config=self.model.config)
 
     def _take_waiting(self, room: int, running: list[SequenceState]) -> list[SequenceState]:
@@ -341,6 +350,11 @@ class Engine:
                     seq.capture(states[row, width - prompts.lengths[row] :], self._put(seq))
             self._flush_rows()
         mask, positions = prompts.mask, prompts.positions
+        if run.shared_prompts and isinstance(kv, list):  # each distinct prompt's keys once
+            index = torch.tensor(source)
+            positions, logits = positions[index], logits[index]
+            run.add_shared(batch, kv, prompts.lengths, source, positions[:, -1:], logits)
+            return
         if prompts.unique < len(batch):  # copy each distinct prompt's row to its sequences
             index = torch.tensor(source)
             if isinstance(kv, list):
@@ -553,3 +567,26 @@ class Engine:
             logger.exception("writing a capture file failed")
             file.discard()
             future.set_exception(exc)
+
+
+class _Footprint:
+    """What the key/value cache of a set of sequences depends on (``kv_bytes``): rows, the most
+    tokens one generates, the most positions one reaches, the distinct prompts and the longest."""
+
+    __slots__ = ("rows", "generated", "longest", "prompts", "prompt")
+
+    def __init__(self, seqs: Sequence[SequenceState] = ()):
+        self.rows = len(seqs)
+        self.generated = max((seq.params.max_tokens for seq in seqs), default=0)
+        self.longest = max((seq.longest for seq in seqs), default=0)
+        self.prompts = {tuple(seq.prompt_ids) for seq in seqs}
+        self.prompt = max((len(seq.prompt_ids) for seq in seqs), default=0)
+
+    def plus(self, seq: SequenceState) -> _Footprint:
+        more = _Footprint()
+        more.rows = self.rows + 1
+        more.generated = max(self.generated, seq.params.max_tokens)
+        more.longest = max(self.longest, seq.longest)
+        more.prompts = self.prompts | {tuple(seq.prompt_ids)}
+        more.prompt = max(self.prompt, len(seq.prompt_ids))
+        return more
