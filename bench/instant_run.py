@@ -148,9 +148,12 @@ class InstantFleet:
     """``servers`` instant backends (bench/instant_backend.py) on free ports, spooling under
     ``work/spool``; a fake model dir ``work/model``. Start with ``with`` or :meth:`start`."""
 
-    def __init__(self, work: Path, servers: int = 1, answer_tokens: int = 4) -> None:
+    def __init__(
+        self, work: Path, servers: int = 1, answer_tokens: int = 4, latency_ms: float = 0.0
+    ) -> None:
         self.work = Path(work)
         self.servers, self.answer_tokens = servers, answer_tokens
+        self.latency_ms = latency_ms
         self.model = self.work / "instant-model"
         self.env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.procs: list[subprocess.Popen] = []
@@ -166,6 +169,7 @@ class InstantFleet:
                 hidden_size=HIDDEN,
                 served_model_name=self.model.name,
                 answer_tokens=self.answer_tokens,
+                extra=("--latency-ms", str(self.latency_ms)) if self.latency_ms else (),
             ),
             env=self.env,
             stdout=subprocess.DEVNULL,

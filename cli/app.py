@@ -19,12 +19,12 @@ import os
 import sys
 import typing
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import NamedTuple
 
 from hallulog.cli import parsers as parsers
 from hallulog.cli.passthrough import PASSTHROUGH, PASSTHROUGH_SUBCOMMANDS
 from hallulog.config.config_file import StudyFile, StudyFileError, dump_study, load_study
+from hallulog.config.manifest import recorded_config
 from hallulog.config.run_config import ConfigError, RunConfig
 from hallulog.contracts.config_cli import literal_choices
 from hallulog.contracts.errors import HallulogError
@@ -190,16 +190,31 @@ def _view(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from hallulog.api.client import fetch_status, format_status, status_from_artifacts
 
-    if bool(args.url) == bool(args.artifact_root):
-        args._parser.error("status needs exactly one of --url or --artifact-root")
+    if args.root is not None and args.artifact_root is not None:
+        args._parser.error("give the root once: ROOT or --artifact-root")
+    root = args.root if args.root is not None else args.artifact_root
+    if bool(args.url) == bool(root):
+        args._parser.error("status needs exactly one of --url, ROOT or --artifact-root")
+    from hallulog.remote.url import object_url
+
+    url = object_url(root) if root is not None else None
     try:
         token = args.token or os.environ.get("HALLULOG_STATUS_TOKEN")
-        snapshot = (
-            fetch_status(args.url, token) if args.url else status_from_artifacts(args.artifact_root)
-        )
+        if args.url:
+            snapshot = fetch_status(args.url, token)
+        elif url is not None:
+            from hallulog.cli.bucket_status import status_from_bucket
+
+            snapshot = status_from_bucket(url)
+        else:
+            snapshot = status_from_artifacts(root)
     except Exception as exc:  # network or file errors: one clear line
         return _fail(exc, args.debug)
     print(json.dumps(snapshot, indent=2) if args.json else format_status(snapshot))
+    if url is not None and not args.json:
+        from hallulog.cli.bucket_status import format_lease
+
+        print(format_lease(snapshot))
     return 0
 
 
@@ -286,19 +301,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         # a local root's, or one in a bucket (the finished root's, else the run's first)
         manifest = root_manifest(given.get("artifact_root", RunConfig.artifact_root))
         if manifest is not None:
-            names = {f.name for f in dataclasses.fields(RunConfig)}
-            recorded = {
-                k: tuple(v) if isinstance(v, list) else v
-                for k, v in manifest.get("config", {}).items()
-                if k in names
-            }
-            for key in ("artifact_root", "cache_dir", "spool_root", "staging_dir"):
-                if recorded.get(key) is not None:
-                    recorded[key] = Path(recorded[key])
-            # retry starts servers again and spools where the run did; a spool root gone since
-            # (a tmpfs after a reboot) falls back to the artifact root's spool/
-            if recorded.get("spool_root") is not None and not recorded["spool_root"].is_dir():
-                del recorded["spool_root"]
+            # retry starts servers again and spools where the run did (config.manifest)
+            recorded = recorded_config(manifest)
             given = {**recorded, **given}
     if given.get("status_token") is None and os.environ.get("HALLULOG_STATUS_TOKEN"):
         given["status_token"] = os.environ["HALLULOG_STATUS_TOKEN"]

@@ -185,9 +185,17 @@ def add_estimate(sub) -> argparse.ArgumentParser:
 
 def add_status(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="Print a run's status.")
+    p.add_argument(
+        "root",
+        nargs="?",
+        metavar="ROOT",
+        help="An artifact root, local or s3://BUCKET/PREFIX (the same as --artifact-root).",
+    )
     p.add_argument("--url", help="Status API base URL of a running orchestrator.")
     p.add_argument(
-        "--artifact-root", type=Path, help="Report from the files of a run (finished or not)."
+        "--artifact-root",
+        help="Report from the files of a run (finished or not); s3://BUCKET/PREFIX reads the "
+        "bucket's small objects only (docs/object-storage.md).",
     )
     p.add_argument(
         "--token",

@@ -72,6 +72,8 @@ ITEMS: list[tuple[str, str | tuple[str, ...], str, str]] = [
     ("client", COMPLETION, "symbol", "CompletionResponseChoice.prompt_token_ids"),
     # backends/vllm.py vllm_server_command / engine_flags: the flags (EngineArgs fields)
     ("flags", "vllm/entrypoints/openai/api_server.py", "text", '__name__ == "__main__"'),
+    # hallulog_vllm/serve.py: the listening socket the run bound, handed to vLLM's launcher
+    ("serve", "vllm/entrypoints/launchers/launcher.py", "symbol", "create_server_socket"),
     *[
         ("flags", "vllm/engine/arg_utils.py", "symbol", f"EngineArgs.{field}")
         for field in (

@@ -7,6 +7,7 @@ data = load_task("triviaqa", "unfiltered-web-dev.json", limit=1000)
 data.groups, data.source, data.prompt_template, data.malformed
 stream = open_task("triviaqa", "train.jsonl")  # the same file read lazily, as often as needed
 for group in stream.groups(): ...
+stream = open_task_spec(TaskSpec("nq_open", "nq.jsonl", limit=100))   # a run's (its plan's)
 ```
 
 Formats, fields and id rules: docs/tasks.md.
@@ -14,7 +15,7 @@ Formats, fields and id rules: docs/tasks.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from hallulog.tasks.layout_hints import layout_hint
 from hallulog.tasks.presets import PRESETS
 from hallulog.tasks.prompting import PromptSpec
 from hallulog.tasks.shards import ShardSpec, parse_shard, select_shard
+from hallulog.tasks.spec import TaskSpec
 from hallulog.tasks.study import (
     QA_TASK,
     STUDY_TASKS,
@@ -45,7 +47,8 @@ from hallulog.tasks.study import (
 __all__ = [
     "load_task",
     "open_task",
-    "open_config_task",
+    "open_task_spec",
+    "TaskSpec",
     "TaskStream",
     "TaskData",
     "MalformedLine",
@@ -198,17 +201,10 @@ def open_task(
     )
 
 
-def open_config_task(
-    values: Mapping[str, Any], *, shard: ShardSpec | str | None = None
-) -> TaskStream:
-    """The task of a run config (``RunConfig.to_dict()`` or a manifest's recorded ``config``)."""
+def open_task_spec(spec: TaskSpec) -> TaskStream:
+    """The task a :class:`TaskSpec` names (a run's: its plan opens it once)."""
     return open_task(
-        values.get("task") or "triviaqa",
-        values.get("task_path"),
-        split=values.get("split"),
-        limit=values.get("limit"),
-        shard=shard if shard is not None else values.get("shard"),
-        study=Study.from_values(values),
+        spec.name, spec.path, split=spec.split, limit=spec.limit, shard=spec.shard, study=spec.study
     )
 
 

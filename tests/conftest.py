@@ -4,6 +4,11 @@ Markers: ``fast`` is every test without a slow-lane marker. ``pytest -m fast`` i
 (CONTRIBUTING.md); it selects the same tests as
 ``-m "not e2e and not browser and not vllm and not slurm and not ray and not slow"``.
 
+``alone`` marks a test that must not share the machine with other tests: it starts a cluster
+that takes every core (Ray, Slurm, vLLM: added here to every test with those markers) or its
+assertions rest on timing under SIGKILL/SIGSTOP. scripts/test.sh (README's test command) runs
+every other test on all cores (pytest-xdist) and the ``alone`` tests one at a time after them.
+
 Fixtures: ``instant_backend`` (and ``instant_backend_module``, one per test module) start the
 bench's instant backend (bench/instant_backend.py: the OpenAI protocol and the capture contract
 without a model) and wait for its ``/health``; every one started is stopped at teardown.
@@ -20,11 +25,18 @@ import pytest
 from bench.instant_run import running_instant_backend
 
 SLOW_LANE = ("e2e", "browser", "vllm", "slurm", "ray", "slow")
+WHOLE_MACHINE = ("vllm", "slurm", "ray")  # always in the alone lane
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "fast: no slow-lane marker (" + ", ".join(SLOW_LANE) + "); added at collection"
+    )
+    config.addinivalue_line(
+        "markers",
+        "alone: runs after the parallel lane, one test at a time (scripts/test.sh); added to "
+        + ", ".join(WHOLE_MACHINE)
+        + " tests at collection",
     )
 
 
@@ -33,6 +45,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if not any(item.get_closest_marker(name) for name in SLOW_LANE):
             item.add_marker(pytest.mark.fast)
+        if any(item.get_closest_marker(name) for name in WHOLE_MACHINE):
+            item.add_marker(pytest.mark.alone)
 
 
 def _instant_starter(stack: contextlib.ExitStack, base: Path) -> Callable[..., str]:

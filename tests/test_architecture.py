@@ -33,8 +33,8 @@ ALLOWED: dict[str, set[str]] = {
     "evaluation": {"contracts", "storage"},
     "exports": {"contracts", "storage"},
     "tasks": {"contracts", "workers"},
-    "config": {"contracts", "storage", "remote", "tasks"},
-    "backends": {"contracts", "config"},
+    "backends": {"contracts"},
+    "config": {"contracts", "storage", "remote", "tasks", "backends"},
     "estimate": {"contracts", "storage", "tasks", "config", "backends"},
     "postrun": {"contracts", "storage", "exports", "tasks", "config"},
     "orchestrator": {

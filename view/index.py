@@ -143,10 +143,17 @@ class QuestionIndex:
     def _score_columns(self) -> list[str]:
         if self.files.scores is None:
             return []
+        import json
+
         import pyarrow.parquet as pq
 
-        names = pq.read_schema(self.files.scores).names
-        return [n for n in names if n not in _SCORE_META]
+        schema = pq.read_schema(self.files.scores)
+        # the method columns: named in the file's metadata (beside them the guard columns,
+        # ``leaked`` and ``label_<grader>``); files written before it hold methods only
+        meta = json.loads((schema.metadata or {}).get(b"hallulog.scores", b"{}"))
+        if meta.get("methods"):
+            return [n for n in meta["methods"] if n in schema.names]
+        return [n for n in schema.names if n not in _SCORE_META]
 
     def _build(self) -> None:
         gens = _literal(str(self.files.generations))

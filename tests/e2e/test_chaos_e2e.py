@@ -13,7 +13,10 @@ from hallulog.backends.shm import orphaned, shm_names
 
 from bench.bench_chaos import Soak, check, tagged_processes
 
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.alone,
+]  # SIGKILL loops: shm and process checks of the whole machine
 
 
 def test_small_soak_is_exactly_once_and_leaves_nothing(tmp_path):

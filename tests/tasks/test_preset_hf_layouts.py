@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 from hallulog.config.run_config import RunConfig
-from hallulog.tasks import PRESETS, FileKindError, load_task, open_config_task
+from hallulog.config.specs import task_spec
+from hallulog.tasks import PRESETS, FileKindError, load_task, open_task_spec
 from hallulog.tasks.base import DatasetFormatError
 from hallulog.tasks.records import holds_json_lines
 
@@ -61,7 +62,7 @@ def test_triviaqa_parquet_from_a_run_config(layouts):
     """``--task triviaqa --task-path X.parquet``: the config is accepted and the groups read."""
     for kind in ("parquet", "hf"):
         config = RunConfig(task="triviaqa", task_path=str(layouts["triviaqa"][kind]), limit=5)
-        groups = list(open_config_task(config.to_dict()).groups())
+        groups = list(open_task_spec(task_spec(config)).groups())
         assert [g.dataset_id for g in groups] == [
             "hl_0001",
             "hl_0002",
@@ -166,7 +167,7 @@ def test_a_json_file_holding_json_lines_is_read_as_json_lines(tmp_path):
     qa_data.write_text("".join(json.dumps(r) + "\n" for r in HALUEVAL))
     assert holds_json_lines(qa_data)
     config = RunConfig(task="qa", task_path=str(qa_data), answers_field="right_answer")
-    groups = list(open_config_task(config.to_dict()).groups())
+    groups = list(open_task_spec(task_spec(config)).groups())
     assert [g.reference["aliases"] for g in groups] == [["Paris"], ["100"]]
     gsm = tmp_path / "gsm.json"
     gsm.write_text(PRESETS["gsm8k"].bundled_path.read_text())
@@ -182,7 +183,7 @@ def test_a_json_file_holding_json_lines_is_read_as_json_lines(tmp_path):
         task="qa", task_path=str(qa_data), answers_field="right_answer", task_format="json"
     )
     with pytest.raises(FileKindError, match="give --task-format jsonl"):
-        list(open_config_task(forced.to_dict()).groups())
+        list(open_task_spec(task_spec(forced)).groups())
 
 
 def test_json_documents_are_not_json_lines(tmp_path):

@@ -2,20 +2,15 @@
 tests/api/dashboard_browser.py starts it) on the explorer's pages: used by the browser tests
 and, by hand, for the screenshots of docs/img/::
 
-    python tests/view/view_browser.py RUN_ROOT docs/img [--study STUDY_ROOT]
+    python -m tests.view.view_browser RUN_ROOT docs/img [--study STUDY_ROOT]   (from the repository root)
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from tests.api.dashboard_browser import _driver, missing_browser  # noqa: E402
+from tests.api.dashboard_browser import _driver, missing_browser
 
 __all__ = ["browser", "missing_browser", "table_cells", "hover", "wait_for", "screenshots"]
 
