@@ -1,8 +1,8 @@
 """Memory and speed of the embedded server against a baseline commit's, on the same traffic.
 
-    python bench/bench_memory.py                              # baseline: main's serving/
-    python bench/bench_memory.py --baseline-ref bd66845 --questions 96 --rounds 3
-    python bench/bench_memory.py --job                        # + the default job, whole tree
+    python -m bench.bench_memory                              # baseline: main's serving/
+    python -m bench.bench_memory --baseline-ref bd66845 --questions 96 --rounds 3
+    python -m bench.bench_memory --job                        # + the default job, whole tree
 
 Two servers are started as ``python -m orchestrator run`` starts one (``python -m
 hallulog.serving`` with a spool directory, every layer id captured, float32), one from this
@@ -47,14 +47,13 @@ import httpx
 import psutil
 import tomllib
 import torch
+from hallulog.serving.model_loader import default_model_dir, load_model
+from hallulog.tasks.triviaqa import build_prompt
+from safetensors.torch import load_file
+
+from bench.bench_engine_phases import questions_text
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-
-from bench_engine_phases import questions_text  # noqa: E402
-from hallulog.serving.model_loader import default_model_dir, load_model  # noqa: E402
-from hallulog.tasks.triviaqa import build_prompt  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
 
 NAME = "smollm2"
 LIGHT = [
