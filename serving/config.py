@@ -62,7 +62,7 @@ class ServerConfig:
     max_memory_gb: float | None = None
     """Memory (resident set, GB) the server stays within: what the loaded, packed weights and a
     step's buffers (0.25 GB) leave of it is the key/value cache's budget; sequences wait in the
-    queue while the cache of the running ones, at their longest, would pass it. Default: a 0.5
+    queue while the cache of the running ones, at their longest, would pass it. Default: a 1.2
     GB cache beside the weights."""
     log_level: LogLevel = "info"
     """Log level."""
