@@ -238,9 +238,8 @@ class RunConfig:
     """Further arguments passed to the engine's command line as is (shell-quoted, e.g.
     ``"--kv-cache-dtype fp8 --swap-space 8"``)."""
     max_memory_gb: float | None = outside_fingerprint(None)
-    """Gigabytes each embedded server may hold (weights, key/value cache, a step's buffers):
-    its key/value cache is sized to what the loaded model leaves, and requests wait in its
-    queue beyond that (docs/serving.md). None: a 1.2 GB key/value cache."""
+    """GB each embedded server may hold; its key/value cache gets what the model leaves,
+    requests beyond it wait (docs/serving.md). None: a 1.2 GB key/value cache."""
     manage_servers: bool = outside_fingerprint(True)
     """Spawn and manage the servers; false: connect to ``server_urls``."""
     server_urls: tuple[str, ...] = outside_fingerprint(())

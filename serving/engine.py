@@ -17,17 +17,10 @@ captured states are copied to every sequence that shares it. Prefill and decode 
 Llama run through ``hallulog.serving.decode.FusedDecoder`` (fewer ops, oneDNN's packed matrix products);
 other models, and ``fused_decode=False``, through the model's own forward with capture hooks.
 
-Logprobs are vLLM's default ``raw_logprobs``: ``log_softmax`` of the raw logits, before
-temperature and top-p. The raw logit of each chosen token is kept as well. Per step the batch's
-tokens are chosen by ``hallulog.serving.sampling.choose_tokens`` (batched; one draw per sampled row from
-its own generator), one ``topk`` serves the top-k logprobs and the top-p candidates, and the
-chosen and top-k logprobs are moved to Python in one call each.
+Tokens, logprobs and stop rules per step: ``hallulog.serving.token_step``.
 
-Captured hidden states come out of each forward pass as one ``[rows, tokens, layer_ids, hidden]``
-tensor; the rows each capturing sequence's ``capture_rows`` keeps (every position, or from the
-last prompt token on, ...) go straight to its spool file (``hallulog.serving.capture.SpoolFile``),
-copied out of the pass's buffer together and written by the engine's writer thread (at most
-``WRITES_IN_FLIGHT`` passes behind), so no sequence holds its states in memory.
+Captured rows go to each sequence's spool file as they come out of a pass
+(``hallulog.serving.capture_writer``), so no sequence holds its states in memory.
 
 Memory: a waiting sequence is admitted only while the key/value cache of the running ones, with
 it, fits ``kv_budget`` at their longest (``hallulog.serving.memory``); the others wait in the
@@ -47,26 +40,25 @@ from collections.abc import Sequence
 
 import torch
 from hallulog.serving.capture import HiddenStateRecorder, SpoolWriter
+from hallulog.serving.capture_writer import CaptureWriter
 from hallulog.serving.decode import FusedDecoder, supports_fused_decode
-from hallulog.serving.kvslots import SlotKVCache, kv_bytes
+from hallulog.serving.kvslots import Footprint, SlotKVCache, kv_bytes
 from hallulog.serving.memory import KVBudget, trim_heap
 from hallulog.serving.metrics import ServingMetrics
 from hallulog.serving.model_loader import LoadedModel
 from hallulog.serving.running_batch import Prompts, RunningBatch, supports_joining
-from hallulog.serving.sampling import SAMPLING_EPS, candidates_needed, choose_tokens
+from hallulog.serving.sampling import SAMPLING_EPS
 from hallulog.serving.sequences import (
     SamplingParams,
     SequenceOutput,
     SequenceState,
     TokenLogprob,
 )
+from hallulog.serving.token_step import take_tokens
 
 __all__ = ["Engine", "SamplingParams", "SequenceOutput", "TokenLogprob"]
 
 logger = logging.getLogger(__name__)
-
-LOGPROB_FLOOR = -9999.0  # JSON has no -inf; vLLM clamps the same way
-WRITES_IN_FLIGHT = 4  # passes whose capture rows may wait for the writer thread
 
 
 class Engine:
@@ -119,9 +111,7 @@ class Engine:
         self._num_cache_layers = self.model.config.num_hidden_layers
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="serving-engine", daemon=True)
-        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="capture-writer")
-        self._rows_out: list[tuple] = []  # (file, row, block) of this pass, for the writer
-        self._writes = threading.Semaphore(WRITES_IN_FLIGHT)
+        self._captures = CaptureWriter(spool, metrics)
         self.kv_budget, self.budget_owner = kv_budget, budget_owner
         config = self.model.config
         heads = config.num_attention_heads
@@ -149,7 +139,7 @@ class Engine:
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
-        self._writer.shutdown(wait=True)
+        self._captures.shutdown()
 
     def submit(
         self, prompt_ids: Sequence[int], params: SamplingParams
@@ -203,14 +193,12 @@ class Engine:
                     self._generate(batch)
             except Exception as exc:  # noqa: BLE001 - every waiting request must hear about it
                 logger.exception("batch of %d sequences failed", len(batch))
-                self._rows_out.clear()
+                self._captures.drop(batch)
                 for seq in batch:
-                    if seq.file is not None:
-                        self._writer.submit(seq.file.discard)
                     if not seq.future.done():
                         seq.future.set_exception(exc)
             finally:
-                self._claim(_Footprint(), force=True)
+                self._claim(Footprint(), force=True)
                 self._show(running=0)
 
     def _apply_threads(self) -> None:
@@ -221,7 +209,7 @@ class Engine:
             torch.set_num_threads(want)
             self._threads = want
 
-    def _claim(self, need: _Footprint, force: bool = False) -> bool:
+    def _claim(self, need: Footprint, force: bool = False) -> bool:
         """Whether the sequences of ``need`` fit the key/value budget at their longest (claimed
         if so; ``force``: claimed whatever the others hold)."""
         if self.kv_budget is None or not self._joinable:
@@ -246,7 +234,7 @@ class Engine:
         """Move waiting sequences to ``taken`` while there is ``room`` and the key/value
         budget holds them beside ``running``; until ``deadline`` (monotonic) waits for more,
         else never waits. A sequence the budget refuses stays first in line."""
-        need = _Footprint([*running, *taken])
+        need = Footprint([*running, *taken])
         while len(taken) < room:
             if self._pending:
                 seq = self._pending.popleft()
@@ -274,7 +262,7 @@ class Engine:
                 batch = [self._queue.get(timeout=0.1)]
             except queue.Empty:
                 return []
-        self._claim(_Footprint(batch), force=True)  # an idle engine always runs one
+        self._claim(Footprint(batch), force=True)  # an idle engine always runs one
         deadline = time.monotonic() + self.batch_wait_s
         self._take(batch, self.max_batch_size, [], deadline)
         return batch
@@ -293,7 +281,7 @@ class Engine:
                 self._finish(seq)
             if finished:
                 run.drop_finished()
-                self._claim(_Footprint(run.active), force=True)
+                self._claim(Footprint(run.active), force=True)
             self._apply_threads()
             trim_heap()
             newcomers = self._take_waiting(self.max_batch_size - len(run.active), run.active)
@@ -347,8 +335,10 @@ class Engine:
         if capturing:
             for seq, row in zip(batch, source):
                 if seq.params.capture:
-                    seq.capture(states[row, width - prompts.lengths[row] :], self._put(seq))
-            self._flush_rows()
+                    seq.capture(
+                        states[row, width - prompts.lengths[row] :], self._captures.put(seq)
+                    )
+            self._captures.flush()
         mask, positions = prompts.mask, prompts.positions
         if run.shared_prompts and isinstance(kv, list):  # each distinct prompt's keys once
             index = torch.tensor(source)
@@ -409,52 +399,9 @@ class Engine:
         if capturing:
             for row, seq in enumerate(run.active):
                 if seq.params.capture:
-                    seq.capture(states[row, -1:], self._put(seq))
-            self._flush_rows()
+                    seq.capture(states[row, -1:], self._captures.put(seq))
+            self._captures.flush()
         return logits
-
-    def _put(self, seq: SequenceState):
-        """Where ``seq.capture`` puts rows: its spool file (opened at its first rows), through
-        this pass's list for the writer thread."""
-
-        def put(row: int, block: torch.Tensor) -> None:
-            if seq.file is None:
-                seq.file = self.spool.open(block.shape[1:], block.dtype)
-            self._rows_out.append((seq.file, row, block))
-
-        return put
-
-    def _flush_rows(self) -> None:
-        """Hand this pass's captured rows to the writer thread (one task, one copy of the rows),
-        waiting while it is ``WRITES_IN_FLIGHT`` passes behind."""
-        if not self._rows_out:
-            return
-        rows, self._rows_out = self._rows_out, []
-        # one copy of the kept rows: the pass's buffer (every position of every layer id, joining
-        # prompts' included) is freed now, not when the writer is done
-        kept = torch.cat([block for _, _, block in rows])
-        at, copied = 0, []
-        for file, row, block in rows:
-            copied.append((file, row, kept[at : at + block.shape[0]]))
-            at += block.shape[0]
-        rows = copied
-        self._writes.acquire()
-        try:
-            self._writer.submit(self._write_rows, rows)
-        except BaseException:
-            self._writes.release()
-            raise
-
-    def _write_rows(self, rows: list[tuple]) -> None:
-        try:
-            for file, row, block in rows:
-                if file.error is None:
-                    try:
-                        file.write(row, block)
-                    except OSError as exc:  # reported to the request at its end
-                        file.error = exc
-        finally:
-            self._writes.release()
 
     def _forward(self, input_ids, mask, positions, cache, capturing: bool):
         """The model's own forward pass (no fused path): the last logits, and the captured
@@ -475,63 +422,14 @@ class Engine:
     def _sample_step(
         self, active: list[SequenceState], logits: torch.Tensor
     ) -> list[SequenceState]:
-        """Choose one token per row, record logprobs, apply stop rules; return rows that finished.
-
-        One ``topk`` serves both the top-k logprobs and the top-p candidates; logprobs are
-        gathered from one ``log_softmax`` of the batch and moved to Python in one call each."""
-        logits = logits.cpu()  # the rows' generators are CPU generators
-        want_top = max((seq.params.top_logprobs or 0 for seq in active), default=0)
-        want_lp = any(seq.params.top_logprobs is not None for seq in active)
-        k = min(max(want_top, candidates_needed(active)), logits.shape[-1])
-        top = torch.topk(logits, k, dim=-1) if k else None
-        chosen_t = choose_tokens(logits, active, top)
-        chosen = chosen_t.tolist()
-        if want_lp:
-            logprobs = torch.log_softmax(logits, dim=-1)
-            index = chosen_t.unsqueeze(1)
-            chosen_lp = logprobs.gather(1, index).squeeze(1).clamp_(min=LOGPROB_FLOOR).tolist()
-            chosen_logit = logits.gather(1, index).squeeze(1).tolist()
-            if want_top:
-                ids = top[1][:, :want_top]
-                top_values = logprobs.gather(1, ids).clamp_(min=LOGPROB_FLOOR).tolist()
-                top_ids = ids.tolist()
+        """Choose one token per row, record logprobs, apply stop rules; return rows that finished
+        (``hallulog.serving.token_step``)."""
         if self.metrics:
             self.metrics.generation_tokens.inc(len(active))
-        finished = []
-        for row, seq in enumerate(active):
-            token = chosen[row]
-            seq.out_ids.append(token)
-            k = seq.params.top_logprobs
-            if k is not None:
-                top_k = list(zip(top_ids[row][:k], top_values[row][:k])) if k else []
-                seq.logprobs.append(TokenLogprob(token, chosen_lp[row], chosen_logit[row], top_k))
-            if self._check_stop(seq):
-                finished.append(seq)
-        return finished
-
-    def _check_stop(self, seq: SequenceState) -> bool:
-        token = seq.out_ids[-1]
-        params = seq.params
-        if token in self.loaded.eos_token_ids:
-            seq.finish_reason = "stop"
-        if params.stop:
-            previous = len(seq.text)
-            seq.text = self.tokenizer.decode(seq.out_ids, skip_special_tokens=True)
-            if seq.finish_reason is None:
-                longest = max(len(s) for s in params.stop)
-                start = max(0, previous - longest + 1)
-                hits = [(seq.text.find(s, start), s) for s in params.stop]
-                hits = [(at, s) for at, s in hits if at >= 0]
-                if hits:
-                    at, stop = min(hits)
-                    seq.text = seq.text[:at]
-                    seq.finish_reason, seq.stop_reason = "stop", stop
-        if seq.finish_reason is None and (
-            len(seq.out_ids) >= params.max_tokens
-            or len(seq.prompt_ids) + len(seq.out_ids) >= self.loaded.max_model_len
-        ):
-            seq.finish_reason = "length"
-        return seq.finish_reason is not None
+        loaded = self.loaded
+        return take_tokens(
+            active, logits, loaded.eos_token_ids, self.tokenizer, loaded.max_model_len
+        )
 
     def _finish(self, seq: SequenceState) -> None:
         if not seq.params.stop or seq.stop_reason is None:
@@ -547,46 +445,5 @@ class Engine:
         if not (seq.params.capture and self.recorder is not None):
             seq.future.set_result(output)
             return
-        rows, row0 = seq.n_states, seq.row0
-        tokens = (seq.prompt_ids + seq.out_ids)[row0 : row0 + rows]
-        if seq.file is None:  # no row was kept
-            hidden = self.model.config.hidden_size
-            seq.file = self.spool.open((len(self.recorder.layer_ids), hidden), self.loaded.dtype)
-        self._writer.submit(self._write_capture, seq.future, output, seq.file, row0, tokens)
-        seq.file = None
-
-    def _write_capture(self, future, output: SequenceOutput, file, row0: int, tokens) -> None:
-        try:
-            if file.error is not None:
-                raise file.error
-            output.hidden_states_path = file.finish(tokens, row0)
-            if self.metrics:
-                self.metrics.captures.inc()
-            future.set_result(output)
-        except Exception as exc:  # noqa: BLE001 - reported to the request
-            logger.exception("writing a capture file failed")
-            file.discard()
-            future.set_exception(exc)
-
-
-class _Footprint:
-    """What the key/value cache of a set of sequences depends on (``kv_bytes``): rows, the most
-    tokens one generates, the most positions one reaches, the distinct prompts and the longest."""
-
-    __slots__ = ("rows", "generated", "longest", "prompts", "prompt")
-
-    def __init__(self, seqs: Sequence[SequenceState] = ()):
-        self.rows = len(seqs)
-        self.generated = max((seq.params.max_tokens for seq in seqs), default=0)
-        self.longest = max((seq.longest for seq in seqs), default=0)
-        self.prompts = {tuple(seq.prompt_ids) for seq in seqs}
-        self.prompt = max((len(seq.prompt_ids) for seq in seqs), default=0)
-
-    def plus(self, seq: SequenceState) -> _Footprint:
-        more = _Footprint()
-        more.rows = self.rows + 1
-        more.generated = max(self.generated, seq.params.max_tokens)
-        more.longest = max(self.longest, seq.longest)
-        more.prompts = self.prompts | {tuple(seq.prompt_ids)}
-        more.prompt = max(self.prompt, len(seq.prompt_ids))
-        return more
+        layers = (len(self.recorder.layer_ids), self.model.config.hidden_size)
+        self._captures.finish(seq, output, layers, self.loaded.dtype)

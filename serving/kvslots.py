@@ -236,3 +236,26 @@ class SlotKVCache(Cache):
         used = self.mask[: self.rows, self.lo : self.hi].any(dim=0)
         if used.numel():
             self.lo += int(used.int().argmax())  # all-False cannot happen: every row has a token
+
+
+class Footprint:
+    """What the key/value cache of a set of sequences depends on (``kv_bytes``): rows, the most
+    tokens one generates, the most positions one reaches, the distinct prompts and the longest."""
+
+    __slots__ = ("rows", "generated", "longest", "prompts", "prompt")
+
+    def __init__(self, seqs: Sequence = ()):
+        self.rows = len(seqs)
+        self.generated = max((seq.params.max_tokens for seq in seqs), default=0)
+        self.longest = max((seq.longest for seq in seqs), default=0)
+        self.prompts = {tuple(seq.prompt_ids) for seq in seqs}
+        self.prompt = max((len(seq.prompt_ids) for seq in seqs), default=0)
+
+    def plus(self, seq) -> Footprint:
+        more = Footprint()
+        more.rows = self.rows + 1
+        more.generated = max(self.generated, seq.params.max_tokens)
+        more.longest = max(self.longest, seq.longest)
+        more.prompts = self.prompts | {tuple(seq.prompt_ids)}
+        more.prompt = max(self.prompt, len(seq.prompt_ids))
+        return more
