@@ -146,13 +146,19 @@ def running_instant_backend(
 
 class InstantFleet:
     """``servers`` instant backends (bench/instant_backend.py) on free ports, spooling under
-    ``work/spool``; a fake model dir ``work/model``. Start with ``with`` or :meth:`start`."""
+    ``work/spool``; a fake model dir ``work/model``. Start with ``with`` or :meth:`start`.
+    ``vary_rows``: captures of different prompts hold different rows (probes fit on them)."""
 
     def __init__(
-        self, work: Path, servers: int = 1, answer_tokens: int = 4, latency_ms: float = 0.0
+        self,
+        work: Path,
+        servers: int = 1,
+        answer_tokens: int = 4,
+        vary_rows: bool = False,
+        latency_ms: float = 0.0,
     ) -> None:
         self.work = Path(work)
-        self.servers, self.answer_tokens = servers, answer_tokens
+        self.servers, self.answer_tokens, self.vary_rows = servers, answer_tokens, vary_rows
         self.latency_ms = latency_ms
         self.model = self.work / "instant-model"
         self.env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -169,7 +175,10 @@ class InstantFleet:
                 hidden_size=HIDDEN,
                 served_model_name=self.model.name,
                 answer_tokens=self.answer_tokens,
-                extra=("--latency-ms", str(self.latency_ms)) if self.latency_ms else (),
+                extra=(
+                    *(["--vary-rows"] if self.vary_rows else []),
+                    *(["--latency-ms", str(self.latency_ms)] if self.latency_ms else []),
+                ),
             ),
             env=self.env,
             stdout=subprocess.DEVNULL,

@@ -1,18 +1,18 @@
 """``hallulog`` (= ``python -m orchestrator``): the CLI as subcommands.
 
-``run | consolidate | validate | retry | merge | evaluate | import | status | push | pull |
-estimate | view | export | serve``. The
-flags of the commands that take a run's config are derived from ``RunConfig``'s fields,
-docstrings and types (``contracts/config_cli.py``: a ``Literal`` field's values are its
-choices). Every subcommand is one entry of :data:`SUBCOMMANDS` (name, a function adding its
-parser to the subparsers, its handler); another package adds one with
-:func:`register_subcommand`.
+``run | consolidate | validate | retry | merge | evaluate | import | compare | status | push |
+pull | estimate | view | export | serve``. The flags of the commands that take a run's config are
+derived from ``RunConfig``'s fields, docstrings and types (``contracts/config_cli.py``: a
+``Literal`` field's values are its choices). Every subcommand is one entry of
+:data:`SUBCOMMANDS` (name, a function adding its parser to the subparsers, its handler); another
+package adds one with :func:`register_subcommand`.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import logging
 import os
@@ -151,42 +151,6 @@ def _merge(args: argparse.Namespace) -> int:
     return 0 if summary["validation"]["ok"] else 1
 
 
-def _add_push(sub) -> argparse.ArgumentParser:
-    from hallulog.cli.push_pull import add_push_parser
-
-    return add_push_parser(sub)
-
-
-def _push(args: argparse.Namespace) -> int:
-    from hallulog.cli.push_pull import run_push
-
-    return run_push(args)
-
-
-def _add_pull(sub) -> argparse.ArgumentParser:
-    from hallulog.cli.push_pull import add_pull_parser
-
-    return add_pull_parser(sub)
-
-
-def _pull(args: argparse.Namespace) -> int:
-    from hallulog.cli.push_pull import run_pull
-
-    return run_pull(args)
-
-
-def _add_view(sub) -> argparse.ArgumentParser:
-    from hallulog.view.command import add_parser
-
-    return add_parser(sub)
-
-
-def _view(args: argparse.Namespace) -> int:
-    from hallulog.view.command import run
-
-    return run(args)
-
-
 def _status(args: argparse.Namespace) -> int:
     from hallulog.api.client import fetch_status, format_status, status_from_artifacts
 
@@ -218,6 +182,19 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lazy(module: str, add: str, run: str) -> tuple[Callable, Callable]:
+    """A subcommand whose parser function ``add`` and handler ``run`` live in ``module``,
+    imported only when that subcommand is used (``hallulog --help`` stays fast)."""
+
+    def add_parser(sub) -> argparse.ArgumentParser:
+        return getattr(importlib.import_module(module), add)(sub)
+
+    def handler(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(module), run)(args)
+
+    return add_parser, handler
+
+
 SUBCOMMANDS: list[Subcommand] = [
     Subcommand("run", parsers.add_run, lambda args: _config_command(args)),
     Subcommand("consolidate", parsers.add_consolidate, lambda args: _config_command(args)),
@@ -226,11 +203,12 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("merge", parsers.add_merge, _merge),
     Subcommand("evaluate", parsers.add_evaluate, _evaluate),
     Subcommand("import", _add_import, _import),
+    Subcommand("compare", *_lazy("hallulog.study.cli", "add_compare_parser", "run_compare")),
     Subcommand("status", parsers.add_status, _status),
-    Subcommand("push", _add_push, _push),
-    Subcommand("pull", _add_pull, _pull),
+    Subcommand("push", *_lazy("hallulog.cli.push_pull", "add_push_parser", "run_push")),
+    Subcommand("pull", *_lazy("hallulog.cli.push_pull", "add_pull_parser", "run_pull")),
     Subcommand("estimate", parsers.add_estimate, lambda args: _config_command(args)),
-    Subcommand("view", _add_view, _view),
+    Subcommand("view", *_lazy("hallulog.view.command", "add_parser", "run")),
     *PASSTHROUGH_SUBCOMMANDS,
 ]
 """The subcommands in the order ``--help`` lists them."""

@@ -12,7 +12,7 @@ from hallulog.contracts import layout
 from hallulog.contracts.errors import HallulogError
 from hallulog.evaluation.report import format_table, report_dir, write_report
 
-__all__ = ["add_evaluate_parser", "run_evaluate", "run_deep_audit", "report_path"]
+__all__ = ["add_evaluate_parser", "run_evaluate", "run_deep_audit", "report_path", "write_outputs"]
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +104,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     out = args.out or report_dir(args.artifact_root)
-    md = write_report(report, out, plots=not args.no_plots)
-    from hallulog.evaluation.scores import SCORES_FILE, write_scores
-
-    write_scores(report["_scores"], out / SCORES_FILE)
+    md = write_outputs(report, out, plots=not args.no_plots)
     print(format_table(report))
     for m, why in report["skipped"].items():
         print(f"skipped {m}: {why}")
@@ -116,6 +113,15 @@ def run_evaluate(args: argparse.Namespace) -> int:
         f"{report['peak_rss_mib']:.0f} MiB)"
     )
     return 0
+
+
+def write_outputs(report: dict, out: Path, *, plots: bool = True) -> Path:
+    """Write an ``evaluate`` report and its per-prompt scores into ``out``; report.md's path."""
+    from hallulog.evaluation.scores import SCORES_FILE, write_scores
+
+    md = write_report(report, out, plots=plots)
+    write_scores(report["_scores"], out / SCORES_FILE)
+    return md
 
 
 def run_deep_audit(artifact_root: Path | str, **options) -> dict:

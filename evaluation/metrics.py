@@ -33,13 +33,22 @@ methods (the prompts both scored).
 from __future__ import annotations
 
 import numpy as np
-from hallulog.evaluation.protocol import auroc, resample_counts, weighted_aurocs
+from hallulog.evaluation.protocol import (
+    auroc,
+    bootstrap_chunk,
+    iter_resample_counts,
+    weighted_aurocs,
+)
 
 __all__ = [
     "METRICS",
     "point_metrics",
     "metric_intervals",
     "paired_differences",
+    "PAIRED_METRICS",
+    "resampled_metrics",
+    "paired_point",
+    "difference_summary",
     "ECE_BINS",
     "prr",
     "pra",
@@ -263,7 +272,7 @@ def metric_intervals(
     n_boot: int = 1000,
     seed: int = 0,
     level: float = 0.95,
-    chunk: int = 100,
+    chunk: int | None = None,
 ) -> dict[str, list[float]]:
     """Percentile intervals of every metric from the same resamples of the prompts (the ones
     ``protocol.bootstrap_ci`` draws, so the AUROC interval is unchanged)."""
@@ -271,10 +280,9 @@ def metric_intervals(
     p = None if prob is None else np.asarray(prob, np.float64)
     if not len(y):
         return {}
-    counts = resample_counts(len(y), n_boot, seed)
     vals: dict[str, list[np.ndarray]] = {}
-    for b in range(0, n_boot, chunk):
-        for k, v in _all_weighted(y, s, counts[b : b + chunk], p).items():
+    for counts in iter_resample_counts(len(y), n_boot, seed, chunk):
+        for k, v in _all_weighted(y, s, counts, p).items():
             vals.setdefault(k, []).append(v)
     out = {}
     for k, parts in vals.items():
@@ -288,38 +296,82 @@ def metric_intervals(
     return out
 
 
+#: the metrics of a paired comparison: name -> f(labels, scores, multiplicities) per resample
+PAIRED_METRICS = {
+    "auroc": weighted_aurocs,
+    "prr": lambda y, s, w: _w_prr(s, y, w),
+}
+
+
+def resampled_metrics(labels, scores, counts, *, chunk: int | None = None) -> dict:
+    """``{metric: value per resample}`` of each :data:`PAIRED_METRICS` metric, the resamples
+    given as multiplicities: one ``(resamples, prompts)`` array (scored ``chunk`` rows at a
+    time) or an iterable of row blocks (``protocol.iter_resample_counts``)."""
+    y, s = np.asarray(labels), np.asarray(scores, np.float64)
+    if isinstance(counts, np.ndarray):
+        c = chunk or bootstrap_chunk(len(y))
+        counts = (counts[i : i + c] for i in range(0, len(counts), c))
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in PAIRED_METRICS}
+    for block in counts:
+        for name, f in PAIRED_METRICS.items():
+            parts[name].append(f(y, s, block))
+    return {name: np.concatenate(v) if v else np.empty(0) for name, v in parts.items()}
+
+
+def paired_point(labels, scores) -> dict[str, float]:
+    """Each :data:`PAIRED_METRICS` metric on the prompts as they are (multiplicity 1)."""
+    y, s = np.asarray(labels), np.asarray(scores, np.float64)
+    ones = np.ones((1, len(y)))
+    return {name: float(f(y, s, ones)[0]) for name, f in PAIRED_METRICS.items()}
+
+
+def difference_summary(
+    point_a: float, point_b: float, va: np.ndarray, vb: np.ndarray, level: float = 0.95
+) -> dict:
+    """``{diff, ci95, p_le_0}`` of metric(a) - metric(b): the point difference, the percentile
+    interval of the resampled differences ``va - vb`` and the share of them <= 0."""
+    d = va - vb
+    d = d[np.isfinite(d)]
+    lo, hi = (
+        np.percentile(d, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
+        if len(d)
+        else (np.nan, np.nan)
+    )
+    return {
+        "diff": float(point_a - point_b),
+        "ci95": [float(lo), float(hi)],
+        "p_le_0": float((d <= 0).mean()) if len(d) else float("nan"),
+    }
+
+
 def paired_differences(
-    labels, a, b, *, n_boot: int = 1000, seed: int = 0, level: float = 0.95, chunk: int = 100
+    labels,
+    a,
+    b,
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+    chunk: int | None = None,
+    labels_b=None,
 ) -> dict:
     """Paired bootstrap of AUROC(a) - AUROC(b) and PRR(a) - PRR(b) over the prompts both score
     (the same resamples for both methods): point difference, interval, and the share of
-    resamples where the difference is <= 0 (a one-sided bootstrap p-value)."""
+    resamples where the difference is <= 0 (a one-sided bootstrap p-value).
+
+    ``labels_b``: the labels of ``b`` where they differ from ``a``'s (one detector on two runs
+    that asked the same prompts: each run's answer has its own label); default ``labels``."""
     y = np.asarray(labels)
+    yb = y if labels_b is None else np.asarray(labels_b)
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     ok = np.isfinite(a) & np.isfinite(b)
-    y, a, b = y[ok], a[ok], b[ok]
+    y, yb, a, b = y[ok], yb[ok], a[ok], b[ok]
     out = {"n": int(ok.sum())}
-    if not len(y) or len(np.unique(y)) < 2:
+    if not len(y) or len(np.unique(y)) < 2 or len(np.unique(yb)) < 2:
         return out
-    counts = resample_counts(len(y), n_boot, seed)
-    fa = {"auroc": weighted_aurocs, "prr": lambda yy, s, w: _w_prr(s, yy, w)}
-    for name, f in fa.items():
-        d = np.concatenate(
-            [
-                f(y, a, counts[i : i + chunk]) - f(y, b, counts[i : i + chunk])
-                for i in range(0, n_boot, chunk)
-            ]
-        )
-        d = d[np.isfinite(d)]
-        point = float(f(y, a, np.ones((1, len(y))))[0] - f(y, b, np.ones((1, len(y))))[0])
-        lo, hi = (
-            np.percentile(d, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
-            if len(d)
-            else (np.nan, np.nan)
-        )
-        out[name] = {
-            "diff": point,
-            "ci95": [float(lo), float(hi)],
-            "p_le_0": float((d <= 0).mean()) if len(d) else float("nan"),
-        }
+    va = resampled_metrics(y, a, iter_resample_counts(len(y), n_boot, seed, chunk))
+    vb = resampled_metrics(yb, b, iter_resample_counts(len(y), n_boot, seed, chunk))
+    pa, pb = paired_point(y, a), paired_point(yb, b)
+    for name in PAIRED_METRICS:
+        out[name] = difference_summary(pa[name], pb[name], va[name], vb[name], level)
     return out

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +51,9 @@ __all__ = [
     "upper_layers",
     "middle_layers",
     "probe_layers",
+    "fit_probe",
+    "fill_layer",
+    "store_index",
 ]
 
 log = logging.getLogger(__name__)
@@ -194,42 +198,52 @@ def _haloscope(x_tr, y_tr, x_te, k=HALOSCOPE_K):
     return sign * score(x_te)
 
 
-def _fit_predict(kind: str, x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray) -> np.ndarray:
+def fit_probe(kind: str, x_tr: np.ndarray, y_tr: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """A probe of ``kind`` fitted on ``(x_tr, y_tr)``: the function scoring new rows (NaN for
+    every row when the training rows hold one class only)."""
     if len(np.unique(y_tr)) < 2:
-        return np.full(len(x_te), np.nan)
+        return lambda x: np.full(len(x), np.nan)
     if kind == "massmean":
         theta = x_tr[y_tr == 1].mean(0) - x_tr[y_tr == 0].mean(0)
-        return x_te @ theta
+        return lambda x: x @ theta
     if kind in ("mahalanobis", "rel_mahalanobis"):
-        md = _mahalanobis(x_te, _gaussian(x_tr[y_tr == 0]))
+        g0 = _gaussian(x_tr[y_tr == 0])
         if kind == "mahalanobis":
-            return md
-        return md - _mahalanobis(x_te, _gaussian(x_tr))
+            return lambda x: _mahalanobis(x, g0)
+        g = _gaussian(x_tr)
+        return lambda x: _mahalanobis(x, g0) - _mahalanobis(x, g)
     if kind == "haloscope":
-        return _haloscope(x_tr, y_tr, x_te)
+        return lambda x: _haloscope(x_tr, y_tr, x)
+    mu, sd = x_tr.mean(0), x_tr.std(0) + 1e-6
     if kind == "mlp":
         from sklearn.neural_network import MLPClassifier
 
-        mu, sd = x_tr.mean(0), x_tr.std(0) + 1e-6
         clf = MLPClassifier(
             hidden_layer_sizes=SAPLMA_HIDDEN, activation="relu", max_iter=100, random_state=0
         )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             clf.fit((x_tr - mu) / sd, y_tr)
-        p = np.clip(clf.predict_proba((x_te - mu) / sd)[:, 1].astype(np.float64), 1e-12, 1 - 1e-12)
-        return np.log(p) - np.log1p(-p)
+
+        def logit(x):
+            p = np.clip(clf.predict_proba((x - mu) / sd)[:, 1].astype(np.float64), 1e-12, 1 - 1e-12)
+            return np.log(p) - np.log1p(-p)
+
+        return logit
     from sklearn.linear_model import LogisticRegression
 
-    mu, sd = x_tr.mean(0), x_tr.std(0) + 1e-6
     clf = LogisticRegression(C=LOGISTIC_C, max_iter=200, tol=1e-3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         clf.fit((x_tr - mu) / sd, y_tr)
-    return clf.decision_function((x_te - mu) / sd)
+    return lambda x: clf.decision_function((x - mu) / sd)
 
 
-def _fill_layer(
+def _fit_predict(kind: str, x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray) -> np.ndarray:
+    return fit_probe(kind, x_tr, y_tr)(x_te)
+
+
+def fill_layer(
     reader, layer: int, store_idx: np.ndarray, rows: dict[str, np.ndarray], batch: int
 ) -> dict[str, np.ndarray]:
     """``{row kind: (prompts, hidden) float32}``; NaN rows where the kind is not stored."""
@@ -286,7 +300,7 @@ def _run_probes(reader, store_idx, rows, labels, se, split, probes, batch):
     keep_prev = any(s.feature == "transition" for s in specs)
     prev = None
     for layer in range(L):
-        feats = _fill_layer(reader, layer, store_idx, needed, batch)
+        feats = fill_layer(reader, layer, store_idx, needed, batch)
         for s in specs:
             if layer not in fitted[s.name]:
                 continue
@@ -370,8 +384,8 @@ def _run_transfer(train, test, probes, batch):
     fitted = {s.name: probe_layers(s, L) for s in specs}
     prev_a = prev_b = None
     for layer in range(L):
-        fa = _fill_layer(ra, layer, train["store_idx"], needed_a, batch)
-        fb = _fill_layer(rb, layer, test["store_idx"], needed_b, batch)
+        fa = fill_layer(ra, layer, train["store_idx"], needed_a, batch)
+        fb = fill_layer(rb, layer, test["store_idx"], needed_b, batch)
         for s in specs:
             if layer not in fitted[s.name]:
                 continue

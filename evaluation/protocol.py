@@ -18,6 +18,8 @@ __all__ = [
     "summarize",
     "KFOLD_MAX",
     "resample_counts",
+    "iter_resample_counts",
+    "bootstrap_chunk",
     "weighted_aurocs",
 ]
 
@@ -112,11 +114,26 @@ def auroc(labels: np.ndarray, scores: np.ndarray) -> float:
 def resample_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
     """``(n_boot, n)`` multiplicities of each prompt in each resample (drawn one resample at a
     time from ``default_rng(seed)``, so the resamples do not depend on how they are scored)."""
+    parts = list(iter_resample_counts(n, n_boot, seed, chunk=max(n_boot, 1)))
+    return parts[0] if parts else np.zeros((0, n), np.int32)
+
+
+def bootstrap_chunk(n: int, budget: int = 1 << 18) -> int:
+    """Resamples scored at once for ``n`` prompts: at most 100, and about ``budget`` prompt
+    multiplicities (each temporary of a chunk is ``chunk x n`` floats: 2 MiB at the budget)."""
+    return max(1, min(100, budget // max(n, 1)))
+
+
+def iter_resample_counts(n: int, n_boot: int, seed: int, chunk: int | None = None):
+    """The rows of ``resample_counts(n, n_boot, seed)``, ``chunk`` at a time (default
+    :func:`bootstrap_chunk`): the same draws, in O(chunk x n) memory."""
+    chunk = chunk or bootstrap_chunk(n)
     rng = np.random.default_rng(seed)
-    counts = np.zeros((n_boot, n), np.int32)
-    for b in range(n_boot):
-        counts[b] = np.bincount(rng.integers(0, n, n), minlength=n)
-    return counts
+    for start in range(0, n_boot, chunk):
+        counts = np.zeros((min(chunk, n_boot - start), n), np.int32)
+        for b in range(len(counts)):
+            counts[b] = np.bincount(rng.integers(0, n, n), minlength=n)
+        yield counts
 
 
 def weighted_aurocs(labels: np.ndarray, scores: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -146,20 +163,23 @@ def bootstrap_ci(
     n_boot: int = 1000,
     seed: int = 0,
     level: float = 0.95,
-    chunk: int = 100,
+    chunk: int | None = None,
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of the AUROC, resampling prompts with replacement.
 
-    The resamples are scored ``chunk`` at a time (memory O(chunk x prompts)).
+    The resamples are drawn and scored ``chunk`` at a time (default :func:`bootstrap_chunk`;
+    memory O(chunk x prompts)); the interval does not depend on it.
     """
     labels = np.asarray(labels)
     scores = np.asarray(scores, np.float64)
     n = len(labels)
     if n == 0:
         return float("nan"), float("nan")
-    counts = resample_counts(n, n_boot, seed)
     vals = np.concatenate(
-        [weighted_aurocs(labels, scores, counts[b : b + chunk]) for b in range(0, n_boot, chunk)]
+        [
+            weighted_aurocs(labels, scores, counts)
+            for counts in iter_resample_counts(n, n_boot, seed, chunk)
+        ]
         or [np.empty(0)]
     )
     vals = vals[np.isfinite(vals)]

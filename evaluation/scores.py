@@ -39,6 +39,7 @@ __all__ = [
     "write_scores",
     "read_scores",
     "summarize_scores",
+    "summarize_method",
     "grader_summary",
     "rankings",
     "SCORES_FILE",
@@ -151,6 +152,23 @@ def _subset(y_all, s_all, keep, prob_method: bool, n_boot: int, seed: int) -> di
     return r
 
 
+def summarize_method(
+    labels: np.ndarray, scores: np.ndarray, *, probability: bool, n_boot: int, seed: int
+) -> dict:
+    """One method's ``{auroc, ci95, n, n_hallucinated, metrics, metrics_ci95, risk_coverage}``
+    on the given (test) prompts, those with a finite score; ``probability``: the scores are
+    logits of P(hallucinated) (ECE and Brier are computed on their sigmoid)."""
+    r = summarize(labels, scores, n_boot=n_boot, seed=seed)
+    ok = np.isfinite(scores)
+    y, s = labels[ok], scores[ok]
+    prob = _sigmoid(s) if probability else None
+    if len(y) and len(np.unique(y)) == 2:
+        r["metrics"] = point_metrics(y, s, prob)
+        r["metrics_ci95"] = metric_intervals(y, s, prob, n_boot=n_boot, seed=seed)
+        r["risk_coverage"] = {"coverage": list(COVERAGES), "risk": risk_coverage(y, s, COVERAGES)}
+    return r
+
+
 def summarize_scores(table: ScoreTable) -> tuple[dict[str, dict], dict]:
     """``({method: {auroc, ci95, n, n_hallucinated, metrics, metrics_ci95, risk_coverage,
     unleaked}}, comparison)`` on the test prompts; ``comparison``: the best method by AUROC
@@ -164,17 +182,9 @@ def summarize_scores(table: ScoreTable) -> tuple[dict[str, dict], dict]:
     out: dict[str, dict] = {}
     for m, v in table.scores.items():
         s_all = v[test]
-        r = summarize(y_all, s_all, n_boot=table.n_boot, seed=table.seed)
-        ok = np.isfinite(s_all)
-        y, s = y_all[ok], s_all[ok]
-        prob = _sigmoid(s) if m in table.probability else None
-        if len(y) and len(np.unique(y)) == 2:
-            r["metrics"] = point_metrics(y, s, prob)
-            r["metrics_ci95"] = metric_intervals(y, s, prob, n_boot=table.n_boot, seed=table.seed)
-            r["risk_coverage"] = {
-                "coverage": list(COVERAGES),
-                "risk": risk_coverage(y, s, COVERAGES),
-            }
+        r = summarize_method(
+            y_all, s_all, probability=m in table.probability, n_boot=table.n_boot, seed=table.seed
+        )
         if leaked is not None:
             if leaked.any():
                 r["unleaked"] = _subset(

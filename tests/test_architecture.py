@@ -32,6 +32,8 @@ ALLOWED: dict[str, set[str]] = {
     "api": {"contracts"},
     "evaluation": {"contracts", "storage"},
     "exports": {"contracts", "storage"},
+    # studies and compare: reads run roots' evaluations and stores, runs nothing
+    "study": {"contracts", "storage", "evaluation"},
     "tasks": {"contracts", "workers"},
     "backends": {"contracts"},
     "config": {"contracts", "storage", "remote", "tasks", "backends"},

@@ -21,8 +21,8 @@ VOCAB, HIDDEN, LAYERS = 64, 16, (0, 1, 2, 3)
 WORDS = ["paris", "london", "rome", "berlin", "madrid", "oslo", "vienna", "lisbon"]
 
 
-def _pid(i: int) -> str:
-    return hashlib.sha256(json.dumps(["synth", "dev", str(i)]).encode()).hexdigest()[:16]
+def _pid(i: int, dataset: str = "synth") -> str:
+    return hashlib.sha256(json.dumps([dataset, "dev", str(i)]).encode()).hexdigest()[:16]
 
 
 def _jsonl(path: Path, rows) -> None:
@@ -43,6 +43,7 @@ def make_run(
     logits: bool = True,
     plant=None,
     dtype: str = "float16",
+    dataset: str = "synth",
 ) -> Path:
     """Write ``root`` with ``consolidated/`` (+ exports) and a model dir; returns root.
 
@@ -52,6 +53,7 @@ def make_run(
     ``("zeros", i)`` stores prompt i's primary as zeros (every layer), ``("nan0", i)`` with a NaN
     in hidden dimension 0 of every row and layer, ``("constant", i)`` with each layer's first
     row repeated in every row.
+    ``dataset``: the prompt ids' dataset (runs of one dataset share prompt ids).
     """
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)
@@ -66,7 +68,7 @@ def make_run(
     labels = list(labels) if labels is not None else [i % 2 for i in range(n)]
     prompts, gens, index, acts = [], [], [], {}
     for i in range(n):
-        pid, y = _pid(i), labels[i]
+        pid, y = _pid(i, dataset), labels[i]
         p_ids = [1, 2] + rng.integers(10, VOCAB, 4).tolist() + [3]
         prompts.append(
             {
@@ -141,11 +143,11 @@ def make_run(
     keys = list(acts)
     stored = {kk: acts[kk] for kk in keys}
     if plant and plant[0] == "shift":
-        kk = f"{_pid(plant[1])}_0"
+        kk = f"{_pid(plant[1], dataset)}_0"
         seq, pos, y, P = acts[kk]
         stored[kk] = (seq, np.minimum(pos + 1, len(seq) - 1), y, P)
     if plant and plant[0] == "swap":
-        a, b = f"{_pid(plant[1])}_0", f"{_pid(plant[2])}_0"
+        a, b = f"{_pid(plant[1], dataset)}_0", f"{_pid(plant[2], dataset)}_0"
         stored[a], stored[b] = acts[b], acts[a]
     writer = open_writer("packed", cons, list(layers), HIDDEN, dtype)
     for kk in keys:
@@ -176,7 +178,7 @@ def make_run(
             {
                 "model": "synthetic",
                 "model_path": str(model),
-                "dataset": "synth",
+                "dataset": dataset,
                 "split": "dev",
                 "k_samples": k,
                 "logging_profile": "test",
