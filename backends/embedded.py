@@ -24,6 +24,7 @@ EMBEDDED_RESERVED: dict[str, str] = {
     "--dtype": "use --model-dtype",
     "--capture-layers": "use --layers / --logging-profile",
     "--max-model-len": "use --max-model-len",
+    "--max-memory-gb": "use --max-memory-gb",
 }
 
 
@@ -58,7 +59,7 @@ class EmbeddedBackend(Backend):
 
     name = "embedded"
     default_groups_in_flight = 32
-    takes = frozenset({"max_model_len", "engine_args"})
+    takes = frozenset({"max_model_len", "max_memory_gb", "engine_args"})
     reserved = EMBEDDED_RESERVED
     process_marker = b"serving"
 
@@ -88,6 +89,8 @@ class EmbeddedBackend(Backend):
         inherited_socket: bool = False,
     ) -> list[str]:
         extra = spec.engine.extra_args()
+        if spec.engine.max_memory_gb is not None:
+            extra = ["--max-memory-gb", f"{spec.engine.max_memory_gb:g}", *extra]
         if spec.engine.max_model_len is not None:
             extra = ["--max-model-len", str(spec.engine.max_model_len), *extra]
         return embedded_server_command(

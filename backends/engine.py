@@ -36,6 +36,7 @@ class EngineOptions:
     enforce_eager: bool = False
     trust_remote_code: bool = False
     engine_args: str | None = None
+    max_memory_gb: float | None = None
 
     @property
     def ranks(self) -> int:
@@ -75,6 +76,10 @@ def options_problem(options: EngineOptions) -> str | None:
         (
             options.gpu_memory_utilization is None or 0 < options.gpu_memory_utilization <= 1,
             "--gpu-memory-utilization must be in (0, 1]",
+        ),
+        (
+            options.max_memory_gb is None or options.max_memory_gb > 0,
+            "--max-memory-gb must be > 0 (gigabytes)",
         ),
         (
             options.quantization is None or options.quantization.strip() != "",

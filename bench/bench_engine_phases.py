@@ -20,7 +20,7 @@ import time
 import torch
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "orchestrator" / "tasks" / "data" / "triviaqa-sample-dev.json"
+SAMPLE = REPO / "tasks" / "data" / "triviaqa-sample-dev.json"
 VLLM_MODEL = "smollm2"
 
 

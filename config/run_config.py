@@ -245,6 +245,9 @@ class RunConfig:
     engine_args: str | None = fingerprint_when_set(None)
     """Further arguments passed to the engine's command line as is (shell-quoted, e.g.
     ``"--kv-cache-dtype fp8 --swap-space 8"``)."""
+    max_memory_gb: float | None = outside_fingerprint(None)
+    """GB each embedded server may hold; its key/value cache gets what the model leaves,
+    requests beyond it wait (docs/serving.md). None: a 1.2 GB key/value cache."""
     manage_servers: bool = outside_fingerprint(True)
     """Spawn and manage the servers; false: connect to ``server_urls``."""
     server_urls: tuple[str, ...] = outside_fingerprint(())

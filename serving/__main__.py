@@ -20,6 +20,7 @@ def build_server(config: ServerConfig):
     from hallulog.serving.app import create_app
     from hallulog.serving.capture import SpoolWriter, num_layer_ids, parse_layer_ids
     from hallulog.serving.engine_pool import EnginePool, plan_threads
+    from hallulog.serving.memory import GB, plan_budget, resident_bytes
     from hallulog.serving.metrics import ServingMetrics
     from hallulog.serving.model_loader import load_model
 
@@ -38,15 +39,29 @@ def build_server(config: ServerConfig):
     engine = EnginePool(
         loaded,
         engines,
+        threads=threads,
         max_batch_size=config.max_batch_size,
         batch_wait_ms=config.batch_wait_ms,
         spool=spool,
         capture_layers=layers,
         metrics=metrics,
         fused_decode=config.fused_decode,
+        kv_budget=0,  # set below, once the weights are in place
     )
+    dropped = engine.release_model_weights()  # the engines never run the model's own forward
+    static = resident_bytes()
+    budget = plan_budget(config.max_memory_gb, static)
+    engine.kv_budget.limit = budget
     engine.start()
-    logger.info("%d engine(s), %d intra-op thread(s) each", len(engine.engines), threads)
+    logger.info(
+        "%d engine(s), %d intra-op thread(s) each; %.2f GB resident with the weights (%.2f GB of "
+        "plain copies dropped), key/value cache budget %.2f GB",
+        len(engine.engines),
+        threads,
+        static / GB,
+        dropped / GB,
+        budget / GB,
+    )
     return create_app(engine, config.model_name, metrics)
 
 

@@ -10,7 +10,8 @@ weighted sum of all the query heads of one key/value head in one pass (float32 t
 the sums in another order than ``matmul``, so results differ by rounding only).
 
 It runs on the calling thread (no OpenMP): engines of an ``EnginePool`` with one intra-op
-thread each call it side by side (``ctypes`` releases the GIL). ``decode_attention`` is None
+thread each call it side by side (``ctypes`` releases the GIL); an engine with more intra-op
+threads cuts its rows into as many blocks, run at once on helper threads. ``decode_attention`` is None
 when no compiler is found, the build fails, ``HALLULOG_ATTENTION_KERNEL=0`` is set, or the shape
 does not fit (``head_dim`` a multiple of 16, at most 128; at most 16 query heads per key/value
 head). The shared object goes to ``$HALLULOG_CACHE_DIR/kernels/`` under a name derived from the
@@ -19,6 +20,7 @@ source, the flags and the CPU, written to a temporary name and renamed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import hashlib
 import logging
@@ -51,14 +53,16 @@ static inline float hsum(v16 a) {
     return t;
 }
 
-/* The query heads of one key/value head over n columns: q [groups, dim] (scaled), keys and
-   values [n, dim] (column stride dim), out [groups, dim]; s: groups * n floats. */
-static void one(const float *q, const float *k, const float *v, int64_t n, int64_t groups,
-                int64_t dim, float *out, float *s) {
+/* The query heads of one key/value head over np prefix columns (kp, vp) then n - np own columns
+   (k, v): q [groups, dim] (scaled), keys and values [columns, dim] (column stride dim), out
+   [groups, dim]; s: groups * n floats. The columns are taken in that order, one by one, as if
+   they were one run of n columns. */
+static void one(const float *q, const float *kp, const float *vp, int64_t np, const float *k,
+                const float *v, int64_t n, int64_t groups, int64_t dim, float *out, float *s) {
     int64_t w = dim / 16;
     float m[MAX_GROUPS], inv[MAX_GROUPS];
     for (int64_t c = 0; c < n; c++) {
-        const v16 *kc = (const v16 *)(k + c * dim);
+        const v16 *kc = (const v16 *)(c < np ? kp + c * dim : k + (c - np) * dim);
         for (int64_t g = 0; g < groups; g++) {
             const v16 *qg = (const v16 *)(q + g * dim);
             v16 acc = qg[0] * kc[0];
@@ -80,7 +84,7 @@ static void one(const float *q, const float *k, const float *v, int64_t n, int64
     v16 acc[MAX_GROUPS * MAX_CHUNKS];
     memset(acc, 0, sizeof(v16) * groups * w);
     for (int64_t c = 0; c < n; c++) {
-        const v16 *vc = (const v16 *)(v + c * dim);
+        const v16 *vc = (const v16 *)(c < np ? vp + c * dim : v + (c - np) * dim);
         for (int64_t g = 0; g < groups; g++) {
             float p = s[g * n + c];
             for (int64_t i = 0; i < w; i++) acc[g * w + i] += p * vc[i];
@@ -95,15 +99,21 @@ static void one(const float *q, const float *k, const float *v, int64_t n, int64
 
 /* q, out: [rows, kv_heads, groups, dim] contiguous. keys, values: [rows, kv_heads, columns, dim]
    with row stride rs, head stride hs (in floats), column stride dim. Row r attends columns
-   start[r] .. end - 1. scratch: groups * (end - min(start)) floats. */
+   start[r] .. end - 1, after (when entry is not NULL) the first length[r] columns of prefix
+   entry[r] of pkeys, pvalues ([entries, kv_heads, columns, dim], strides prs, phs). scratch:
+   groups * (the most columns of a row) floats. */
 void decode_attention(const float *q, const float *keys, const float *values, int64_t rs,
                       int64_t hs, const int64_t *start, int64_t end, int64_t rows,
-                      int64_t kv_heads, int64_t groups, int64_t dim, float *out, float *scratch) {
+                      int64_t kv_heads, int64_t groups, int64_t dim, float *out, float *scratch,
+                      const float *pkeys, const float *pvalues, int64_t prs, int64_t phs,
+                      const int64_t *entry, const int64_t *length) {
     for (int64_t r = 0; r < rows; r++) {
-        int64_t c0 = start[r];
+        int64_t c0 = start[r], np = entry ? length[r] : 0, pe = entry ? entry[r] : 0;
         for (int64_t h = 0; h < kv_heads; h++) {
             int64_t at = r * rs + h * hs + c0 * dim, o = (r * kv_heads + h) * groups * dim;
-            one(q + o, keys + at, values + at, end - c0, groups, dim, out + o, scratch);
+            int64_t pat = pe * prs + h * phs;
+            one(q + o, pkeys + pat, pvalues + pat, np, keys + at, values + at, np + end - c0,
+                groups, dim, out + o, scratch);
         }
     }
 }
@@ -170,6 +180,7 @@ def load_kernel():
                 pointer, size = ctypes.c_void_p, ctypes.c_int64
                 function.argtypes = [pointer, pointer, pointer, size, size, pointer]
                 function.argtypes += [size] * 5 + [pointer, pointer]
+                function.argtypes += [pointer, pointer, size, size, pointer, pointer]
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                 logger.info("decode attention through matmul (no C kernel: %s)", exc)
                 function = None
@@ -188,30 +199,83 @@ def decode_attention(
     values: torch.Tensor,
     start: torch.Tensor,
     end: int,
+    parts: int = 1,
+    prefix: tuple | None = None,
 ) -> torch.Tensor:
     """Attention of ``query`` ``[rows, kv_heads, groups, head_dim]`` (scaled, contiguous) over
     columns ``start[r] .. end - 1`` of each row of the slot buffers ``keys``/``values``
     ``[row_capacity, kv_heads, columns, head_dim]``; returns ``[rows, kv_heads, groups,
-    head_dim]``."""
+    head_dim]``. ``prefix``: ``(keys, values, entry, length)``, each row's first columns: the
+    first ``length[r]`` columns of entry ``entry[r]`` of ``keys``/``values`` ``[entries,
+    kv_heads, columns, head_dim]`` (a prompt shared by rows), then its own. ``parts`` > 1: the
+    rows are cut into that many blocks, run side by side on this thread and helper threads (a
+    row's result is the same either way)."""
     rows, kv_heads, groups, dim = query.shape
     if keys.stride(2) != dim or keys.stride(3) != 1 or values.stride() != keys.stride():
         raise ValueError("the slot buffers must be contiguous in their last two dimensions")
     start = start.to(torch.int64).contiguous()
     out = torch.empty_like(query)
-    scratch = torch.empty(groups * max(end - int(start.min()), 1), dtype=torch.float32)
-    function(
-        query.data_ptr(),
-        keys.data_ptr(),
-        values.data_ptr(),
-        keys.stride(0),
-        keys.stride(1),
-        start.data_ptr(),
-        end,
-        rows,
-        kv_heads,
-        groups,
-        dim,
-        out.data_ptr(),
-        scratch.data_ptr(),
-    )
+    parts = max(1, min(parts, rows // 2))
+    bounds = [rows * i // parts for i in range(parts + 1)]
+    width = end - start
+    if prefix is not None:
+        pkeys, pvalues, entry, length = prefix
+        if pkeys.stride(2) != dim or pkeys.stride(3) != 1 or pvalues.stride() != pkeys.stride():
+            raise ValueError("the prefix buffers must be contiguous in their last two dimensions")
+        entry = entry.to(torch.int64).contiguous()
+        length = length.to(torch.int64).contiguous()
+        width = width + length
+    scratch = torch.empty((parts, groups * max(int(width.max()), 1)), dtype=torch.float32)
+    row_bytes = keys.stride(0) * keys.element_size()
+
+    def block(i: int) -> None:
+        lo, hi = bounds[i], bounds[i + 1]
+        if prefix is None:
+            tail = (None, None, 0, 0, None, None)
+        else:
+            tail = (
+                pkeys.data_ptr(),
+                pvalues.data_ptr(),
+                pkeys.stride(0),
+                pkeys.stride(1),
+                entry[lo].data_ptr(),
+                length[lo].data_ptr(),
+            )
+        function(
+            query[lo].data_ptr(),
+            keys.data_ptr() + lo * row_bytes,
+            values.data_ptr() + lo * row_bytes,
+            keys.stride(0),
+            keys.stride(1),
+            start[lo].data_ptr(),
+            end,
+            hi - lo,
+            kv_heads,
+            groups,
+            dim,
+            out[lo].data_ptr(),
+            scratch[i].data_ptr(),
+            *tail,
+        )
+
+    if parts == 1:
+        block(0)
+        return out
+    helpers = [_helpers().submit(block, i) for i in range(1, parts)]
+    block(0)  # ctypes lets go of the GIL: the blocks run at once
+    for helper in helpers:
+        helper.result()
     return out
+
+
+_pool: list[concurrent.futures.ThreadPoolExecutor] = []
+
+
+def _helpers() -> concurrent.futures.ThreadPoolExecutor:
+    with _lock:
+        if not _pool:
+            workers = max(1, (os.cpu_count() or 2) - 1)
+            _pool.append(
+                concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="attention")
+            )
+        return _pool[0]

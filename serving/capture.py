@@ -12,14 +12,22 @@ The file format is the one of vLLM's ``ExampleHiddenStatesConnector`` (docs/cont
 ``row0`` is the position of row 0 (a request's ``hallulog_capture_rows`` keeps fewer positions
 than all, ``contracts/capture_rows.py``). Like vLLM's
 connector, ``PATH.lock`` is created next to it and held with ``flock(LOCK_EX)`` while the file is
-written, so readers that follow vLLM's protocol (``flock(LOCK_SH)`` on ``PATH.lock``, read, delete
-both) work unchanged. Here the file is complete before the response is sent; neither file is ever
-deleted by the server.
+put in place, so readers that follow vLLM's protocol (``flock(LOCK_SH)`` on ``PATH.lock``, read,
+delete both) work unchanged. Here the file is complete before the response is sent; neither file
+is ever deleted by the server.
+
+The engine streams a sequence's rows into its file as they come out of each forward pass
+(``SpoolFile``: a hidden ``.partial`` file, rows written at their place, the header and the
+token ids written at the end, then renamed), so no sequence holds its captured states in
+memory. The header is safetensors' JSON padded with spaces to a fixed size (the format allows
+it), ``hidden_states`` first, then ``token_ids``; ``SpoolWriter.write`` saves a whole tensor at
+once with safetensors' own writer (the same content).
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pathlib
 import uuid
@@ -121,12 +129,124 @@ class HiddenStateRecorder:
             handle.remove()
 
 
+_SAFETENSORS_DTYPES = {
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float64: "F64",
+}
+_ROW_LIMIT = 10**12 - 1  # the header's space is sized for row counts and row0 up to this
+
+
+def _header(rows: int, row_shape: Sequence[int], dtype: str, row_bytes: int, row0: int) -> bytes:
+    hidden = rows * row_bytes
+    return json.dumps(
+        {
+            "__metadata__": {ROW0_KEY: str(row0)},
+            "hidden_states": {
+                "dtype": dtype,
+                "shape": [rows, *row_shape],
+                "data_offsets": [0, hidden],
+            },
+            "token_ids": {
+                "dtype": "I64",
+                "shape": [rows],
+                "data_offsets": [hidden, hidden + 8 * rows],
+            },
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+class SpoolFile:
+    """One capture file filled row by row: ``write`` puts rows at their place (any order, a row
+    written again replaces it), ``finish`` writes the header and token ids of the first ``rows``
+    rows and renames the file into place. Not thread-safe: one writer thread uses it."""
+
+    def __init__(self, spool: SpoolWriter, row_shape: Sequence[int], dtype: torch.dtype):
+        if dtype not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"capture dtype {dtype} has no safetensors name here")
+        self.spool = spool
+        self.name = f"hs-{uuid.uuid4().hex}"
+        self.final = spool.spool_dir / f"{self.name}.safetensors"
+        self.tmp = spool.spool_dir / f".{self.name}.safetensors.partial"
+        self.row_shape = tuple(row_shape)
+        self.dtype = _SAFETENSORS_DTYPES[dtype]
+        self.torch_dtype = dtype
+        self.row_bytes = torch.Size(self.row_shape).numel() * dtype.itemsize
+        widest = _header(_ROW_LIMIT, self.row_shape, self.dtype, self.row_bytes, _ROW_LIMIT)
+        self.header_bytes = -(-len(widest) // 8) * 8  # the data starts 8-byte aligned
+        self.data_start = 8 + self.header_bytes
+        self.error: OSError | None = None  # a failed write, reported at the end
+        self._fd: int | None = None
+
+    def _open(self) -> None:
+        if self._fd is None:
+            self._fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def write(self, row: int, block: torch.Tensor) -> None:
+        """Rows ``row .. row + len(block) - 1`` are ``block`` ``[rows, *row_shape]``."""
+        self._open()
+        data = block.detach().contiguous().view(torch.uint8).numpy()
+        offset = self.data_start + row * self.row_bytes
+        view = memoryview(data).cast("B")
+        while view:  # pwrite may write less than asked
+            done = os.pwrite(self._fd, view, offset)
+            view, offset = view[done:], offset + done
+
+    def finish(self, token_ids: Sequence[int], row0: int = 0) -> str:
+        """Complete the file with ``len(token_ids)`` rows (positions ``row0 ..``) and put it in
+        place under the lock protocol; returns its absolute path."""
+        rows = len(token_ids)
+        self._open()  # no row came: an empty capture
+        try:
+            if self.spool.on_finish is not None:
+                self.spool.on_finish(self, rows)
+            header = _header(rows, self.row_shape, self.dtype, self.row_bytes, row0)
+            header = header.ljust(self.header_bytes, b" ")
+            end = self.data_start + rows * self.row_bytes
+            ids = torch.tensor(list(token_ids), dtype=torch.int64).numpy().tobytes()
+            os.pwrite(self._fd, ids, end)
+            os.ftruncate(self._fd, end + len(ids))  # rows written past ``rows`` are dropped
+            os.pwrite(self._fd, len(header).to_bytes(8, "little") + header, 0)
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+        with open(f"{self.final}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            os.replace(self.tmp, self.final)
+        return str(self.final)
+
+    def read_rows(self, rows: int) -> torch.Tensor:
+        """The first ``rows`` rows written so far, ``[rows, *row_shape]``."""
+        self._open()
+        data = bytearray(os.pread(self._fd, rows * self.row_bytes, self.data_start))
+        flat = (
+            torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        )
+        return flat.view(self.torch_dtype).view(rows, *self.row_shape)
+
+    def discard(self) -> None:
+        """Give the file up (its sequence failed)."""
+        if self._fd is not None and self._fd >= 0:
+            os.close(self._fd)
+        self._fd = -1
+        self.tmp.unlink(missing_ok=True)
+
+
 class SpoolWriter:
     """Writes one safetensors capture file per sequence into ``spool_dir``."""
 
     def __init__(self, spool_dir: str | os.PathLike[str]):
         self.spool_dir = pathlib.Path(spool_dir).expanduser().resolve()
         self.spool_dir.mkdir(parents=True, exist_ok=True)
+        self.on_finish = None
+        """Called as ``on_finish(file, rows)`` before a streamed file is completed (test
+        hooks: ``hallulog.serving.capture_faults``)."""
+
+    def open(self, row_shape: Sequence[int], dtype: torch.dtype) -> SpoolFile:
+        """A file to fill row by row (``SpoolFile``); nothing is created before its first row."""
+        return SpoolFile(self, row_shape, dtype)
 
     def write(self, hidden_states: torch.Tensor, token_ids: Sequence[int], row0: int = 0) -> str:
         """Save ``hidden_states`` ``[T, L, H]`` and ``token_ids`` ``[T]`` of the positions

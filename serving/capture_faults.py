@@ -6,7 +6,8 @@ set (a run's managed servers inherit the orchestrator's environment)::
 
     HALLULOG_CAPTURE_FAULTS="zeros@2,nan0@4,constant@6"
 
-The n-th capture file the server writes (1-based, counted over the whole process) gets the
+The n-th capture file the server writes (1-based, counted over the whole process, whether
+written at once or streamed row by row) gets the
 fault named before ``@``: ``zeros`` (every value 0), ``nan0`` (a NaN in hidden dimension 0 of
 every row and layer) or ``constant`` (every row a copy of the file's first row). The file is
 otherwise the real one: the right shape, dtype, token ids and ``row0``.
@@ -51,8 +52,9 @@ def _corrupt(hidden: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 def install_from_env(spool) -> None:
-    """Wrap ``spool.write`` (a :class:`hallulog.serving.capture.SpoolWriter`) with the plan
-    ``$HALLULOG_CAPTURE_FAULTS`` describes (nothing when it is unset)."""
+    """Wrap ``spool.write`` (a :class:`hallulog.serving.capture.SpoolWriter`) and the files it
+    streams (``spool.on_finish``) with the plan ``$HALLULOG_CAPTURE_FAULTS`` describes (nothing
+    when it is unset); both count the files in one sequence."""
     text = os.environ.get(ENV)
     if not text:
         return
@@ -61,14 +63,25 @@ def install_from_env(spool) -> None:
     lock = threading.Lock()
     count = 0
 
-    def faulty_write(hidden_states, token_ids, row0: int = 0) -> str:
+    def fault() -> str | None:
         nonlocal count
         with lock:
             count += 1
             kind = plan.get(count)
         if kind is not None:
-            hidden_states = _corrupt(hidden_states, kind)
             log.warning("%s: capture file %d written with fault %s", ENV, count, kind)
+        return kind
+
+    def faulty_write(hidden_states, token_ids, row0: int = 0) -> str:
+        kind = fault()
+        if kind is not None:
+            hidden_states = _corrupt(hidden_states, kind)
         return write(hidden_states, token_ids, row0)
 
+    def faulty_finish(file, rows: int) -> None:
+        kind = fault()
+        if kind is not None and rows:
+            file.write(0, _corrupt(file.read_rows(rows), kind))
+
     spool.write = faulty_write
+    spool.on_finish = faulty_finish

@@ -59,6 +59,11 @@ class ServerConfig:
     num_threads: int = 0
     """Torch intra-op CPU threads of each engine (0: this process's cores divided among the
     engines); use 1 on a shared, oversubscribed machine."""
+    max_memory_gb: float | None = None
+    """Memory (resident set, GB) the server stays within: what the loaded, packed weights and a
+    step's buffers (0.25 GB) leave of it is the key/value cache's budget; sequences wait in the
+    queue while the cache of the running ones, at their longest, would pass it. Default: a 1.2
+    GB cache beside the weights."""
     log_level: LogLevel = "info"
     """Log level."""
 
@@ -76,6 +81,8 @@ class ServerConfig:
             raise ValueError(f"--engines must be >= 0, got {self.engines}")
         if self.num_threads < 0:
             raise ValueError(f"--num-threads must be >= 0, got {self.num_threads}")
+        if self.max_memory_gb is not None and not self.max_memory_gb > 0:
+            raise ValueError(f"--max-memory-gb must be > 0, got {self.max_memory_gb}")
         if self.max_model_len < 2:
             raise ValueError(f"--max-model-len must be >= 2, got {self.max_model_len}")
 

@@ -13,12 +13,15 @@ product), rotary embedding of queries and keys in one pass with the model's own
   on the CPUs measured (docs/serving.md, "Profile of a decode step") it runs this model's
   shapes at 2-3x the rate of the default ``F.linear`` (MKL), at every row count. Still float32
   with float32 accumulation: results differ from ``F.linear`` by rounding only (~1e-6
-  relative), and a row's result does not depend on the other rows. The packed copies cost one
-  more copy of the matrix weights (538 MB for SmolLM2-135M).
+  relative), and a row's result does not depend on the other rows (nor on the intra-op
+  threads). The packed copies are a second copy of the matrix weights until
+  :meth:`FusedDecoder.release_model_weights` drops the plain ones (the server does: the
+  model's own forward is not used on this path).
 - ``step``: one token per row over the engine's ``SlotKVCache``; keys and values are written in
-  place; attention is the C kernel of ``hallulog.serving.attention_kernel`` over each row's own columns
-  (with one intra-op thread, where it could be built), else two batched matrix products over the
-  live columns with the slot mask as an additive bias.
+  place; attention is the C kernel of ``hallulog.serving.attention_kernel`` over each row's own
+  columns (where it could be built; the rows cut in as many blocks as the engine has intra-op
+  threads), else two batched matrix products over the live columns with the slot mask as an
+  additive bias.
 - ``prefill``: the prompts of joining sequences (left-padded, explicit positions) on their own;
   their keys and values are returned for the engine to place into the slot cache.
 - ``forward``: both in one pass (every matrix product takes the step's rows and the prompts'
@@ -39,6 +42,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from hallulog.serving.attention_kernel import decode_attention, kernel_fits, load_kernel
+from hallulog.serving.memory import release_freed_memory
 
 __all__ = ["FusedDecoder", "supports_fused_decode", "packed_linear_available"]
 
@@ -108,6 +112,9 @@ class _Layer:
         self.gate_up = _Linear(_fuse(mlp.gate_proj, mlp.up_proj), pack)
         self.down = _Linear(mlp.down_proj.weight, pack)
 
+    def linears(self) -> tuple[_Linear, ...]:
+        return self.qkv, self.o, self.gate_up, self.down
+
 
 def _fuse(*linears: torch.nn.Linear) -> torch.Tensor:
     """One ``[sum(out), in]`` weight; each module's weight becomes a view of its rows, so the
@@ -143,6 +150,7 @@ class FusedDecoder:
         kernel (``hallulog.serving.attention_kernel``); None: where available."""
         config = model.config
         base = model.model
+        self._model = model
         dtype = base.embed_tokens.weight.dtype
         self.packed = packed_linear_available(dtype) if packed is None else packed
         self.embed = base.embed_tokens.weight
@@ -163,6 +171,33 @@ class FusedDecoder:
             if attention_kernel and self.kernel is None:
                 raise RuntimeError("the C attention kernel could not be built (see the log)")
         self._slot = {layer_id: i for i, layer_id in enumerate(self.capture_layer_ids)}
+
+    def release_model_weights(self) -> int:
+        """Keep the matrices only in oneDNN's packed layout: the model's own linear weights
+        become meta tensors (its own forward can no longer run; the decoder, its hooks-free
+        capture and ``HiddenStateRecorder`` need none of them) and the weights still used in
+        their plain layout (embedding, norms) are copied out of the checkpoint's file mapping,
+        so that the mapping is let go. Returns the bytes of plain weights dropped (0 without
+        packed products: then every weight is still needed)."""
+        if not self.packed:
+            return 0
+        model = self._model
+        keep = {id(self.embed)}  # the tied output head is the embedding: still read plain
+        dropped = 0
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and id(module.weight) not in keep:
+                dropped += module.weight.numel() * module.weight.element_size()
+                module.weight = torch.nn.Parameter(
+                    torch.empty(module.weight.shape, dtype=module.weight.dtype, device="meta"),
+                    requires_grad=False,
+                )
+        for linear in (*(lin for layer in self.layers for lin in layer.linears()), self.lm_head):
+            linear.weight = None
+        for tensor in (*model.parameters(), *model.buffers()):
+            if tensor.device.type != "meta":
+                tensor.data = tensor.data.clone()  # off the file mapping, if it was on one
+        release_freed_memory()
+        return dropped
 
     # ---- entry points -----------------------------------------------------------------------
 
@@ -246,14 +281,20 @@ class FusedDecoder:
         return (*step_out, logits[rows:], kv, prefill_states)
 
     def _step_attention(self, rows: int, cache, mask: torch.Tensor):
-        """Attention of one token per running row over the slot cache (writes column ``hi``)."""
+        """Attention of one token per running row over the slot cache (writes column ``hi``),
+        after the row's prompt in the cache's prefix store when it has one."""
         lo, hi = cache.lo, cache.hi
         groups = self.heads // self.kv_heads
-        # the kernel runs on the calling thread: with more intra-op threads, matmul uses them
-        kernel = self.kernel if torch.get_num_threads() == 1 else None
+        shared = getattr(cache, "prefix", None) is not None
+        if shared:
+            entry, length = cache.prefix_of_rows()
+        kernel, parts = self.kernel, torch.get_num_threads()  # the kernel's rows in parts
         if kernel is not None:  # a row's tokens are its columns from the first real one to hi
             start = mask.to(torch.uint8).argmax(dim=1) + lo
         else:  # [rows, 1, 1, columns]: every query head of a row
+            if shared:  # the prompt's columns (padded to the longest) come first
+                columns = cache.prefix.keys[0].shape[2]
+                mask = torch.cat((torch.arange(columns)[None, :] < length[:, None], mask), dim=1)
             bias = torch.zeros(mask.shape, dtype=self.embed.dtype)
             bias = bias.masked_fill_(~mask, float("-inf"))[:, None, None, :]
 
@@ -263,10 +304,20 @@ class FusedDecoder:
             slot.values[:rows, :, hi : hi + 1] = value
             q = (query * self.scaling).reshape(rows, self.kv_heads, groups, self.head_dim)
             if kernel is not None:
-                out = decode_attention(kernel, q, slot.keys, slot.values, start, hi + 1)
+                prefix = None
+                if shared:
+                    store = cache.prefix
+                    prefix = (store.keys[index], store.values[index], entry, length)
+                out = decode_attention(
+                    kernel, q, slot.keys, slot.values, start, hi + 1, parts, prefix
+                )
             else:
                 keys = slot.keys[:rows, :, lo : hi + 1]  # [rows, kv_heads, columns, head_dim]
                 values = slot.values[:rows, :, lo : hi + 1]
+                if shared:
+                    store = cache.prefix
+                    keys = torch.cat((store.keys[index][entry], keys), dim=2)
+                    values = torch.cat((store.values[index][entry], values), dim=2)
                 scores = torch.matmul(q, keys.transpose(-1, -2)).add_(bias)
                 out = torch.matmul(torch.softmax(scores, dim=-1), values)
             return out.reshape(rows, 1, self.heads * self.head_dim)

@@ -17,16 +17,15 @@ captured states are copied to every sequence that shares it. Prefill and decode 
 Llama run through ``hallulog.serving.decode.FusedDecoder`` (fewer ops, oneDNN's packed matrix products);
 other models, and ``fused_decode=False``, through the model's own forward with capture hooks.
 
-Logprobs are vLLM's default ``raw_logprobs``: ``log_softmax`` of the raw logits, before
-temperature and top-p. The raw logit of each chosen token is kept as well. Per step the batch's
-tokens are chosen by ``hallulog.serving.sampling.choose_tokens`` (batched; one draw per sampled row from
-its own generator), one ``topk`` serves the top-k logprobs and the top-p candidates, and the
-chosen and top-k logprobs are moved to Python in one call each.
+Tokens, logprobs and stop rules per step: ``hallulog.serving.token_step``.
 
-Captured hidden states come out of each forward pass as one ``[rows, tokens, layer_ids, hidden]``
-tensor; each capturing sequence copies the rows its ``capture_rows`` keeps (every position, or
-from the last prompt token on, ...) into its own growing buffer (``[tokens, layer_ids, hidden]``),
-which is what the spool file is written from.
+Captured rows go to each sequence's spool file as they come out of a pass
+(``hallulog.serving.capture_writer``), so no sequence holds its states in memory.
+
+Memory: a waiting sequence is admitted only while the key/value cache of the running ones, with
+it, fits ``kv_budget`` at their longest (``hallulog.serving.memory``); the others wait in the
+queue. ``want_threads`` (set by ``EnginePool``) is the engine's intra-op thread count from its
+next step on.
 """
 
 from __future__ import annotations
@@ -36,29 +35,30 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 
 import torch
 from hallulog.serving.capture import HiddenStateRecorder, SpoolWriter
+from hallulog.serving.capture_writer import CaptureWriter
 from hallulog.serving.decode import FusedDecoder, supports_fused_decode
-from hallulog.serving.kvslots import SlotKVCache
+from hallulog.serving.kvslots import Footprint, SlotKVCache, kv_bytes
+from hallulog.serving.memory import KVBudget, trim_heap
 from hallulog.serving.metrics import ServingMetrics
 from hallulog.serving.model_loader import LoadedModel
 from hallulog.serving.running_batch import Prompts, RunningBatch, supports_joining
-from hallulog.serving.sampling import SAMPLING_EPS, candidates_needed, choose_tokens
+from hallulog.serving.sampling import SAMPLING_EPS
 from hallulog.serving.sequences import (
-    BufferPool,
     SamplingParams,
     SequenceOutput,
     SequenceState,
     TokenLogprob,
 )
+from hallulog.serving.token_step import take_tokens
 
 __all__ = ["Engine", "SamplingParams", "SequenceOutput", "TokenLogprob"]
 
 logger = logging.getLogger(__name__)
-
-LOGPROB_FLOOR = -9999.0  # JSON has no -inf; vLLM clamps the same way
 
 
 class Engine:
@@ -76,9 +76,12 @@ class Engine:
         fused_decode: bool = True,
         share_prefill: bool = True,
         decoder: FusedDecoder | None = None,
+        kv_budget: KVBudget | None = None,
+        budget_owner: int = 0,
     ):
         """``decoder``: a ``FusedDecoder`` of the same model to share (``EnginePool``: engines
-        on one model hold its packed weights once)."""
+        on one model hold its packed weights once). ``kv_budget``: the key/value cache's budget
+        (shared by the engines of a pool, each its own ``budget_owner``); None: unbounded."""
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         self.loaded = loaded
@@ -108,8 +111,20 @@ class Engine:
         self._num_cache_layers = self.model.config.num_hidden_layers
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="serving-engine", daemon=True)
-        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="capture-writer")
-        self._buffers = BufferPool(keep=max_batch_size)  # capture buffers, reused
+        self._captures = CaptureWriter(spool, metrics)
+        self.kv_budget, self.budget_owner = kv_budget, budget_owner
+        config = self.model.config
+        heads = config.num_attention_heads
+        self._kv_cell = (  # bytes of one column of one cache row: every layer's key and value
+            2
+            * config.num_hidden_layers
+            * (getattr(config, "num_key_value_heads", None) or heads)
+            * (getattr(config, "head_dim", None) or config.hidden_size // heads)
+            * loaded.dtype.itemsize
+        )
+        self._pending: deque[SequenceState] = deque()  # taken from the queue, not yet admitted
+        self.want_threads: int | None = None  # intra-op threads from the next step on
+        self._threads: int | None = None
         self._shown = {"running": 0, "waiting": 0}  # what this engine added to the gauges
         self._shown_lock = threading.Lock()
 
@@ -124,7 +139,7 @@ class Engine:
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
-        self._writer.shutdown(wait=True)
+        self._captures.shutdown()
 
     def submit(
         self, prompt_ids: Sequence[int], params: SamplingParams
@@ -148,8 +163,11 @@ class Engine:
                 generator.manual_seed(params.seed)
         seq = SequenceState(list(prompt_ids), params, concurrent.futures.Future(), generator)
         self._queue.put(seq)
-        self._show(waiting=self._queue.qsize())
+        self._show(waiting=self._waiting())
         return seq.future
+
+    def _waiting(self) -> int:
+        return self._queue.qsize() + len(self._pending)
 
     def _show(self, **values: int) -> None:
         """Set this engine's share of the running/waiting gauges (engines of a pool share them)."""
@@ -163,41 +181,90 @@ class Engine:
     # ---- engine thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
+        torch.get_num_threads()  # torch's per-thread setup first, so that ours is kept
         while not self._stopping.is_set():
+            self._apply_threads()
             batch = self._next_batch()
             if not batch:
                 continue
-            self._show(waiting=self._queue.qsize(), running=len(batch))
+            self._show(waiting=self._waiting(), running=len(batch))
             try:
                 with torch.inference_mode():
                     self._generate(batch)
             except Exception as exc:  # noqa: BLE001 - every waiting request must hear about it
                 logger.exception("batch of %d sequences failed", len(batch))
+                self._captures.drop(batch)
                 for seq in batch:
                     if not seq.future.done():
                         seq.future.set_exception(exc)
             finally:
+                self._claim(Footprint(), force=True)
                 self._show(running=0)
 
+    def _apply_threads(self) -> None:
+        """Take ``want_threads`` as this thread's intra-op thread count (torch's count is per
+        thread once set on it)."""
+        want = self.want_threads
+        if want is not None and want != self._threads:
+            torch.set_num_threads(want)
+            self._threads = want
+
+    def _claim(self, need: Footprint, force: bool = False) -> bool:
+        """Whether the sequences of ``need`` fit the key/value budget at their longest (claimed
+        if so; ``force``: claimed whatever the others hold)."""
+        if self.kv_budget is None or not self._joinable:
+            return True
+        size = kv_bytes(
+            self._kv_cell,
+            need.rows,
+            need.generated,
+            min(need.longest, self.loaded.max_model_len),
+            len(need.prompts),
+            need.prompt,
+            shared=self._fused is not None,
+        )
+        if force:
+            self.kv_budget.set(self.budget_owner, size)
+            return True
+        return self.kv_budget.claim(self.budget_owner, size)
+
+    def _take(
+        self, taken: list[SequenceState], room: int, running: list[SequenceState], deadline=None
+    ) -> None:
+        """Move waiting sequences to ``taken`` while there is ``room`` and the key/value
+        budget holds them beside ``running``; until ``deadline`` (monotonic) waits for more,
+        else never waits. A sequence the budget refuses stays first in line."""
+        need = Footprint([*running, *taken])
+        while len(taken) < room:
+            if self._pending:
+                seq = self._pending.popleft()
+            else:
+                remaining = 0.0 if deadline is None else deadline - time.monotonic()
+                try:
+                    if remaining > 0:
+                        seq = self._queue.get(timeout=remaining)
+                    else:
+                        seq = self._queue.get_nowait()
+                except queue.Empty:
+                    return
+            more = need.plus(seq)
+            if not self._claim(more):
+                self._pending.appendleft(seq)
+                return
+            taken.append(seq)
+            need = more
+
     def _next_batch(self) -> list[SequenceState]:
-        try:
-            batch = [self._queue.get(timeout=0.1)]
-        except queue.Empty:
-            return []
+        if self._pending:
+            batch = [self._pending.popleft()]
+        else:
+            try:
+                batch = [self._queue.get(timeout=0.1)]
+            except queue.Empty:
+                return []
+        self._claim(Footprint(batch), force=True)  # an idle engine always runs one
         deadline = time.monotonic() + self.batch_wait_s
-        while len(batch) < self.max_batch_size:
-            try:
-                batch.append(self._queue.get_nowait())
-                continue
-            except queue.Empty:
-                pass
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                batch.append(self._queue.get(timeout=remaining))
-            except queue.Empty:
-                break
+        self._take(batch, self.max_batch_size, [], deadline)
         return batch
 
     def _generate(self, batch: list[SequenceState]) -> None:
@@ -214,7 +281,10 @@ class Engine:
                 self._finish(seq)
             if finished:
                 run.drop_finished()
-            newcomers = self._take_waiting(self.max_batch_size - len(run.active))
+                self._claim(Footprint(run.active), force=True)
+            self._apply_threads()
+            trim_heap()
+            newcomers = self._take_waiting(self.max_batch_size - len(run.active), run.active)
             batch[:] = run.active + newcomers  # what is still owed an answer
             if not run.active and not newcomers:
                 return
@@ -228,23 +298,21 @@ class Engine:
                 run.advance()
             if joining is not None:
                 self._admit(run, joining)
-            self._show(running=len(run.active), waiting=self._queue.qsize())
+            self._show(running=len(run.active), waiting=self._waiting())
 
     def _new_cache(self):
         from transformers import DynamicCache
 
-        if self._joinable:
-            return SlotKVCache(self._num_cache_layers, self.max_batch_size)
+        if self._joinable:  # the fused decoder reads a prompt's keys/values shared by its rows
+            shared = self._fused is not None
+            return SlotKVCache(self._num_cache_layers, self.max_batch_size, shared)
         return DynamicCache(config=self.model.config)
 
-    def _take_waiting(self, room: int) -> list[SequenceState]:
+    def _take_waiting(self, room: int, running: list[SequenceState]) -> list[SequenceState]:
         """Sequences that can join the running batch now (never waits)."""
         taken: list[SequenceState] = []
-        while len(taken) < room and self._joinable:
-            try:
-                taken.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
+        if self._joinable:
+            self._take(taken, room, running)
         return taken
 
     def _prompts(self, batch: list[SequenceState]) -> Prompts:
@@ -267,9 +335,16 @@ class Engine:
         if capturing:
             for seq, row in zip(batch, source):
                 if seq.params.capture:
-                    rows = states[row, width - prompts.lengths[row] :]
-                    seq.capture(rows, self.loaded.max_model_len, self._buffers)
+                    seq.capture(
+                        states[row, width - prompts.lengths[row] :], self._captures.put(seq)
+                    )
+            self._captures.flush()
         mask, positions = prompts.mask, prompts.positions
+        if run.shared_prompts and isinstance(kv, list):  # each distinct prompt's keys once
+            index = torch.tensor(source)
+            positions, logits = positions[index], logits[index]
+            run.add_shared(batch, kv, prompts.lengths, source, positions[:, -1:], logits)
+            return
         if prompts.unique < len(batch):  # copy each distinct prompt's row to its sequences
             index = torch.tensor(source)
             if isinstance(kv, list):
@@ -324,7 +399,8 @@ class Engine:
         if capturing:
             for row, seq in enumerate(run.active):
                 if seq.params.capture:
-                    seq.capture(states[row, -1:], self.loaded.max_model_len, self._buffers)
+                    seq.capture(states[row, -1:], self._captures.put(seq))
+            self._captures.flush()
         return logits
 
     def _forward(self, input_ids, mask, positions, cache, capturing: bool):
@@ -346,63 +422,14 @@ class Engine:
     def _sample_step(
         self, active: list[SequenceState], logits: torch.Tensor
     ) -> list[SequenceState]:
-        """Choose one token per row, record logprobs, apply stop rules; return rows that finished.
-
-        One ``topk`` serves both the top-k logprobs and the top-p candidates; logprobs are
-        gathered from one ``log_softmax`` of the batch and moved to Python in one call each."""
-        logits = logits.cpu()  # the rows' generators are CPU generators
-        want_top = max((seq.params.top_logprobs or 0 for seq in active), default=0)
-        want_lp = any(seq.params.top_logprobs is not None for seq in active)
-        k = min(max(want_top, candidates_needed(active)), logits.shape[-1])
-        top = torch.topk(logits, k, dim=-1) if k else None
-        chosen_t = choose_tokens(logits, active, top)
-        chosen = chosen_t.tolist()
-        if want_lp:
-            logprobs = torch.log_softmax(logits, dim=-1)
-            index = chosen_t.unsqueeze(1)
-            chosen_lp = logprobs.gather(1, index).squeeze(1).clamp_(min=LOGPROB_FLOOR).tolist()
-            chosen_logit = logits.gather(1, index).squeeze(1).tolist()
-            if want_top:
-                ids = top[1][:, :want_top]
-                top_values = logprobs.gather(1, ids).clamp_(min=LOGPROB_FLOOR).tolist()
-                top_ids = ids.tolist()
+        """Choose one token per row, record logprobs, apply stop rules; return rows that finished
+        (``hallulog.serving.token_step``)."""
         if self.metrics:
             self.metrics.generation_tokens.inc(len(active))
-        finished = []
-        for row, seq in enumerate(active):
-            token = chosen[row]
-            seq.out_ids.append(token)
-            k = seq.params.top_logprobs
-            if k is not None:
-                top_k = list(zip(top_ids[row][:k], top_values[row][:k])) if k else []
-                seq.logprobs.append(TokenLogprob(token, chosen_lp[row], chosen_logit[row], top_k))
-            if self._check_stop(seq):
-                finished.append(seq)
-        return finished
-
-    def _check_stop(self, seq: SequenceState) -> bool:
-        token = seq.out_ids[-1]
-        params = seq.params
-        if token in self.loaded.eos_token_ids:
-            seq.finish_reason = "stop"
-        if params.stop:
-            previous = len(seq.text)
-            seq.text = self.tokenizer.decode(seq.out_ids, skip_special_tokens=True)
-            if seq.finish_reason is None:
-                longest = max(len(s) for s in params.stop)
-                start = max(0, previous - longest + 1)
-                hits = [(seq.text.find(s, start), s) for s in params.stop]
-                hits = [(at, s) for at, s in hits if at >= 0]
-                if hits:
-                    at, stop = min(hits)
-                    seq.text = seq.text[:at]
-                    seq.finish_reason, seq.stop_reason = "stop", stop
-        if seq.finish_reason is None and (
-            len(seq.out_ids) >= params.max_tokens
-            or len(seq.prompt_ids) + len(seq.out_ids) >= self.loaded.max_model_len
-        ):
-            seq.finish_reason = "length"
-        return seq.finish_reason is not None
+        loaded = self.loaded
+        return take_tokens(
+            active, logits, loaded.eos_token_ids, self.tokenizer, loaded.max_model_len
+        )
 
     def _finish(self, seq: SequenceState) -> None:
         if not seq.params.stop or seq.stop_reason is None:
@@ -418,18 +445,5 @@ class Engine:
         if not (seq.params.capture and self.recorder is not None):
             seq.future.set_result(output)
             return
-        buffer, rows, row0 = seq.states, seq.n_states, seq.row0
-        seq.states, seq.n_states = None, 0
-        tokens = (seq.prompt_ids + seq.out_ids)[row0 : row0 + rows]
-        self._writer.submit(self._write_capture, seq.future, output, buffer, row0, tokens)
-
-    def _write_capture(self, future, output: SequenceOutput, buffer, row0: int, tokens) -> None:
-        try:
-            output.hidden_states_path = self.spool.write(buffer[: len(tokens)], tokens, row0)
-            self._buffers.give(buffer)  # the file holds the rows now
-            if self.metrics:
-                self.metrics.captures.inc()
-            future.set_result(output)
-        except Exception as exc:  # noqa: BLE001 - reported to the request
-            logger.exception("writing a capture file failed")
-            future.set_exception(exc)
+        layers = (len(self.recorder.layer_ids), self.model.config.hidden_size)
+        self._captures.finish(seq, output, layers, self.loaded.dtype)

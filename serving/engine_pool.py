@@ -11,6 +11,13 @@ A sequence goes to the engine that already holds sequences of the same prompt (s
 the engine with the fewest sequences outstanding. Every engine reports into the same metrics.
 Only the fused path can be shared this way (the model's own forward records capture through
 hooks on shared modules): other models get one engine.
+
+The engines adapt to the load: while fewer than ``solo_below`` sequences are outstanding, new
+prompts go to the first engine, which takes every engine's threads as intra-op threads once the
+others are idle (a small batch split between engines of one thread each leaves each a few rows
+per step, and a step's cost hardly grows with its rows); above it they spread and each engine
+has its own share of the threads again. The threads never change a result (docs/serving.md).
+The engines share one key/value budget (``hallulog.serving.memory.KVBudget``).
 """
 
 from __future__ import annotations
@@ -22,11 +29,16 @@ import threading
 from collections.abc import Sequence
 
 from hallulog.serving.engine import Engine
+from hallulog.serving.memory import KVBudget
 from hallulog.serving.sequences import SamplingParams
 
 __all__ = ["EnginePool", "plan_threads"]
 
 logger = logging.getLogger(__name__)
+
+SOLO_BELOW = 24
+"""Outstanding sequences below which new prompts go to the first engine (its batch is then too
+small to be worth splitting)."""
 
 
 def plan_threads(engines: int = 0, num_threads: int = 0) -> tuple[int, int]:
@@ -40,18 +52,42 @@ def plan_threads(engines: int = 0, num_threads: int = 0) -> tuple[int, int]:
 
 
 class EnginePool:
-    """``count`` engines over ``loaded``; the engine interface the HTTP app uses."""
+    """``count`` engines over ``loaded``; the engine interface the HTTP app uses.
 
-    def __init__(self, loaded, count: int = 1, **engine_args):
+    ``threads``: intra-op threads of each engine while the load is spread (None: leave torch's
+    setting alone, and the first engine never takes the others' threads); ``solo_below``: see
+    the module docstring (0: always spread); ``kv_budget``: bytes of key/value cache for the
+    engines together (None: unbounded)."""
+
+    def __init__(
+        self,
+        loaded,
+        count: int = 1,
+        *,
+        threads: int | None = None,
+        solo_below: int = SOLO_BELOW,
+        kv_budget: int | None = None,
+        **engine_args,
+    ):
         if count < 1:
             raise ValueError("count must be >= 1")
-        first = Engine(loaded, **engine_args)
+        self.kv_budget = KVBudget(kv_budget) if kv_budget is not None else None
+        first = Engine(loaded, kv_budget=self.kv_budget, budget_owner=0, **engine_args)
         if count > 1 and first._fused is None:
             logger.warning("this model decodes through its own forward: one engine, not %d", count)
             count = 1
         self.engines = [first] + [
-            Engine(loaded, decoder=first._fused, **engine_args) for _ in range(count - 1)
+            Engine(
+                loaded,
+                decoder=first._fused,
+                kv_budget=self.kv_budget,
+                budget_owner=index,
+                **engine_args,
+            )
+            for index in range(1, count)
         ]
+        self.threads = threads
+        self.solo_below = solo_below if count > 1 else 0
         for index, engine in enumerate(self.engines):
             engine._thread.name = f"serving-engine-{index}"
         self.loaded = loaded
@@ -59,10 +95,28 @@ class EnginePool:
         self._lock = threading.Lock()
         self._outstanding = [0] * count  # sequences submitted and not answered, per engine
         self._placed: dict[tuple[int, ...], list[int]] = {}  # prompt -> [engine, outstanding]
+        self._set_threads()
 
     @property
     def capture_enabled(self) -> bool:
         return self.engines[0].capture_enabled
+
+    def release_model_weights(self) -> int:
+        """Drop the model's plain copies of the packed matrices (``FusedDecoder``); bytes
+        dropped. The model's own forward cannot run afterwards."""
+        fused = self.engines[0]._fused
+        return fused.release_model_weights() if fused is not None else 0
+
+    def _set_threads(self) -> None:
+        """Each engine's intra-op threads from its next step on: the first one takes every
+        engine's threads while the others have nothing outstanding (under ``_lock``, or before
+        the engines start)."""
+        if self.threads is None:
+            return
+        alone = self.solo_below > 0 and not any(self._outstanding[1:])
+        for index, engine in enumerate(self.engines):
+            share = len(self.engines) if alone and index == 0 else 1
+            engine.want_threads = self.threads * share
 
     def start(self) -> None:
         for engine in self.engines:
@@ -82,11 +136,16 @@ class EnginePool:
         with self._lock:
             placed = self._placed.get(key)
             if placed is None:
-                index = min(range(len(self.engines)), key=self._outstanding.__getitem__)
+                if sum(self._outstanding) < self.solo_below:
+                    index = 0
+                else:
+                    index = min(range(len(self.engines)), key=self._outstanding.__getitem__)
                 placed = self._placed[key] = [index, 0]
             index = placed[0]
             placed[1] += 1
             self._outstanding[index] += 1
+            if index:
+                self._set_threads()
         try:
             future = self.engines[index].submit(prompt_ids, params)
         except BaseException:
@@ -102,3 +161,5 @@ class EnginePool:
             placed[1] -= 1
             if placed[1] == 0:
                 del self._placed[key]
+            if index and not self._outstanding[index]:
+                self._set_threads()

@@ -80,6 +80,23 @@ class RunningBatch:
             self.positions, self.logits = positions, logits
         self.active = self.active + list(seqs)
 
+    @property
+    def shared_prompts(self) -> bool:
+        """Rows of one prompt share its keys/values (``SlotKVCache`` with a prefix store)."""
+        return self.slots and self.cache.prefix is not None
+
+    def add_shared(self, seqs, prefill, lengths, source, positions, logits) -> None:
+        """Append rows whose prompts' keys/values go to the prefix store once: ``prefill``
+        holds each layer's ``(keys, values)`` of the distinct prompts (``lengths`` long),
+        ``source[i]`` the prompt of ``seqs[i]``; ``positions``/``logits`` are per row."""
+        self.cache.admit_shared(prefill, lengths, source)
+        if self.active:
+            self.positions = torch.cat([self.positions, positions])
+            self.logits = torch.cat([self.logits, logits])
+        else:
+            self.positions, self.logits = positions, logits
+        self.active = self.active + list(seqs)
+
     def step_mask(self) -> torch.Tensor:
         if self.slots:
             return self.cache.step_mask(1)

@@ -300,6 +300,21 @@ def test_the_embedded_server_takes_max_model_len_and_engine_args(spawned):
         RunConfig(engine_args="--spool-dir /x")
 
 
+def test_max_memory_gb_reaches_the_embedded_server_and_is_refused_when_wrong(spawned):
+    (server,) = spawned(max_memory_gb=2.5)
+    assert _flag(server.command, "--max-memory-gb") == "2.5"
+    (server,) = spawned()
+    assert "--max-memory-gb" not in server.command
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ConfigError, match=r"^--max-memory-gb must be > 0 \(gigabytes\)$"):
+            RunConfig(max_memory_gb=bad)
+    with pytest.raises(ConfigError, match="^--max-memory-gb is not an option of --backend vllm"):
+        RunConfig(backend="vllm", max_memory_gb=4)
+    with pytest.raises(ConfigError, match="--engine-args may not give --max-memory-gb"):
+        RunConfig(engine_args="--max-memory-gb 3")
+    assert RunConfig(max_memory_gb=2.5).fingerprint_fields() == RunConfig().fingerprint_fields()
+
+
 def test_embedded_servers_on_gpus_see_their_gpu(spawned):
     servers = spawned(gpus=(2, 5))
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in servers] == ["2", "5"]

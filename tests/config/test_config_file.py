@@ -104,6 +104,14 @@ def test_a_bad_value_checked_by_runconfig_names_the_file(tmp_path):
         _config("--config", str(study))
 
 
+def test_max_memory_gb_from_the_file_and_refused_there_in_one_line(tmp_path):
+    study = _write(tmp_path / "study.toml", "max_memory_gb = 2.5\n")
+    assert _config("--config", str(study)).max_memory_gb == 2.5
+    _write(study, "max_memory_gb = 0\n")
+    with pytest.raises(Exception, match=r"^--max-memory-gb must be > 0 \(gigabytes\) \(values"):
+        _config("--config", str(study))
+
+
 def test_flags_override_the_file(tmp_path):
     study = _write(
         tmp_path / "study.toml",

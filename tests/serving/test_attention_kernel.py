@@ -40,6 +40,37 @@ def test_kernel_equals_matmul_softmax_over_each_rows_columns(groups, dim):
         torch.testing.assert_close(got[r], want, rtol=1e-5, atol=1e-5)
 
 
+@needs_kernel
+def test_a_rows_prefix_entry_then_its_own_columns_equal_one_run_of_them():
+    """Rows reading their prompt from a prefix entry (``prefix=``) get, to the bit, what they
+    get with the entry's columns copied in front of their own."""
+    generator = torch.Generator().manual_seed(5)
+    rows, kv_heads, groups, dim, capacity, end = 4, 2, 3, 32, 24, 20
+    pkeys = torch.randn(3, kv_heads, 11, dim, generator=generator)
+    pvalues = torch.randn(3, kv_heads, 11, dim, generator=generator)
+    entry, length = torch.tensor([2, 0, 2, 1]), torch.tensor([11, 4, 11, 7])
+    keys = torch.randn(rows, kv_heads, capacity, dim, generator=generator)
+    values = torch.randn(rows, kv_heads, capacity, dim, generator=generator)
+    start = torch.tensor([12, 15, 19, 12])
+    query = torch.randn(rows, kv_heads, groups, dim, generator=generator) * dim**-0.5
+    got = decode_attention(
+        KERNEL, query, keys, values, start, end, 1, (pkeys, pvalues, entry, length)
+    )
+    whole_k = torch.zeros(rows, kv_heads, 11 + capacity, dim)
+    whole_v = torch.zeros_like(whole_k)
+    whole_start = torch.zeros(rows, dtype=torch.int64)
+    for r in range(rows):
+        n, own = int(length[r]), end - int(start[r])
+        at = 11 + capacity - own - n  # the row's columns end where its buffer ends
+        whole_k[r, :, at : at + n] = pkeys[entry[r], :, :n]
+        whole_v[r, :, at : at + n] = pvalues[entry[r], :, :n]
+        whole_k[r, :, at + n :] = keys[r, :, start[r] : end]
+        whole_v[r, :, at + n :] = values[r, :, start[r] : end]
+        whole_start[r] = at
+    want = decode_attention(KERNEL, query, whole_k, whole_v, whole_start, 11 + capacity)
+    assert torch.equal(got, want)
+
+
 def _loaded_16():
     """The tiny Llama with 16-wide heads (the kernel's smallest)."""
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -40,3 +40,19 @@ def test_nothing_without_the_variable(tmp_path, monkeypatch):
     write = spool.write
     install_from_env(spool)
     assert spool.write == write
+
+
+def test_streamed_files_get_their_faults_too(tmp_path, monkeypatch):
+    spool = SpoolWriter(tmp_path)
+    monkeypatch.setenv(ENV, "zeros@1,constant@3")
+    install_from_env(spool)
+    hidden = torch.randn(4, 3, 8)
+    files = []
+    for _ in range(3):
+        out = spool.open((3, 8), torch.float32)
+        out.write(0, hidden[:3])
+        out.write(3, hidden[3:])
+        files.append(load_file(out.finish([1, 2, 3, 4], row0=1)))
+    assert not files[0]["hidden_states"].any()
+    assert torch.equal(files[1]["hidden_states"], hidden)
+    assert torch.equal(files[2]["hidden_states"], hidden[:1].expand(4, 3, 8))

@@ -52,6 +52,7 @@ def test_pool_answers_equal_one_engine_and_keep_a_prompt_on_one_engine(tmp_path)
         spool=SpoolWriter(tmp_path / "pool"),
         capture_layers=[0, 1, 2],
         metrics=metrics,
+        solo_below=0,  # spread from the first sequence
     )
     assert pool.engines[1]._fused is pool.engines[0]._fused  # one set of packed weights
     placed = []

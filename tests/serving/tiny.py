@@ -22,7 +22,7 @@ class FakeTokenizer:
         return "".join("" if (skip_special_tokens and i in (PAD, EOS)) else f"<{i}>" for i in ids)
 
 
-def tiny_model(seed: int = 0, layers: int = 2) -> torch.nn.Module:
+def tiny_model(seed: int = 0, layers: int = 2, head_dim: int | None = None) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -36,14 +36,18 @@ def tiny_model(seed: int = 0, layers: int = 2) -> torch.nn.Module:
         pad_token_id=PAD,
         eos_token_id=EOS,
         bos_token_id=2,
+        **({"head_dim": head_dim} if head_dim else {}),
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
 
 
-def tiny_loaded(eos: frozenset[int] = frozenset({EOS}), max_model_len: int = 128) -> LoadedModel:
+def tiny_loaded(
+    eos: frozenset[int] = frozenset({EOS}), max_model_len: int = 128, head_dim: int | None = None
+) -> LoadedModel:
+    """``head_dim`` 16: wide enough for the decode-attention kernel (the default 8 is not)."""
     return LoadedModel(
-        model=tiny_model(),
+        model=tiny_model(head_dim=head_dim),
         tokenizer=FakeTokenizer(),
         path=pathlib.Path("tiny"),
         dtype=torch.float32,
