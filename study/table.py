@@ -4,8 +4,10 @@ Each cell's scores file is read one column at a time (the prompt ids, labels and
 then one method's scores), and each method is summarised by the metric code ``evaluate`` uses
 (``hallulog.evaluation.scores.summarize_method``) with the seed and bootstrap size the file
 records, so a row's figures are the cell's own ``report.json`` figures. Detectors are never
-run again and no activation is read. Methods are columns found by name: a method added to
-``evaluate`` later is compared without a change here.
+run again and no activation is read. The methods are the columns the file's metadata lists
+(``methods``; the guard columns ``leaked`` and ``label_<grader>`` are never detectors), so a
+method added to ``evaluate`` later is compared without a change here; a file written before
+that list existed holds only methods besides ``FIXED_COLUMNS``.
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ TABLE_COLUMNS = {
     "pr_auc": ("float64", "PR-AUC with the hallucinated class positive (`pr_auc_hallucinated`)"),
     "pr_auc_lo": ("float64", "interval, lower end"),
     "pr_auc_hi": ("float64", "upper end"),
+    "fpr_at_95": (
+        "float64",
+        "false-positive rate at 95 % true-positive rate (`fpr_at_95_tpr`); lower is better",
+    ),
+    "fpr_at_95_lo": ("float64", "interval, lower end"),
+    "fpr_at_95_hi": ("float64", "upper end"),
     "seed": ("int64", "bootstrap seed (the scores file's, or `--seed`)"),
     "bootstrap": ("int64", "bootstrap resamples (the scores file's, or `--bootstrap`)"),
 }
@@ -167,7 +175,11 @@ def cell_rows(
             "seed": seed,
             "bootstrap": n_boot,
         }
-        for key, src in (("prr", "prr"), ("pr_auc", "pr_auc_hallucinated")):
+        for key, src in (
+            ("prr", "prr"),
+            ("pr_auc", "pr_auc_hallucinated"),
+            ("fpr_at_95", "fpr_at_95_tpr"),
+        ):
             lo, hi = ci.get(src, (None, None))
             row.update({key: _nan(point.get(src)), f"{key}_lo": _nan(lo), f"{key}_hi": _nan(hi)})
         yield {k: row[k] for k in TABLE_COLUMNS}

@@ -209,3 +209,21 @@ def test_report_and_heatmaps(compared_study):
         assert f"| {name} |" in report
     for png in ("auroc.png", "prr.png", "transfer_got_logistic_last.png"):
         assert (compared_study / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_view_exports_the_compared_study(real_study, compared_study, tmp_path):
+    """``hallulog view STUDY --export``: the study page from compare's own files, every cell's
+    run pages beside it."""
+    out = tmp_path / "site"
+    proc = _cli("view", str(real_study), "--export", str(out), "--export-limit", "4")
+    assert f"({len(NAMES)} cells," in proc.stdout, proc.stdout + proc.stderr
+    html = (out / "index.html").read_text()
+    row = next(
+        r
+        for r in pq.read_table(compared_study / "table.parquet").to_pylist()
+        if r["cell"] == "sciq__plain" and r["method"] == "logprob_min"
+    )
+    assert f"{row['auroc']:.3f}" in html and "transfer_got_logistic_last.png" in html
+    for name in NAMES:
+        assert (out / "cells" / name / "index.html").is_file()
+    assert (out / "compare" / "auroc.png").read_bytes()[:4] == b"\x89PNG"

@@ -31,7 +31,7 @@ def test_table_rows_are_each_cells_own_figures(synthetic_study, compared):
             (synthetic_study / "cells" / name / "evaluation" / "report.json").read_text()
         )
         rows = {r["method"]: r for r in table if r["cell"] == name}
-        assert set(rows) == set(s.scores)
+        assert set(rows) == set(s.scores) and "leaked" not in rows  # guards are no detectors
         for m in ("logprob_min", "got_logistic_last"):
             v, ok = s.scores[m][s.test], np.isfinite(s.scores[m][s.test])
             assert rows[m]["auroc"] == pytest.approx(
@@ -45,6 +45,10 @@ def test_table_rows_are_each_cells_own_figures(synthetic_study, compared):
             assert rows[m]["prr"] == pytest.approx(r["metrics"]["prr"], abs=1e-12)
             assert [rows[m]["pr_auc_lo"], rows[m]["pr_auc_hi"]] == r["metrics_ci95"][
                 "pr_auc_hallucinated"
+            ]
+            assert rows[m]["fpr_at_95"] == pytest.approx(r["metrics"]["fpr_at_95_tpr"], abs=1e-12)
+            assert [rows[m]["fpr_at_95_lo"], rows[m]["fpr_at_95_hi"]] == r["metrics_ci95"][
+                "fpr_at_95_tpr"
             ]
             assert rows[m]["n"] == r["n"] and rows[m]["n_pos"] == r["n_hallucinated"]
             assert rows[m]["family"] == r["family"] and rows[m]["bootstrap"] == BOOT
