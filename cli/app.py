@@ -1,7 +1,7 @@
 """``hallulog`` (= ``python -m orchestrator``): the CLI as subcommands.
 
-``run | consolidate | validate | retry | merge | evaluate | import | compare | status | push | pull |
-estimate | export | serve``. The
+``run | consolidate | validate | retry | merge | evaluate | import | compare | study | status |
+push | pull | estimate | export | serve``. The
 flags of the commands that take a run's config are derived from ``RunConfig``'s fields,
 docstrings and types (``contracts/config_cli.py``: a ``Literal`` field's values are its
 choices). Every subcommand is one entry of :data:`SUBCOMMANDS` (name, a function adding its
@@ -137,6 +137,12 @@ def _compare(args: argparse.Namespace) -> int:
     return run_compare(args)
 
 
+def _study(args: argparse.Namespace) -> int:
+    from hallulog.cli.study_cli import run_study_command
+
+    return run_study_command(args)
+
+
 def _merge(args: argparse.Namespace) -> int:
     from hallulog.cli.commands import print_merge
     from hallulog.postrun.merge import merge_shards
@@ -212,6 +218,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("evaluate", parsers.add_evaluate, _evaluate),
     Subcommand("import", _add_import, _import),
     Subcommand("compare", _add_compare, _compare),
+    Subcommand("study", parsers.add_study, _study),
     Subcommand("status", parsers.add_status, _status),
     Subcommand("push", _add_push, _push),
     Subcommand("pull", _add_pull, _pull),

@@ -19,6 +19,7 @@ __all__ = [
     "task_choices",
     "add_config_arguments",
     "add_run",
+    "add_study",
     "add_consolidate",
     "add_validate",
     "add_retry",
@@ -235,3 +236,10 @@ def add_evaluate(sub) -> argparse.ArgumentParser:
     from hallulog.evaluation import add_evaluate_parser
 
     return add_evaluate_parser(sub)
+
+
+def add_study(sub) -> argparse.ArgumentParser:
+    """``study run|status`` (cli/study_cli.py)."""
+    from hallulog.cli.study_cli import add_study_parser
+
+    return add_study_parser(sub)
