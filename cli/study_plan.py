@@ -82,7 +82,7 @@ def _config(
     try:
         values = file_values(path, doc, sha, choices=_choices())
         values.update(overrides)
-        values["artifact_root"] = str((root / cell.root).absolute())
+        values["artifact_root"] = (root / cell.root).absolute()
         extra = dict(values.get("extra") or {})
         extra["study_cell"] = cell.name
         values["extra"] = extra
@@ -137,7 +137,10 @@ def plan_study(
                 f"{path}: `{key}` is set by the study (each cell's root is "
                 f"--root/cells/<name>); remove it from the file"
             )
-    file_values(path, shared, sha, choices=_choices())  # a bad shared key: no cell named
+    try:  # a bad shared key: named without a cell
+        file_values(path, shared, sha, choices=_choices())
+    except HallulogError as exc:
+        raise StudyError(str(exc)) from None
     values = study_cell_values(str(path), doc.get(AXES_TABLE))
     cells: list[PlannedCell] = []
     for v in values:
