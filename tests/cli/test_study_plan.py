@@ -103,6 +103,7 @@ def test_a_layer_the_model_lacks_names_the_cell_before_anything_starts(tmp_path)
     assert not (tmp_path / "S").exists()
 
 
+@pytest.mark.slow  # the model resolved twice (a subprocess each, ~1.6 s)
 def test_planned_fingerprint_is_the_one_of_the_written_config(tmp_path):
     from hallulog.backends.models import hallulog_cache_dir, resolve_model
     from hallulog.config.plan import plan_run
@@ -112,9 +113,10 @@ def test_planned_fingerprint_is_the_one_of_the_written_config(tmp_path):
     write_cells(study)
     fps = {pc.cell.fingerprint for pc in study.cells}
     assert len(fps) == 4 and None not in fps
+    model = None
     for cell in load_study(tmp_path / "S").cells:
         config = RunConfig(**load_config_file(tmp_path / "S" / cell.config).values)
-        model = resolve_model(config.model, hallulog_cache_dir(config.cache_dir))
+        model = model or resolve_model(config.model, hallulog_cache_dir(config.cache_dir))
         assert plan_run(config, model).manifest["config_fingerprint"] == cell.fingerprint
 
 
