@@ -100,34 +100,50 @@ def format_status(entries: list[dict[str, Any]], as_json: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"~{seconds:.0f} s"
+    if seconds < 5400:
+        return f"~{seconds / 60:.0f} min"
+    return f"~{seconds / 3600:.1f} h"
+
+
 def dry_run(study: StudyPlan, *, rate: float | None = None) -> str:
     """The cells and each one's ``estimate`` (bytes; time at ``rate`` generations/s when given,
-    else measured on the cell itself when it is done), the total against the free space of the
-    study root's file system."""
+    else at the rate measured on a done cell of the same model: the cell itself first), the
+    total against the free space of the study root's file system."""
     from hallulog.estimate.command import estimate
     from hallulog.estimate.measure import free_bytes
     from hallulog.estimate.projection import human_bytes
 
+    done = {pc.name: cell_done(pc.cell.path(study.root)) for pc in study.cells}
+    ests = {}
+    measured: dict[str, float] = {}  # model -> generations/s of its first done cell
+    for pc in sorted(study.cells, key=lambda pc: not done[pc.name]):  # done cells first
+        root = pc.cell.path(study.root) if done[pc.name] else None
+        given = rate or measured.get(pc.config.model)
+        ests[pc.name] = est = estimate(pc.config, rate=given, from_run=root, free_space=False)
+        if est.rate and root is not None:
+            measured.setdefault(pc.config.model, est.rate)
     lines = [f"{len(study.cells)} cells of {study.path} under {study.root}:"]
     total_bytes, total_s, timed = 0.0, 0.0, True
     width = max(len(pc.name) for pc in study.cells)
     for pc in study.cells:
-        root = pc.cell.path(study.root)
-        done = cell_done(root)
-        est = estimate(pc.config, rate=rate, from_run=root if done else None, free_space=False)
+        est = ests[pc.name]
         total_bytes += est.projected_bytes
         when = "time ?"
         if est.seconds is not None:
-            total_s += est.seconds
-            when = f"~{est.seconds / 60:.1f} min"
+            total_s += 0.0 if done[pc.name] else est.seconds
+            when = _duration(est.seconds)
         else:
             timed = False
         lines.append(
             f"  {pc.name:<{width}}  {est.generations:>7} generations  "
-            f"{human_bytes(est.projected_bytes):>10}  {when:>10}  ({'done' if done else 'to run'})"
+            f"{human_bytes(est.projected_bytes):>10}  {when:>8}  "
+            f"({'done' if done[pc.name] else 'to run'})"
         )
     free = free_bytes(study.root)
-    time_text = f"~{total_s / 60:.1f} min" if timed else "time unknown (give --rate GEN_PER_S)"
+    time_text = f"{_duration(total_s)} to run" if timed else "time unknown (give --rate GEN_PER_S)"
     lines.append(
         f"total: {human_bytes(total_bytes)}, {time_text}; free on {study.root}'s file system: "
         f"{human_bytes(free)}" + ("  NOT ENOUGH SPACE" if free < total_bytes else "")

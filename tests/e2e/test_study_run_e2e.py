@@ -1,6 +1,7 @@
 """``hallulog study run`` on the real SmolLM2 model: two cells (two prompts of TriviaQA), the
 study process SIGKILLed while the second cell runs; the same command again skips the done cell
-(its files untouched) and resumes the killed one through the run's own resume, exactly once."""
+(its files untouched) and resumes the killed one through the run's own resume, exactly once;
+``compare --evaluate`` over the study then reports the cell's own AUROC."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from hallulog.cli.study_status import cell_state
+from hallulog.evaluation.scores import read_scores
+from sklearn.metrics import roc_auc_score
 
 from tests.e2e.conftest import REPO, free_port_block, worker_rows
 
@@ -119,3 +124,19 @@ def test_study_survives_a_sigkill_mid_cell(tmp_path: Path):
         run = json.loads((study / cell["root"] / "run_manifest.json").read_text())
         assert cell["fingerprint"] == run["config_fingerprint"]
     assert [cell_state(plain), cell_state(terse)] == ["done", "done"]
+
+    # compare over the study (each cell evaluated first): the table's AUROC is the cell's own
+    cmp = subprocess.run(
+        [
+            sys.executable, "-m", "orchestrator", "compare", str(study), "--evaluate",
+            "--no-embeddings", "--methods", "logprob", "--no-transfer", "--no-plots",
+        ],
+        capture_output=True, text=True, cwd=REPO, timeout=600,
+    )  # fmt: skip
+    assert cmp.returncode == 0, cmp.stdout + cmp.stderr[-3000:]
+    table = pq.read_table(study / "compare" / "table.parquet").to_pylist()
+    row = next(r for r in table if r["cell"] == "plain" and r["method"] == "logprob_min")
+    scores = read_scores(plain / "evaluation" / "scores.parquet")
+    y, s = scores.labels[scores.test], scores.scores["logprob_min"][scores.test]
+    ok = np.isfinite(s)
+    assert row["auroc"] == pytest.approx(roc_auc_score(y[ok], s[ok]), abs=1e-12)
