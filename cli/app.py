@@ -137,12 +137,6 @@ def _compare(args: argparse.Namespace) -> int:
     return run_compare(args)
 
 
-def _study(args: argparse.Namespace) -> int:
-    from hallulog.cli.study_cli import run_study_command
-
-    return run_study_command(args)
-
-
 def _merge(args: argparse.Namespace) -> int:
     from hallulog.cli.commands import print_merge
     from hallulog.postrun.merge import merge_shards
@@ -218,7 +212,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("evaluate", parsers.add_evaluate, _evaluate),
     Subcommand("import", _add_import, _import),
     Subcommand("compare", _add_compare, _compare),
-    Subcommand("study", parsers.add_study, _study),
+    Subcommand("study", parsers.add_study, parsers.run_study),
     Subcommand("status", parsers.add_status, _status),
     Subcommand("push", _add_push, _push),
     Subcommand("pull", _add_pull, _pull),

@@ -20,6 +20,7 @@ __all__ = [
     "add_config_arguments",
     "add_run",
     "add_study",
+    "run_study",
     "add_consolidate",
     "add_validate",
     "add_retry",
@@ -243,3 +244,10 @@ def add_study(sub) -> argparse.ArgumentParser:
     from hallulog.cli.study_cli import add_study_parser
 
     return add_study_parser(sub)
+
+
+def run_study(args: argparse.Namespace) -> int:
+    """The ``study`` subcommand's handler (cli/study_cli.py)."""
+    from hallulog.cli.study_cli import run_study_command
+
+    return run_study_command(args)

@@ -98,9 +98,11 @@ def add_study_parser(subparsers) -> argparse.ArgumentParser:
 def _fail(exc: BaseException, debug: bool) -> int:
     if debug:
         raise exc
-    from hallulog.cli.app import describe_error
-
-    print(f"{PROG}: error: {describe_error(exc)}", file=sys.stderr)
+    if isinstance(exc, OSError) and exc.filename is not None:
+        text = f"{exc.filename}: {exc.strerror or type(exc).__name__}"
+    else:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+    print(f"{PROG}: error: {text}", file=sys.stderr)
     return 1
 
 
@@ -131,8 +133,8 @@ def _run(args: argparse.Namespace) -> int:
 
             print(dry_run(study, rate=args.rate))
             return 0
-        write_cells(study)
-        print(f"{len(study.cells)} cells planned: {args.root / 'study.json'}", flush=True)
+        manifest = write_cells(study)
+        print(f"{len(study.cells)} cells planned: {manifest}", flush=True)
         if args.executor == "slurm":
             job = submit_slurm(study, sbatch=args.sbatch, sbatch_args=shlex.split(args.sbatch_args))
             print("every cell is done" if job is None else f"submitted array job {job}")

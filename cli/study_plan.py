@@ -59,11 +59,12 @@ class StudyPlan:
 
 
 def _choices() -> dict[str, list[Any]]:
-    from hallulog.cli.parsers import task_choices
+    """The choices ``run``'s flags and ``--config`` check (cli/parsers.py ``task_choices``)."""
+    from hallulog.tasks import TASKS
 
     return {
         **{name: list(values) for name, values in literal_choices(RunConfig).items()},
-        "task": task_choices(),
+        "task": list(TASKS),
     }
 
 
