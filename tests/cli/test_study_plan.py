@@ -29,6 +29,7 @@ max_tokens = 8
 tasks = [{task = "triviaqa"}, {task = "nq_open", task_path = "data/nq.jsonl"}]
 prompts = [{name = "plain"}, {name = "terse", system_prompt = "Answer in a few words."}]
 """
+REPO = Path(__file__).resolve().parents[2]
 NAMES = ["triviaqa__plain", "triviaqa__terse", "nq_open-nq__plain", "nq_open-nq__terse"]
 
 
@@ -118,6 +119,16 @@ def test_planned_fingerprint_is_the_one_of_the_written_config(tmp_path):
         config = RunConfig(**load_config_file(tmp_path / "S" / cell.config).values)
         model = model or resolve_model(config.model, hallulog_cache_dir(config.cache_dir))
         assert plan_run(config, model).manifest["config_fingerprint"] == cell.fingerprint
+
+
+@pytest.mark.parametrize(
+    "example", sorted((REPO / "examples" / "studies").glob("*.toml")), ids=lambda p: p.name
+)
+def test_example_studies_parse(example, tmp_path):
+    """Every example study's cells are built (not planned, not run) and listed in its README."""
+    study = plan_study(example, tmp_path / "S", plan=False)
+    assert study.cells and all(isinstance(pc.config, RunConfig) for pc in study.cells)
+    assert f"studies/{example.name}" in (REPO / "examples" / "README.md").read_text()
 
 
 def test_executor_commands(tmp_path):
