@@ -143,6 +143,9 @@ def _run(args: argparse.Namespace) -> int:
         outcomes = run_cells(study)
     except (HallulogError, OSError) as exc:
         return _fail(exc, args.debug)
+    except KeyboardInterrupt:  # between cells: nothing runs
+        print("interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
     counts: dict[str, int] = {}
     for o in outcomes:
         counts[o.state] = counts.get(o.state, 0) + 1

@@ -93,7 +93,13 @@ def run_cells(study: StudyPlan, *, python: str | None = None) -> list[CellOutcom
             break
         state = "done" if code == 0 and cell_done(root) else "failed"
         outcomes.append(CellOutcome(pc.name, state, code))
-        if state == "failed":
+        if state == "failed" and code == 3:  # the run ended, some prompts failed
+            print(
+                f"{pc.name}: some prompts failed; `hallulog retry --artifact-root {root}` "
+                "reprocesses them",
+                file=sys.stderr,
+            )
+        elif state == "failed":
             print(f"{pc.name}: failed (exit {code}); see its output above", file=sys.stderr)
     return outcomes
 
