@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from hallulog.cli.study_plan import plan_study, write_cells
-from hallulog.cli.study_run import cell_command, slurm_command
+from hallulog.cli.study_run import cell_command, run_cells, slurm_command
 from hallulog.cli.study_status import cell_state, format_status, study_status
 from hallulog.config.config_file import load_study as load_config_file
 from hallulog.config.run_config import RunConfig
@@ -167,3 +167,29 @@ def test_status_of_each_cell(tmp_path):
     assert entries[1]["total"] == 6 and entries[1]["done"] == 0
     text = format_status(entries)
     assert "1 pending, 1 running, 1 done, 1 failed of 4 cells" in text
+
+
+def test_run_cells_goes_on_after_a_failed_cell_and_stops_when_interrupted(tmp_path, capsys):
+    """The executor's bookkeeping with a stand-in for the cell's process (a shell script whose
+    exit status the cell's config file names): done cells are skipped, a failed cell does not
+    stop the next, an interrupted one (exit 130) stops the study."""
+    text = STUDY.replace("[axes]", "[axes]\nseeds = [0, 1, 2]")
+    study = plan_study(_file(tmp_path, text), tmp_path / "S", plan=False)
+    write_cells(study)
+    done = study.cells[0].cell.path(study.root)
+    (done / "consolidated").mkdir(parents=True)
+    (done / "consolidated" / layout.VALIDATION_REPORT).write_text("{}")
+    fake = tmp_path / "fake.sh"
+    fake.write_text(
+        '#!/bin/sh\ncase "$6" in *seed1.toml) exit 1;; *terse__seed2.toml) exit 130;; esac\n'
+    )
+    fake.chmod(0o755)
+    outcomes = run_cells(study, python=str(fake))
+    states = [(o.name, o.state) for o in outcomes]
+    assert states[:3] == [
+        ("triviaqa__plain__seed0", "skipped"),
+        ("triviaqa__plain__seed1", "failed"),
+        ("triviaqa__plain__seed2", "failed"),  # exit 0 but not consolidated: not done
+    ]
+    assert states[-1] == ("triviaqa__terse__seed2", "interrupted") and len(states) == 6
+    assert "triviaqa__plain__seed1: failed (exit 1)" in capsys.readouterr().err
