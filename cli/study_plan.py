@@ -80,6 +80,12 @@ def _config(
     path: Path, sha: str, shared: Mapping[str, Any], cell: Cell, root: Path, overrides: Mapping
 ) -> RunConfig:
     doc = {**shared, **cell_keys(cell.values)}
+    for key in ROOT_KEYS:
+        if key in doc:
+            raise StudyError(
+                f"{path}: cell {cell.name}: `{key}` is set by the study (each cell's root is "
+                "--root/cells/<name>); remove it from the file"
+            )
     try:
         values = file_values(path, doc, sha, choices=_choices())
         values.update(overrides)
@@ -136,7 +142,7 @@ def plan_study(
         if key in shared:
             raise StudyError(
                 f"{path}: `{key}` is set by the study (each cell's root is "
-                f"--root/cells/<name>); remove it from the file"
+                "--root/cells/<name>); remove it from the file"
             )
     try:  # a bad shared key: named without a cell
         file_values(path, shared, sha, choices=_choices())

@@ -82,6 +82,10 @@ def test_written_configs_read_back_to_the_same_config(tmp_path):
         (STUDY.replace("limit = 6", "limit = 'six'"), "limit = 'six': expected an integer"),
         (STUDY.replace("limit = 6", "artifact_root = 'x'"), "`artifact_root` is set by the study"),
         (
+            STUDY.replace('{task = "triviaqa"}', '{task = "triviaqa", shard = "0/2"}'),
+            "cell triviaqa-37562f57__plain: `shard` is set by the study",
+        ),
+        (
             STUDY.replace('name = "terse",', 'name = "terse", k_sampels = 3,'),
             "cell triviaqa__terse: unknown key 'k_sampels' (did you mean 'k_samples'?)",
         ),
