@@ -1,5 +1,5 @@
-"""Bearer-token check and the loopback rule of DESIGN.md ("listens on 127.0.0.1 unless told
-otherwise, and then requires a token")."""
+"""Bearer-token check and the loopback rule of docs/architecture.md ("Design rules": the status
+API listens on 127.0.0.1 unless told otherwise, and then requires a token)."""
 
 from __future__ import annotations
 

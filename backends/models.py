@@ -12,13 +12,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import httpx
 from hallulog.contracts.errors import BackendStartError
-
-if TYPE_CHECKING:
-    from hallulog.config.run_config import RunConfig
 
 __all__ = ["ModelInfo", "resolve_model", "remote_model", "hallulog_cache_dir"]
 
@@ -95,9 +91,11 @@ def resolve_model(model: str, cache_dir: Path) -> ModelInfo:
     )
 
 
-def remote_model(config: RunConfig) -> ModelInfo:
-    """Model facts of an already running server (``--manage-servers false``)."""
-    url = config.server_urls[0].rstrip("/")
+def remote_model(server_url: str, model: str, cache_dir: Path) -> ModelInfo:
+    """Model facts of an already running server at ``server_url`` (``--manage-servers
+    false``): its served name, and the layers and hidden size of ``model``, the local directory
+    it serves (``--model``)."""
+    url = server_url.rstrip("/")
     deadline = time.monotonic() + REMOTE_WAIT_SECONDS
     while True:  # a server restarting now is a transient outage, not a failed run
         try:
@@ -114,13 +112,13 @@ def remote_model(config: RunConfig) -> ModelInfo:
         except (httpx.HTTPError, KeyError, ValueError) as exc:
             raise BackendStartError(f"--server-urls {url}: cannot list models ({exc})") from None
     name = models[0]["id"]
-    local = Path(config.model) if config.model != "default" else None
+    local = Path(model) if model != "default" else None
     if local is None or not (local / "config.json").exists():
         raise BackendStartError(
             "--manage-servers false needs --model pointing at the local model "
             "directory the servers serve (to know its layers and hidden size)"
         )
-    info = resolve_model(str(local), hallulog_cache_dir(config.cache_dir))
+    info = resolve_model(str(local), cache_dir)
     return ModelInfo(
         path=info.path,
         num_hidden_layers=info.num_hidden_layers,

@@ -71,7 +71,7 @@ def choose_ports(count: int, base: int | None, host: str = "127.0.0.1") -> list[
 def listen_on_ports(count: int, base: int | None, host: str = "127.0.0.1") -> list[socket.socket]:
     """As :func:`choose_ports`, but each port is bound here: listening sockets, one per server.
 
-    A server that takes its listening socket from its parent (``python -m serving --fd N``)
+    A server that takes its listening socket from its parent (``hallulog serve --fd N``)
     has its port from this moment on, across its restarts, with no window in which another
     program could bind it (a port only checked free stays free for anyone until the server's
     own bind, seconds later). Close a socket with :func:`close_listener` once its server is

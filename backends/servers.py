@@ -9,38 +9,30 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import httpx
 
 from hallulog.contracts import layout
-from hallulog.contracts.extras import require_installed
 from hallulog.contracts.process import die_with_parent
 from hallulog.contracts.errors import BackendStartError
-from hallulog.backends.models import ModelInfo
-from hallulog.backends.ports import (check_owner, choose_ports, close_listener, listen_on_ports,
-                                     release_port)
+from hallulog.backends.base import ServerSpec
+from hallulog.backends.ports import check_owner, close_listener, release_port
+from hallulog.backends.registry import BACKENDS
 from hallulog.backends.shm import shm_names, sweep
-from hallulog.config.engine_options import VLLM_ONLY, gpu_groups, set_engine_options
-from hallulog.backends.vllm import (engine_child_pids, engine_flags, vllm_server_command,
-                                    vllm_server_env)
-
-if TYPE_CHECKING:
-    from hallulog.config.run_config import RunConfig
+from hallulog.backends.vllm import engine_child_pids
 
 __all__ = [
-    "start_servers", "clear_spool", "remove_spools", "ServerProcess", "embedded_server_command",
-    "wait_healthy", "kill_stale_servers", "server_command",
+    "start_servers", "clear_spool", "remove_spools", "ServerProcess",
+    "wait_healthy", "kill_stale_servers", "server_command", "ServerBoard",
 ]
 
 
@@ -55,49 +47,28 @@ log = logging.getLogger(__name__)
 say = logging.getLogger("orchestrator.startup")
 """What a person waits for at startup (the CLI prints it on stderr whatever the log level)."""
 
-def embedded_server_command(model_dir: Path, *, host: str, port: int, spool_dir: Path,
-                            dtype: str, layer_ids: list[int], served_model_name: str,
-                            extra_args: list[str] | tuple[str, ...] = ()) -> list[str]:
-    """Command line of the embedded transformers server (``python -m hallulog.serving``); ``extra_args``
-    come last (``--max-model-len``, ``--engine-args``)."""
-    return [sys.executable, "-m", "hallulog.serving", "--model", str(model_dir), "--host", host,
-            "--port", str(port), "--spool-dir", str(spool_dir), "--dtype", dtype,
-            "--capture-layers", ",".join(map(str, layer_ids)),
-            "--served-model-name", served_model_name, *map(str, extra_args)]
-
-
-def server_command(config: RunConfig, model: ModelInfo, layer_ids: list[int], *, host: str,
-                   port: int, spool_dir: Path | str) -> list[str]:
-    """The command line of one managed server of ``config`` (either backend): capture flags,
-    the engine options (vLLM: :func:`engine_flags`; embedded: ``--max-model-len``), then
-    ``--engine-args`` split as a shell would, last."""
-    extra = shlex.split(config.engine_args) if config.engine_args else []
-    if config.backend == "vllm":
-        engine = engine_flags(**{name: getattr(config, name) for name in (
-            *VLLM_ONLY, "max_model_len")})
-        return vllm_server_command(model.path, host=host, port=port,
-                                   layer_ids=layer_ids, spool_dir=spool_dir,
-                                   dtype=config.model_dtype, served_model_name=model.name,
-                                   engine=engine, extra_args=extra)
-    if config.max_model_len is not None:
-        extra = ["--max-model-len", str(config.max_model_len), *extra]
-    return embedded_server_command(model.path, host=host, port=port,
-                                   spool_dir=Path(spool_dir), dtype=config.model_dtype,
-                                   layer_ids=layer_ids, served_model_name=model.name,
-                                   extra_args=extra)
+def server_command(spec: ServerSpec, *, host: str, port: int, spool_dir: Path | str,
+                   inherited_socket: bool = False) -> list[str]:
+    """The command line of one managed server of ``spec`` (its backend's: capture flags, the
+    engine options, then ``--engine-args`` split as a shell would, last). ``inherited_socket``:
+    the caller appends ``--fd N`` of a listening socket it bound (the embedded server always
+    takes it)."""
+    return spec.backend.command(spec, host=host, port=port, spool_dir=spool_dir,
+                                inherited_socket=inherited_socket)
 
 
 def wait_healthy(url: str, timeout: float, *, process: subprocess.Popen | None = None,
                  log_path: Path | None = None, interval: float = 0.5,
-                 name: str | None = None) -> float:
-    """Poll ``{url}/health`` until 200; returns seconds waited. Fails fast if ``process`` exits.
+                 name: str | None = None, path: str = "/health") -> float:
+    """Poll ``{url}{path}`` (the backend's health probe) until 200; returns seconds waited.
+    Fails fast if ``process`` exits.
 
     With ``name``, says every 10 s that it is still waiting (startup messages)."""
     start = next_note = time.monotonic()
     probe = 5.0 if process is None else max(1.0, 2 * interval)
     while True:
         if name is not None and time.monotonic() >= next_note:
-            say.info("%s: waiting for %s/health (%.0f s of at most %.0f s)", name, url,
+            say.info("%s: waiting for %s%s (%.0f s of at most %.0f s)", name, url, path,
                      time.monotonic() - start, timeout)
             next_note += 10.0
         if process is not None and process.poll() is not None:
@@ -105,7 +76,7 @@ def wait_healthy(url: str, timeout: float, *, process: subprocess.Popen | None =
                                     f"before becoming healthy{_log_tail(log_path)}")
         try:  # short when the process is watched: a dead server's port may still accept
             # (its socket is the run's, run.ports), and the exit is noticed between polls
-            if httpx.get(f"{url}/health", timeout=probe).status_code == 200:
+            if httpx.get(f"{url}{path}", timeout=probe).status_code == 200:
                 return time.monotonic() - start
         except httpx.HTTPError:
             pass
@@ -125,8 +96,8 @@ def _log_tail(log_path: Path | None, lines: int = 30) -> str:
 def kill_stale_servers(servers_dir: Path) -> list[int]:
     """Kill the process groups recorded in ``servers_dir/*.pid`` by a run that crashed.
 
-    A group is killed only while its leader's command line still names hallulog's server
-    modules, so a recycled pid is never hit. Returns the killed group ids.
+    A group is killed only while its leader's command line still names a backend's server
+    (``Backend.process_marker``), so a recycled pid is never hit. Returns the killed group ids.
     """
     killed = []
     for pidfile in Path(servers_dir).glob("*.pid"):
@@ -136,7 +107,7 @@ def kill_stale_servers(servers_dir: Path) -> list[int]:
         except (ValueError, IndexError, OSError):
             pidfile.unlink(missing_ok=True)
             continue
-        if b"serving" in cmdline or b"vllm" in cmdline:
+        if any(backend.process_marker in cmdline for backend in BACKENDS.values()):
             log.warning("killing stale server process group %d left by a crashed run", pgid)
             _signal_group(pgid, signal.SIGKILL)
             killed.append(pgid)
@@ -160,11 +131,13 @@ class ServerProcess:
     restarts: int = 0
     startup_seconds: float | None = None
     shm_before: set[str] = field(default_factory=set)
+    """/dev/shm names present when it started: what appears after is its children's."""
     listener: socket.socket | None = None
     """A listening socket bound by the run (run.ports.listen_on_ports) that the server serves
-    on (``--fd``): the port stays the run's while the server restarts; None: the server binds
-    its port itself (vLLM)."""
-    """/dev/shm names present when it started: what appears after is its children's."""
+    on (``--fd``: the embedded server, and vLLM through ``hallulog_vllm.serve``): the port stays
+    the run's while the server restarts; None: the server binds its port itself."""
+    health_path: str = "/health"
+    """Its backend's health probe."""
 
     def start(self) -> None:
         """Spawn the process in its own process group, logging to ``log_path``."""
@@ -198,7 +171,7 @@ class ServerProcess:
         assert self.process is not None, "start() first"
         self.startup_seconds = wait_healthy(self.url, self.startup_timeout,
                                             process=self.process, log_path=self.log_path,
-                                            name=self.name)
+                                            name=self.name, path=self.health_path)
         # a foreign server on the port answers /health too: it must be ours
         check_owner(self.name, self.port, self.process.pid)
         say.info("%s healthy after %.1f s", self.name, self.startup_seconds)
@@ -285,60 +258,44 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def start_servers(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: Path,
-                  cache_dir: Path, board: ServerBoard, *, wait: bool = True
-                  ) -> tuple[list[ServerProcess], list[str]]:
-    """Start the managed servers (one per ``--tensor-parallel-size`` x
+def start_servers(spec: ServerSpec, root: Path, cache_dir: Path, board: ServerBoard, *,
+                  wait: bool = True) -> tuple[list[ServerProcess], list[str]]:
+    """Start the managed servers of ``spec`` (one per ``--tensor-parallel-size`` x
     ``--pipeline-parallel-size`` GPUs of ``--gpus``, server i on the i-th group of consecutive
     ids; one on CPU) and wait until all are healthy (``wait=False``: only spawn them;
     ``run.fleet`` then waits for each); with ``--manage-servers false`` just report the given
     URLs. Returns (servers, urls)."""
-    if not config.manage_servers:
-        _note_unmanaged(config)
-        for url in config.server_urls:
+    if not spec.manage:
+        _note_unmanaged(spec)
+        for url in spec.urls:
             board.server_update(url, health="external")
-        return [], list(config.server_urls)
-    if config.backend == "vllm":  # the server is `python -m vllm...` in this interpreter
-        require_installed("vllm", "--backend vllm")
-    slots: list[tuple[int, ...] | None] = [*gpu_groups(config.gpus, config.gpus_per_server)]
-    slots = slots or [None]
+        return [], list(spec.urls)
+    backend = spec.backend
+    backend.require()
+    slots = spec.gpu_slots
     kill_stale_servers(layout.servers_dir(root))
     sweep()  # shared memory of servers of runs that were SIGKILLed (run.shm)
-    # reserved until stop(); the embedded server serves on a socket bound here (run.ports)
-    listeners: list[socket.socket | None] = [None] * len(slots)
-    if config.backend == "embedded":
-        listeners = list(listen_on_ports(len(slots), config.server_base_port))
-        ports = [sock.getsockname()[1] for sock in listeners]
-    else:
-        ports = choose_ports(len(slots), config.server_base_port)
+    # reserved until stop(); every server serves on a socket bound here (run.ports): the
+    # embedded server with --fd, vLLM through hallulog_vllm.serve --fd
+    listeners, ports = backend.ports(len(slots), spec.base_port)
+    run_dir = layout.run_spool_dir(root, cache_dir).name
     servers = []
     for i, (gpus, port) in enumerate(zip(slots, ports)):
         url = f"http://127.0.0.1:{port}"
-        spool = layout.spool_dir(root, i, config.spool_root)
+        spool = layout.spool_dir(root, i, spec.spool_root)
         clear_spool(spool)
-        env = dict(os.environ)
-        command = server_command(config, model, layer_ids, host="127.0.0.1", port=port,
-                                 spool_dir=spool)
-        if config.backend == "vllm":
-            env = vllm_server_env(env, gpu=gpus, cache_dir=cache_dir,
-                                  ranks=config.gpus_per_server)
-            # temporary files of this run's servers apart from any other run's
-            env["TMPDIR"] = str(Path(env["TMPDIR"]) / layout.run_spool_dir(root, cache_dir).name)
-            for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
-                        "TMPDIR"):
-                Path(env[key]).mkdir(parents=True, exist_ok=True)
-        else:
-            if gpus is not None:
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-            env["HALLULOG_CACHE_DIR"] = str(cache_dir)
+        command = server_command(spec, host="127.0.0.1", port=port, spool_dir=spool,
+                                 inherited_socket=True)
+        env = backend.environment(os.environ, gpus=gpus, cache_dir=cache_dir,
+                                  ranks=spec.gpus_per_server, run_dir=run_dir)
         servers.append(ServerProcess(name=f"server_{i}", command=command, url=url,
                                      log_path=layout.servers_dir(root) / f"server_{i}.log", env=env,
-                                     startup_timeout=config.server_startup_timeout,
-                                     listener=listeners[i]))
+                                     startup_timeout=spec.startup_timeout,
+                                     listener=listeners[i], health_path=backend.health_path))
         if gpus is not None and len(gpus) > 1:
             say.info("server_%d: GPUs %s (tensor parallel %d x pipeline parallel %d)", i,
-                     ",".join(map(str, gpus)), config.tensor_parallel_size,
-                     config.pipeline_parallel_size)
+                     ",".join(map(str, gpus)), spec.engine.tensor_parallel_size,
+                     spec.engine.pipeline_parallel_size)
     try:
         for server in servers:
             server.start()
@@ -353,10 +310,10 @@ def start_servers(config: RunConfig, model: ModelInfo, layer_ids: list[int], roo
     return servers, [s.url for s in servers]
 
 
-def _note_unmanaged(config: RunConfig) -> None:
+def _note_unmanaged(spec: ServerSpec) -> None:
     """Engine options do nothing to servers hallulog does not start: say so (they are still
     recorded in the manifest, as the config's values)."""
-    given = set_engine_options(config)
+    given = spec.engine.given_flags()
     if given:
         say.info("--manage-servers false: %s only recorded in the manifest, not applied (the "
                  "servers at --server-urls run as they were started)", ", ".join(given))

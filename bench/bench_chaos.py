@@ -11,7 +11,7 @@ killer SIGKILLs at random intervals:
 * ``worker``: one of the driver's worker processes (the pool re-queues its groups, restarts it);
 * ``server``: one backend; it is started again on its port after 0.2-1 s (a supervisor's
   restart), meanwhile its workers' requests fail and their groups are queued again after the
-  run's backoff (run/dispatch.py).
+  run's backoff (orchestrator/run/dispatch.py).
 
 Then it checks: every (prompt, sample) has exactly one generation and one activation in
 ``consolidated/`` (no duplicate, none missing), validation is clean, and no process of the run,
@@ -42,11 +42,12 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from instant_run import REPO, InstantFleet, free_port, write_task  # noqa: E402
+from hallulog.backends.shm import orphaned, shm_names
 
-sys.path.insert(0, str(REPO))
-from hallulog.backends.shm import orphaned, shm_names  # noqa: E402
+if __package__:  # imported by the tests as bench.bench_chaos
+    from .instant_run import REPO, InstantFleet, free_port, write_task
+else:  # python bench/bench_chaos.py
+    from instant_run import REPO, InstantFleet, free_port, write_task
 
 KINDS = ("orchestrator", "worker", "server")
 TAG_VAR = "HALLULOG_CHAOS_TAG"

@@ -16,8 +16,8 @@ Prints both peaks, their ratio (compare / evaluate), the wall times and the size
 tables; the last line is one JSON object. ``--dir`` keeps the built study for a rerun (built
 cells and their evaluations are reused; the two measurements always run).
 
-    python bench/bench_compare.py                              # 20 cells x 10^4 prompts
-    python bench/bench_compare.py --cells 3 --prompts 500      # a quick look
+    python -m bench.bench_compare                              # 20 cells x 10^4 prompts
+    python -m bench.bench_compare --cells 3 --prompts 500      # a quick look
 """
 
 from __future__ import annotations
@@ -31,12 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from hallulog.study import make_cell, write_study
 
-from hallulog.study import make_cell, write_study  # noqa: E402
-
-from bench.instant_run import InstantFleet, write_task  # noqa: E402
+from bench.instant_run import REPO, InstantFleet, write_task
 
 #: runs ``argv`` and prints its process tree's peak RSS (KiB) on stderr's last line
 _WRAPPER = (

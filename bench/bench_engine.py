@@ -14,7 +14,7 @@ seconds, ratios are taken within the run, and the load average is printed):
   threads: the speed the embedded server had when it wrapped the model's own forward on the
   default job of then (the baseline).
 - ``engine@4``: the engines now, on the default job's traffic of then (4 groups in flight).
-- ``engine``: the engines as ``python -m serving`` runs them (``hallulog.serving.engine_pool``: by default
+- ``engine``: the engines as ``hallulog serve`` runs them (``hallulog.serving.engine_pool``: by default
   two engines of one intra-op thread each on two cores) and as ``python -m orchestrator run``
   drives them now: ``--groups-in-flight``
   (default: the run's default for the embedded backend) questions at a time, each a group of one
@@ -171,13 +171,13 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--top-p", type=float, default=0.95, help="of the k samples (a run's)")
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--engines", type=int, default=0, help="0: as python -m serving")
+    parser.add_argument("--engines", type=int, default=0, help="0: as hallulog serve")
     parser.add_argument(
         "--num-threads",
         type=int,
         default=0,
         help="intra-op threads of generate and of each engine (0: generate every core, the "
-        "engines as python -m serving)",
+        "engines as hallulog serve)",
     )
     parser.add_argument("--capture-layers", default="all", help="'all' or comma-separated ids")
     parser.add_argument(

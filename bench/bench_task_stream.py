@@ -3,17 +3,17 @@
 For each format (jsonl, json, csv, tsv, parquet, hf: a ``datasets`` ``save_to_disk``
 directory) and each size, a synthetic QA file is written to a temporary directory (fields
 ``qid``, ``question``, ``answer`` as a list, a ~200-character ``context``), then read in fresh
-processes the way a run reads it (``open_config_task({"task": "qa", "task_path": ...,
-"question_field": "question", "answers_field": "answer", "id_field": "qid", "context_field":
-"context"})``):
+processes the way a run reads it (the task of ``RunConfig(task="qa", task_path=...,
+question_field="question", answers_field="answer", id_field="qid", context_field="context")``,
+opened from its ``TaskSpec``):
 
 * ``reader``: the format's record reader only (``hallulog.tasks.records.iter_records``;
   for the baseline ``base.iter_jsonl``): no mapping, no id check, nothing kept;
 * ``groups``: ``stream.groups()`` iterated, nothing kept (a) — the loader's own duplicate-id
   check is included, it keeps one entry per id for the pass;
-* ``run``: what ``orchestrator run`` does (b): ``loop._prompt_ids(stream)`` (the run keeps
-  that set of 16-hex-digit prompt ids for the whole run), then ``loop._pending_groups`` over
-  the file again.
+* ``run``: what ``orchestrator run`` does (b): its plan's ids pass (``config.plan.plan_task``:
+  the run keeps that set of 16-hex-digit prompt ids for the whole run), then
+  ``loop._pending_groups`` over the file again.
 
 The baseline is the built-in ``triviaqa`` loader on a JSONL file of the same records (TriviaQA's
 layout, the context under an extra key), measured the same way in the same invocation.
@@ -258,12 +258,16 @@ def child(mode: str, fmt: str, path: str) -> None:
     import pyarrow  # noqa: F401  -- every child starts from the same imports
     import pyarrow.ipc  # noqa: F401
     import pyarrow.parquet  # noqa: F401
+    from hallulog.config.plan import plan_task
+    from hallulog.config.run_config import RunConfig
+    from hallulog.config.specs import task_spec
     from hallulog.orchestrator.run import loop
-    from hallulog.tasks import open_config_task
+    from hallulog.tasks import open_task_spec
     from hallulog.tasks.base import MalformedCollector, iter_jsonl
     from hallulog.tasks.records import iter_records
 
-    stream = open_config_task(task_config(fmt, path))
+    config = RunConfig(**task_config(fmt, path))
+    stream = open_task_spec(task_spec(config))
     collector = MalformedCollector(path, strict=True)
     base_kb = _status_kb("VmRSS")
     out: dict[str, Any] = {"mode": mode, "format": fmt}
@@ -281,7 +285,8 @@ def child(mode: str, fmt: str, path: str) -> None:
         for _ in stream.groups(collector):
             count += 1
     elif mode == "run":
-        ids, _split = loop._prompt_ids(stream)
+        task = plan_task(config)
+        stream, ids = task.stream, task.prompt_ids
         out["ids_pass_s"] = round(time.monotonic() - start, 2)
         out["rss_after_ids_mb"] = round(_status_kb("VmRSS") / 1024, 1)
         for _ in loop._pending_groups(stream, ids, lambda _pid: True):

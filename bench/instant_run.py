@@ -4,10 +4,16 @@ ports, and the ``python -m orchestrator run`` command line.
 
     with InstantFleet(tmp, servers=2) as fleet:
         subprocess.run(fleet.command(root, prompts=500, k=3), env=fleet.env)
+
+One backend on its own (the tests' ``instant_backend`` fixtures, tests/conftest.py):
+
+    with running_instant_backend(spool, num_layer_ids=3, hidden_size=16) as url:
+        ...
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,13 +22,25 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 NUM_LAYERS, HIDDEN = 4, 64  # the light profile asks for layer ids 3, 4 of a 4-layer model
 LAYER_IDS = 2
 
-__all__ = ["InstantFleet", "write_task", "write_model", "free_port", "REPO", "NUM_LAYERS", "HIDDEN"]
+__all__ = [
+    "InstantFleet",
+    "write_task",
+    "write_model",
+    "free_port",
+    "wait_health",
+    "instant_backend_argv",
+    "running_instant_backend",
+    "REPO",
+    "NUM_LAYERS",
+    "HIDDEN",
+]
 
 
 def free_port() -> int:
@@ -78,16 +96,70 @@ def wait_health(url: str, timeout: float = 30.0, proc: subprocess.Popen | None =
             time.sleep(0.1)
 
 
+def instant_backend_argv(
+    port: int,
+    spool_dir: Path,
+    *,
+    num_layer_ids: int = LAYER_IDS,
+    hidden_size: int = HIDDEN,
+    served_model_name: str = "m",
+    answer_tokens: int | None = None,
+    max_prompt_tokens: int | None = None,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
+    """The command line of one bench/instant_backend.py; an option left None keeps the
+    backend's default (12 answer tokens, prompts of up to 48)."""
+    argv = [sys.executable, str(REPO / "bench" / "instant_backend.py"), "--port", str(port)]
+    argv += ["--spool-dir", str(spool_dir), "--num-layer-ids", str(num_layer_ids)]
+    argv += ["--hidden-size", str(hidden_size), "--served-model-name", served_model_name]
+    if answer_tokens is not None:
+        argv += ["--answer-tokens", str(answer_tokens)]
+    if max_prompt_tokens is not None:
+        argv += ["--max-prompt-tokens", str(max_prompt_tokens)]
+    return argv + list(extra)
+
+
+@contextlib.contextmanager
+def running_instant_backend(
+    spool_dir: Path, *, timeout: float = 60.0, quiet: bool = False, **options
+) -> Iterator[str]:
+    """Start one instant backend on a free port, wait for its ``/health``, yield its URL; stop
+    it on exit. ``options``: those of :func:`instant_backend_argv`. ``quiet``: its output to
+    /dev/null (else it goes where this process's goes)."""
+    port = free_port()
+    out = subprocess.DEVNULL if quiet else None
+    proc = subprocess.Popen(
+        instant_backend_argv(port, spool_dir, **options), stdout=out, stderr=out
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_health(url, timeout=timeout, proc=proc)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class InstantFleet:
     """``servers`` instant backends (bench/instant_backend.py) on free ports, spooling under
     ``work/spool``; a fake model dir ``work/model``. Start with ``with`` or :meth:`start`.
     ``vary_rows``: captures of different prompts hold different rows (probes fit on them)."""
 
     def __init__(
-        self, work: Path, servers: int = 1, answer_tokens: int = 4, vary_rows: bool = False
+        self,
+        work: Path,
+        servers: int = 1,
+        answer_tokens: int = 4,
+        vary_rows: bool = False,
+        latency_ms: float = 0.0,
     ) -> None:
         self.work = Path(work)
         self.servers, self.answer_tokens, self.vary_rows = servers, answer_tokens, vary_rows
+        self.latency_ms = latency_ms
         self.model = self.work / "instant-model"
         self.env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.procs: list[subprocess.Popen] = []
@@ -96,23 +168,18 @@ class InstantFleet:
     def start_one(self, i: int) -> subprocess.Popen:
         port = int(self.urls[i].rsplit(":", 1)[1]) if i < len(self.urls) else free_port()
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(REPO / "bench" / "instant_backend.py"),
-                "--port",
-                str(port),
-                "--spool-dir",
-                str(self.work / "spool" / f"s{i}"),
-                "--num-layer-ids",
-                str(LAYER_IDS),
-                "--hidden-size",
-                str(HIDDEN),
-                "--served-model-name",
-                self.model.name,
-                "--answer-tokens",
-                str(self.answer_tokens),
-                *(["--vary-rows"] if self.vary_rows else []),
-            ],
+            instant_backend_argv(
+                port,
+                self.work / "spool" / f"s{i}",
+                num_layer_ids=LAYER_IDS,
+                hidden_size=HIDDEN,
+                served_model_name=self.model.name,
+                answer_tokens=self.answer_tokens,
+                extra=(
+                    *(["--vary-rows"] if self.vary_rows else []),
+                    *(["--latency-ms", str(self.latency_ms)] if self.latency_ms else []),
+                ),
+            ),
             env=self.env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

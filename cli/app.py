@@ -1,30 +1,30 @@
 """``hallulog`` (= ``python -m orchestrator``): the CLI as subcommands.
 
 ``run | consolidate | validate | retry | merge | evaluate | import | compare | study | status |
-push | pull | estimate | export | serve``. The
-flags of the commands that take a run's config are derived from ``RunConfig``'s fields,
-docstrings and types (``contracts/config_cli.py``: a ``Literal`` field's values are its
-choices). Every subcommand is one entry of :data:`SUBCOMMANDS` (name, a function adding its
-parser to the subparsers, its handler); another package adds one with
-:func:`register_subcommand`.
+push | pull | estimate | view | export | serve``. The flags of the commands that take a run's
+config are derived from ``RunConfig``'s fields, docstrings and types (``contracts/config_cli.py``:
+a ``Literal`` field's values are its choices). Every subcommand is one entry of
+:data:`SUBCOMMANDS` (name, a function adding its parser to the subparsers, its handler); another
+package adds one with :func:`register_subcommand`.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import logging
 import os
 import sys
 import typing
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import NamedTuple
 
 from hallulog.cli import parsers as parsers
 from hallulog.cli.passthrough import PASSTHROUGH, PASSTHROUGH_SUBCOMMANDS
 from hallulog.config.config_file import StudyFile, StudyFileError, dump_study, load_study
+from hallulog.config.manifest import recorded_config
 from hallulog.config.run_config import ConfigError, RunConfig
 from hallulog.contracts.config_cli import literal_choices
 from hallulog.contracts.errors import HallulogError
@@ -125,18 +125,6 @@ def _import(args: argparse.Namespace) -> int:
     return run_import(args)
 
 
-def _add_compare(sub) -> argparse.ArgumentParser:
-    from hallulog.study.cli import add_compare_parser
-
-    return add_compare_parser(sub)
-
-
-def _compare(args: argparse.Namespace) -> int:
-    from hallulog.study.cli import run_compare
-
-    return run_compare(args)
-
-
 def _merge(args: argparse.Namespace) -> int:
     from hallulog.cli.commands import print_merge
     from hallulog.postrun.merge import merge_shards
@@ -163,44 +151,48 @@ def _merge(args: argparse.Namespace) -> int:
     return 0 if summary["validation"]["ok"] else 1
 
 
-def _add_push(sub) -> argparse.ArgumentParser:
-    from hallulog.cli.push_pull import add_push_parser
-
-    return add_push_parser(sub)
-
-
-def _push(args: argparse.Namespace) -> int:
-    from hallulog.cli.push_pull import run_push
-
-    return run_push(args)
-
-
-def _add_pull(sub) -> argparse.ArgumentParser:
-    from hallulog.cli.push_pull import add_pull_parser
-
-    return add_pull_parser(sub)
-
-
-def _pull(args: argparse.Namespace) -> int:
-    from hallulog.cli.push_pull import run_pull
-
-    return run_pull(args)
-
-
 def _status(args: argparse.Namespace) -> int:
     from hallulog.api.client import fetch_status, format_status, status_from_artifacts
 
-    if bool(args.url) == bool(args.artifact_root):
-        args._parser.error("status needs exactly one of --url or --artifact-root")
+    if args.root is not None and args.artifact_root is not None:
+        args._parser.error("give the root once: ROOT or --artifact-root")
+    root = args.root if args.root is not None else args.artifact_root
+    if bool(args.url) == bool(root):
+        args._parser.error("status needs exactly one of --url, ROOT or --artifact-root")
+    from hallulog.remote.url import object_url
+
+    url = object_url(root) if root is not None else None
     try:
         token = args.token or os.environ.get("HALLULOG_STATUS_TOKEN")
-        snapshot = (
-            fetch_status(args.url, token) if args.url else status_from_artifacts(args.artifact_root)
-        )
+        if args.url:
+            snapshot = fetch_status(args.url, token)
+        elif url is not None:
+            from hallulog.cli.bucket_status import status_from_bucket
+
+            snapshot = status_from_bucket(url)
+        else:
+            snapshot = status_from_artifacts(root)
     except Exception as exc:  # network or file errors: one clear line
         return _fail(exc, args.debug)
     print(json.dumps(snapshot, indent=2) if args.json else format_status(snapshot))
+    if url is not None and not args.json:
+        from hallulog.cli.bucket_status import format_lease
+
+        print(format_lease(snapshot))
     return 0
+
+
+def _lazy(module: str, add: str, run: str) -> tuple[Callable, Callable]:
+    """A subcommand whose parser function ``add`` and handler ``run`` live in ``module``,
+    imported only when that subcommand is used (``hallulog --help`` stays fast)."""
+
+    def add_parser(sub) -> argparse.ArgumentParser:
+        return getattr(importlib.import_module(module), add)(sub)
+
+    def handler(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(module), run)(args)
+
+    return add_parser, handler
 
 
 SUBCOMMANDS: list[Subcommand] = [
@@ -211,12 +203,13 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("merge", parsers.add_merge, _merge),
     Subcommand("evaluate", parsers.add_evaluate, _evaluate),
     Subcommand("import", _add_import, _import),
-    Subcommand("compare", _add_compare, _compare),
-    Subcommand("study", parsers.add_study, parsers.run_study),
+    Subcommand("compare", *_lazy("hallulog.study.cli", "add_compare_parser", "run_compare")),
+    Subcommand("study", *_lazy("hallulog.cli.study_cli", "add_study_parser", "run_study_command")),
     Subcommand("status", parsers.add_status, _status),
-    Subcommand("push", _add_push, _push),
-    Subcommand("pull", _add_pull, _pull),
+    Subcommand("push", *_lazy("hallulog.cli.push_pull", "add_push_parser", "run_push")),
+    Subcommand("pull", *_lazy("hallulog.cli.push_pull", "add_pull_parser", "run_pull")),
     Subcommand("estimate", parsers.add_estimate, lambda args: _config_command(args)),
+    Subcommand("view", *_lazy("hallulog.view.command", "add_parser", "run")),
     *PASSTHROUGH_SUBCOMMANDS,
 ]
 """The subcommands in the order ``--help`` lists them."""
@@ -287,19 +280,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         # a local root's, or one in a bucket (the finished root's, else the run's first)
         manifest = root_manifest(given.get("artifact_root", RunConfig.artifact_root))
         if manifest is not None:
-            names = {f.name for f in dataclasses.fields(RunConfig)}
-            recorded = {
-                k: tuple(v) if isinstance(v, list) else v
-                for k, v in manifest.get("config", {}).items()
-                if k in names
-            }
-            for key in ("artifact_root", "cache_dir", "spool_root", "staging_dir"):
-                if recorded.get(key) is not None:
-                    recorded[key] = Path(recorded[key])
-            # retry starts servers again and spools where the run did; a spool root gone since
-            # (a tmpfs after a reboot) falls back to the artifact root's spool/
-            if recorded.get("spool_root") is not None and not recorded["spool_root"].is_dir():
-                del recorded["spool_root"]
+            # retry starts servers again and spools where the run did (config.manifest)
+            recorded = recorded_config(manifest)
             given = {**recorded, **given}
     if given.get("status_token") is None and os.environ.get("HALLULOG_STATUS_TOKEN"):
         given["status_token"] = os.environ["HALLULOG_STATUS_TOKEN"]

@@ -40,23 +40,21 @@ from pathlib import Path
 
 from hallulog.cli.bucket_staging import (
     drop_partial_upload,
+    held_staging,
+    remove_staging,
     ship_finished,
     stage_root,
     staging_dir_for,
 )
+from hallulog.config.plan import plan_task
 from hallulog.contracts import layout
 from hallulog.contracts.errors import HallulogError
-from hallulog.contracts.root_lock import root_lock
 from hallulog.remote.client import Bucket, object_url
+from hallulog.remote.compact import drop_segments
 from hallulog.remote.lease import bucket_lock
+from hallulog.remote.restore import fence_session
 
 __all__ = ["remote_command", "postrun_command", "evaluate_command", "merge_command"]
-
-
-def _expected_ids(config) -> set[str]:
-    from hallulog.tasks import open_config_task
-
-    return {g.prompt_id for g in open_config_task(config.to_dict()).groups()}
 
 
 def _print_local(text: str, staging: Path, url: str) -> None:
@@ -97,9 +95,10 @@ def postrun_command(config, args: argparse.Namespace, url: str) -> int:
 def _validate(config, url: str, staging: Path, *, deep: bool) -> int:
     from hallulog.postrun.validate import format_report, validate
 
-    with root_lock(staging, "validate"):
+    explicit = config.staging_dir is not None
+    with held_staging(url, staging, Bucket(url), "validate", explicit=explicit):
         staged = stage_root(url, staging)
-        report = validate(staging, expected_prompt_ids=_expected_ids(config))
+        report = validate(staging, expected_prompt_ids=plan_task(config).prompt_ids)
         _print_local(format_report(report), staging, url)
         if not staged.finished:
             print(f"{url} holds the run's segments, no finished root", file=sys.stderr)
@@ -123,17 +122,23 @@ def _consolidate(config, url: str, staging: Path, *, merge: bool) -> int:
             "a finished root is written once (pull it to consolidate it otherwise)"
         )
         return 0
-    with bucket_lock(bucket, "consolidate"), root_lock(staging, "consolidate"):
+    explicit = config.staging_dir is not None
+    with bucket_lock(bucket, "consolidate") as lease:
         if read_tree_list(bucket) is not None:  # pushed by the lease's previous holder
             print(f"{url} holds a finished root (consolidated, validated, pushed): nothing to do")
             return 0
-        stage_root(url, staging, bucket=bucket)
-        done = finish(staging, expected_prompt_ids=_expected_ids(config), merge=merge)
-        print_finished(done, local=(staging, url))
-        if not done.ok:
-            print(f"bucket: {url} keeps the segments; nothing pushed", file=sys.stderr)
-            return 1
-        pushed = ship_finished(staging, url, bucket=bucket)
+        with held_staging(url, staging, bucket, "consolidate", explicit=explicit):
+            # the segments are the truth from here: an earlier holder's later ones never count
+            fence_session(bucket, lease.epoch, "consolidate")
+            stage_root(url, staging, bucket=bucket)
+            done = finish(staging, expected_prompt_ids=plan_task(config).prompt_ids, merge=merge)
+            print_finished(done, local=(staging, url))
+            if not done.ok:
+                print(f"bucket: {url} keeps the segments; nothing pushed", file=sys.stderr)
+                return 1
+            pushed = ship_finished(staging, url, bucket=bucket)
+            drop_segments(bucket)  # the finished root holds every byte of them
+        remove_staging(staging, url)
     print(f"bucket: {url} ({pushed.files} files, {pushed.transferred} copied)")
     return 0
 
@@ -146,9 +151,9 @@ def _retry(config, url: str, staging: Path) -> int:
     if read_tree_list(Bucket(url)) is None:
         result, pushed = run_remote(config, retry=True)
         return report_run(config, url, result, pushed)
-    with root_lock(staging, "retry"):
+    with held_staging(url, staging, Bucket(url), "retry", explicit=config.staging_dir is not None):
         stage_root(url, staging)
-        retry = prompts_to_retry(staging, _expected_ids(config))
+        retry = prompts_to_retry(staging, plan_task(config).prompt_ids)
     if not retry:
         print(f"{url} holds a finished root with nothing to retry")
         return 0
@@ -167,8 +172,7 @@ def _retry(config, url: str, staging: Path) -> int:
 def _staged_finished(url: str, stack: ExitStack, command: str) -> Path:
     """The local copy of the finished root at ``url`` (its lock held by ``stack``)."""
     staging = staging_dir_for(url, None, None)
-    staging.mkdir(parents=True, exist_ok=True)
-    stack.enter_context(root_lock(staging, command))
+    stack.enter_context(held_staging(url, staging, Bucket(url), command, explicit=False))
     staged = stage_root(url, staging)
     if not staged.finished:
         raise HallulogError(
@@ -239,8 +243,7 @@ def merge_command(args: argparse.Namespace) -> int:
                 roots.append(Path(root))
                 continue
             staging = staging_dir_for(url, None, None)
-            staging.mkdir(parents=True, exist_ok=True)
-            stack.enter_context(root_lock(staging, "merge"))
+            stack.enter_context(held_staging(url, staging, Bucket(url), "merge", explicit=False))
             roots.append(stage_root(url, staging).root)
         out = Path(args.out)
         if out_url is not None:
@@ -252,6 +255,7 @@ def merge_command(args: argparse.Namespace) -> int:
             # the shards read, nothing merged yet: a second writer of --out is refused
             stack.enter_context(bucket_lock(out_url, "merge"))
             out = staging_dir_for(out_url, None, None)
+            remove_staging(out, out_url)  # a merge starts from nothing: an earlier one's cache
         summary = merge_shards(out, roots, mode=args.mode)
         print_merge(summary, local=(out, out_url) if out_url else None)
         if not summary["validation"]["ok"]:
@@ -259,4 +263,6 @@ def merge_command(args: argparse.Namespace) -> int:
         if out_url is not None:
             pushed = ship_finished(out, out_url)
             print(f"bucket: {out_url} ({pushed.files} files, {pushed.transferred} copied)")
+    if out_url is not None:
+        remove_staging(out, out_url)
     return 0

@@ -38,12 +38,20 @@ import logging
 import sys
 from pathlib import Path
 
-from hallulog.cli.bucket_staging import recover_worker_dirs, ship_finished, staging_dir_for
-from hallulog.contracts.errors import HallulogError
-from hallulog.contracts.root_lock import root_lock
+from hallulog.cli.bucket_staging import (
+    held_staging,
+    recover_worker_dirs,
+    remove_staging,
+    ship_finished,
+    staging_dir_for,
+)
+from hallulog.config.plan import plan_task
+from hallulog.contracts.errors import HallulogError, ResumeRefused
 from hallulog.remote.client import Bucket, object_url
+from hallulog.remote.compact import drop_segments
 from hallulog.remote.lease import BucketLease, BucketLockLost, bucket_lock
-from hallulog.remote.restore import fence_chain, restore_staging, segment_chains
+from hallulog.remote.restore import fence_session, restore_staging
+from hallulog.remote.segments import ROOT_CHAIN
 from hallulog.remote.shipper import SegmentShipper
 
 __all__ = ["run_remote", "report_run", "RemoteTarget", "ACTOR_SHIP_GAP"]
@@ -63,12 +71,8 @@ class RemoteTarget:
     url: str
     ship_gap: float
     since: dict[str, int]
-
-
-def _expected_ids(config) -> set[str]:
-    from hallulog.tasks import open_config_task
-
-    return {g.prompt_id for g in open_config_task(config.to_dict()).groups()}
+    epoch: int = 0
+    """The session's lease epoch: every segment its actors ship carries it."""
 
 
 def run_remote(config, *, retry: bool = False):
@@ -93,27 +97,23 @@ def run_remote(config, *, retry: bool = False):
     command = "retry" if retry else "run"
     with bucket_lock(bucket, command) as lease:  # one writer per prefix, on any node
         refuse_finished()  # pushed by the lease's previous holder
-        staging.mkdir(parents=True, exist_ok=True)
-        with root_lock(staging, command):  # restoring rewrites the staging root
-            return _run_staged(config, url, bucket, staging, retry, lease)
-
-
-def _fence_all(bucket: Bucket) -> dict[str, int]:
-    """Fence every worker chain (a new driver session): ``worker -> the fence's number``."""
-    return {
-        worker: fence_chain(bucket, worker, "new driver session")[0] + 1
-        for worker in segment_chains(bucket)
-    }
+        explicit = config.staging_dir is not None
+        # restoring rewrites the staging root: held, as a cache of the bucket's run
+        with held_staging(url, staging, bucket, command, explicit=explicit):
+            result, pushed = _run_staged(config, url, bucket, staging, retry, lease)
+        if pushed is not None:  # every byte of the staging root is in the bucket
+            remove_staging(staging, url)
+        return result, pushed
 
 
 def _retry_set(config, staging: Path, states) -> tuple[set[str] | None, set[str] | None]:
     """``(only, redo)`` of ``run``: what ``hallulog retry`` reprocesses, from the restored root."""
     from hallulog.postrun.repair import prompts_to_retry
-    from hallulog.remote.segments import WorkerState, advance
+    from hallulog.remote.segments import WorkerState, advance, chain_dir
 
-    retry = prompts_to_retry(staging, _expected_ids(config))
+    retry = prompts_to_retry(staging, plan_task(config).prompt_ids)
     for name, st in states.items():  # repair may set malformed lines aside: not on segments
-        now, _, _, _ = advance(staging / name, WorkerState(name))
+        now, _, _, _ = advance(chain_dir(staging, name), WorkerState(name))
         if now.ends != st.ends:
             raise HallulogError(
                 f"{object_url(config.artifact_root)}: {name} holds malformed lines; pull the "
@@ -132,32 +132,47 @@ def _run_staged(config, url: str, bucket: Bucket, staging: Path, retry: bool, le
     from hallulog.postrun.finish import finish
 
     ray = config.executor == "ray"
-    since = _fence_all(bucket) if ray else {}
+    # a new session: every chain fenced at its next number, then this epoch recorded; no
+    # segment an earlier holder ships from now on is ever restored (remote/epochs.py)
+    workers = [f"worker_{i}" for i in range(config.num_workers or 0)]
+    since = fence_session(bucket, lease.epoch, "retry" if retry else "run", workers)
     states = restore_staging(staging, bucket)
     only = redo = None
     if retry:
         only, redo = _retry_set(config, staging, states)
     local = dataclasses.replace(config, artifact_root=staging)  # its manifest records it
-    shipper = None
-    if not ray:
-        shipper = SegmentShipper(
-            staging, bucket, states, interval=config.checkpoint_interval, guard=lease.check
-        )
-        shipper.start()
-    target = RemoteTarget(url, min(ACTOR_SHIP_GAP, config.checkpoint_interval), since)
+    # one node: the driver ships every chain; Ray: the actors their own, the driver the root's
+    shipper = SegmentShipper(
+        staging,
+        bucket,
+        states,
+        interval=config.checkpoint_interval,
+        guard=lease.check,
+        epoch=lease.epoch,
+        chains=[ROOT_CHAIN] if ray else None,
+    )
+    shipper.start()
+    gap = min(ACTOR_SHIP_GAP, config.checkpoint_interval)
+    target = RemoteTarget(url, gap, {k: v + 1 for k, v in since.items()}, lease.epoch)
     try:
         result = run(local, only=only, redo=redo, remote=target)
-    except BaseException:
-        if shipper is not None:
-            try:  # what was committed before the error or the stop is kept in the bucket
-                shipper.stop()
-            except BucketLockLost:  # another command holds the prefix: nothing more is shipped
-                pass
-            except Exception as exc:
-                log.error("shipping the last segments to %s: %s", url, exc)
-        raise
-    if shipper is not None:
+    except ResumeRefused as exc:  # the bucket's run, not the staging directory, is refused
+        _, _, rest = str(exc).partition(" holds ")
         shipper.stop()
+        raise ResumeRefused(
+            f"{url} holds {rest}".replace(
+                "another --artifact-root, or remove the old run", "another prefix"
+            )
+        ) from None
+    except BaseException:
+        try:  # what was committed before the error or the stop is kept in the bucket
+            shipper.stop()
+        except BucketLockLost:  # another command holds the prefix: nothing more is shipped
+            pass
+        except Exception as exc:
+            log.error("shipping the last segments to %s: %s", url, exc)
+        raise
+    shipper.stop()
     pushed = None
     if not (config.consolidate and result.complete):
         return result, pushed
@@ -165,7 +180,8 @@ def _run_staged(config, url: str, bucket: Bucket, staging: Path, retry: bool, le
         restore_staging(staging, bucket, reset=False)  # the session's manifest and checkpoint
         recover_worker_dirs(staging)
         _label_again(config, staging)
-    done = finish(staging, expected_prompt_ids=_expected_ids(config))
+        shipper.ship()  # the labels given now
+    done = finish(staging, expected_prompt_ids=plan_task(config).prompt_ids)
     result.consolidation, result.exports, result.validation = (
         done.consolidation,
         done.exports,
@@ -173,6 +189,8 @@ def _run_staged(config, url: str, bucket: Bucket, staging: Path, retry: bool, le
     )
     if done.ok:
         pushed = ship_finished(staging, url, bucket=bucket)
+        # the finished root holds every byte of the segments: they go (remote/compact.py)
+        log.info("%s: %d segment object(s) removed", url, drop_segments(bucket))
     return result, pushed
 
 
@@ -197,7 +215,7 @@ def report_run(config, url: str, result, pushed) -> int:
     """Print what a run (or retry) on a bucket root did; its exit code."""
     from hallulog.cli import commands
 
-    print(commands.format_result(result))
+    print(commands.format_result(result).replace(str(result.artifact_root), url))
     if pushed is not None:
         print(f"bucket: {url} ({pushed.files} files, {pushed.transferred} copied)")
     elif result.complete:

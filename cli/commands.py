@@ -3,9 +3,11 @@ of a run."""
 
 from __future__ import annotations
 
+from hallulog.config.plan import plan_task
 from hallulog.config.run_config import RunConfig
 from hallulog.contracts.root_lock import holds_root
 from hallulog.orchestrator.run import RunResult
+from hallulog.orchestrator.run.progress import describe_capture_failures
 
 __all__ = [
     "format_result",
@@ -35,7 +37,8 @@ def format_result(result: RunResult) -> str:
         [
             f"run finished in {result.wall_seconds:.1f} s: {done}/{result.total} prompts done "
             f"({result.done} this session, {result.done_before} before), {len(result.failed)} failed, "
-            f"{result.capture_errors} capture(s) failed",
+            f"{describe_capture_failures(result.capture_errors, result.capture_reasons)} "
+            "capture(s) failed",
             f"labels: {balance}",
             f"artifacts: {result.artifact_root}",
         ]
@@ -84,7 +87,9 @@ def consolidate_command(config: RunConfig, *, merge: bool = False) -> int:
     """``hallulog consolidate``: consolidate, export and validate existing worker outputs."""
     from hallulog.postrun.finish import finish
 
-    done = finish(config.artifact_root, expected_prompt_ids=_expected_ids(config), merge=merge)
+    done = finish(
+        config.artifact_root, expected_prompt_ids=plan_task(config).prompt_ids, merge=merge
+    )
     print_finished(done)
     return 0 if done.ok else 1
 
@@ -127,7 +132,7 @@ def validate_command(config: RunConfig, *, deep: bool = False) -> int:
     ``deep``: also audit every stored activation against its token ids (docs/alignment.md)."""
     from hallulog.postrun.validate import validate
 
-    report = validate(config.artifact_root, expected_prompt_ids=_expected_ids(config))
+    report = validate(config.artifact_root, expected_prompt_ids=plan_task(config).prompt_ids)
     print_validation(report)
     rc = 0 if report["ok"] else 1
     if deep:
@@ -142,7 +147,7 @@ def retry_command(config: RunConfig) -> int:
     from hallulog.orchestrator.run import run
     from hallulog.postrun.repair import prompts_to_retry
 
-    expected = _expected_ids(config)
+    expected = plan_task(config).prompt_ids
     retry = prompts_to_retry(config.artifact_root, expected)
     print(
         f"retrying {len(retry)} prompt(s): "
@@ -155,10 +160,3 @@ def retry_command(config: RunConfig) -> int:
         print_validation(result.validation)
         return 0 if result.validation["ok"] and not result.failed else 1
     return 1 if result.failed else 0
-
-
-def _expected_ids(config: RunConfig) -> set[str]:
-    from hallulog.tasks import open_config_task
-
-    stream = open_config_task(config.to_dict())
-    return {g.prompt_id for g in stream.groups()}

@@ -19,8 +19,6 @@ __all__ = [
     "task_choices",
     "add_config_arguments",
     "add_run",
-    "add_study",
-    "run_study",
     "add_consolidate",
     "add_validate",
     "add_retry",
@@ -187,9 +185,17 @@ def add_estimate(sub) -> argparse.ArgumentParser:
 
 def add_status(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="Print a run's status.")
+    p.add_argument(
+        "root",
+        nargs="?",
+        metavar="ROOT",
+        help="An artifact root, local or s3://BUCKET/PREFIX (the same as --artifact-root).",
+    )
     p.add_argument("--url", help="Status API base URL of a running orchestrator.")
     p.add_argument(
-        "--artifact-root", type=Path, help="Report from the files of a run (finished or not)."
+        "--artifact-root",
+        help="Report from the files of a run (finished or not); s3://BUCKET/PREFIX reads the "
+        "bucket's small objects only (docs/object-storage.md).",
     )
     p.add_argument(
         "--token",
@@ -237,17 +243,3 @@ def add_evaluate(sub) -> argparse.ArgumentParser:
     from hallulog.evaluation import add_evaluate_parser
 
     return add_evaluate_parser(sub)
-
-
-def add_study(sub) -> argparse.ArgumentParser:
-    """``study run|status`` (cli/study_cli.py)."""
-    from hallulog.cli.study_cli import add_study_parser
-
-    return add_study_parser(sub)
-
-
-def run_study(args: argparse.Namespace) -> int:
-    """The ``study`` subcommand's handler (cli/study_cli.py)."""
-    from hallulog.cli.study_cli import run_study_command
-
-    return run_study_command(args)

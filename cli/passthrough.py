@@ -42,7 +42,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 PASSTHROUGH_SUBCOMMANDS = (
     _Entry(
-        "export", _parser("export", "wds, saev, saelens or sft export (docs/exports.md)"), _export
+        "export",
+        _parser("export", "wds, saev, saelens, sft, lm-polygraph or uqlm export (docs/exports.md)"),
+        _export,
     ),
     _Entry(
         "serve", _parser("serve", "the embedded OpenAI-compatible server (docs/serving.md)"), _serve

@@ -39,7 +39,7 @@ _SKIP_NAMES = (".hallulog-shared-fs-probe",)
 _SKIP_DIRS = ("spool/",)
 
 
-class PushRefused(ValueError):
+class PushRefused(HallulogError, ValueError):
     """The root is not a finished artifact root (the message says what to run first)."""
 
 

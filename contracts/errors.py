@@ -1,12 +1,16 @@
 """The root of hallulog's one error tree.
 
-Every error a person can act on derives from :class:`HallulogError`; the CLI prints its message
-as one line. The branches: :class:`ArtifactError` here (a file of the run), ``StorageError``
-(``storage/errors.py``: the activation stores), the orchestrator's (``contracts/errors.py``)
-and ``hallulog.api.StatusError``. Where an error is a case of a builtin, it is that builtin too (a
-malformed line is a ``ValueError``, a store not found a ``FileNotFoundError``), so code that
-catches the builtin keeps working.
-"""
+Every exception a hallulog room defines derives from :class:`HallulogError` (the CLI prints its
+message as one line, without a traceback; ``tests/contracts/test_error_tree.py`` checks every
+class of the rooms and lists the few outside it with their reason, such as the
+``KeyboardInterrupt`` of a clean stop). The branches: :class:`ArtifactError` here (a file of the run),
+``StorageError`` (``storage/errors.py``: the activation stores, and the object store's errors of
+``remote/``), the configuration's :class:`ConfigError`, the backends' :class:`BackendStartError`
+and the workers' request errors (``workers/client.py``), and one class per module for the rest
+(``hallulog.api.StatusError``, ``PersistBroken``, ``CaptureError``, ``PushRefused``, ...).
+Where an error is a case of a builtin, it is that builtin too (a malformed line is a
+``ValueError``, a store not found a ``FileNotFoundError``, a failed rollback an ``OSError``), so
+code that catches the builtin keeps working."""
 
 from __future__ import annotations
 

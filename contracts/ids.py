@@ -1,4 +1,5 @@
-"""Stable identities of DESIGN.md: prompt_id, sample_id, activation_key, config fingerprint."""
+"""Stable identities (docs/architecture.md, "Ids"): prompt_id, sample_id, activation_key, config
+fingerprint."""
 
 from __future__ import annotations
 

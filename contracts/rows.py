@@ -131,6 +131,8 @@ class ErrorRow(TypedDict):
     stack_trace: str
     worker_id: int
     server_url: str
+    reason: NotRequired[str]
+    """``capture_failed`` rows of a capture that failed the row check: ``capture_zeros`` …"""
 
 
 class ConsolidatedPromptRow(PromptRow):

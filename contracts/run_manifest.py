@@ -26,10 +26,16 @@ from types import MappingProxyType
 from typing import Any
 
 from hallulog.contracts import layout
-from hallulog.contracts.errors import ArtifactError
+from hallulog.contracts.errors import ArtifactError, ResumeRefused
 from hallulog.contracts.jsonl import read_document
 
-__all__ = ["RunManifest", "MANIFEST_VERSION", "DEFAULTS", "DEFAULT_STORAGE_FORMAT"]
+__all__ = [
+    "RunManifest",
+    "MANIFEST_VERSION",
+    "DEFAULTS",
+    "DEFAULT_STORAGE_FORMAT",
+    "check_resumable",
+]
 
 MANIFEST_VERSION = 1
 """The newest ``manifest_version`` this code reads (absent in the file: 1)."""
@@ -169,3 +175,33 @@ class RunManifest(Mapping[str, Any]):
     @property
     def positions(self) -> list[str] | None:
         return self.get("positions")
+
+
+def check_resumable(existing: Mapping[str, Any], fresh: Mapping[str, Any]) -> None:
+    """Refuse to resume a run whose config fingerprint differs; name the differing fields.
+
+    The shard (``--shard I/N``) is not in the fingerprint (the shards of one run share it), so
+    it is compared on its own: a shard root resumes only as the same shard.
+    """
+    if existing.get("shard") != fresh.get("shard"):
+        had = existing.get("shard") or "none (the whole run)"
+        raise ResumeRefused(
+            f"{existing.get('artifact_root')} holds shard {had} of run {existing.get('run_id')}, "
+            f"not shard {fresh.get('shard') or 'none'}: pass the same --shard to resume it, or "
+            "pick another --artifact-root."
+        )
+    if existing.get("config_fingerprint") == fresh["config_fingerprint"]:
+        return
+    old, new = existing.get("fingerprint_fields", {}), fresh["fingerprint_fields"]
+    diffs = [
+        f"{k}: {old.get(k)!r} -> {new.get(k)!r}"
+        for k in sorted(set(old) | set(new))
+        if old.get(k) != new.get(k)
+    ]
+    raise ResumeRefused(
+        f"{existing.get('artifact_root')} holds run {existing.get('run_id')} with a different "
+        f"config (fingerprint {str(existing.get('config_fingerprint'))[:12]} vs "
+        f"{fresh['config_fingerprint'][:12]}): "
+        + "; ".join(diffs or ["unknown fields"])
+        + ". Use the same flags to resume, another --artifact-root, or remove the old run."
+    )

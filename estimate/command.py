@@ -15,11 +15,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from hallulog.backends.models import ModelInfo
+from hallulog.config.plan import plan_run
 from hallulog.config.run_config import RunConfig
 from hallulog.contracts import layout
 from hallulog.contracts.errors import ConfigError
 from hallulog.estimate.measure import Lengths, free_bytes, measure_run, pilot_lengths, task_prompts
-from hallulog.estimate.projection import Estimate, human_bytes, project, selection_for
+from hallulog.estimate.projection import Estimate, Selection, human_bytes, project
 
 __all__ = [
     "estimate",
@@ -62,18 +64,15 @@ def estimate(
     model_dir: Path | None = None
     if model_shape is not None:
         num_layers, hidden = model_shape
-        name = f"{num_layers}x{hidden}"
+        model = ModelInfo(Path(config.model), num_layers, hidden, f"{num_layers}x{hidden}")
     else:
         from hallulog.backends.models import hallulog_cache_dir, resolve_model
 
-        info = resolve_model(config.model, hallulog_cache_dir(config.cache_dir))
-        num_layers, hidden, name, model_dir = (
-            info.num_hidden_layers,
-            info.hidden_size,
-            info.name,
-            info.path,
-        )
-    selection = selection_for(config, num_layers)
+        model = resolve_model(config.model, hallulog_cache_dir(config.cache_dir))
+        model_dir = model.path
+    plan = plan_run(config, model)  # the prompts streamed as the run streams them
+    num_layers, hidden, name = model.num_hidden_layers, model.hidden_size, model.name
+    selection = Selection.of(plan.stored)
     measured = measure_run(from_run) if from_run is not None else None
     if from_run is not None and measured is None:
         raise ConfigError(
@@ -82,8 +81,11 @@ def estimate(
         )
     lengths = pilot_lengths(measured) if measured is not None else Lengths()
     tokenize = selection.needs_prompt_length
-    prompts, task_lengths = task_prompts(config, tokenizer_dir=model_dir, lengths=tokenize)
+    prompts = len(plan.task.prompt_ids)
     if tokenize:  # the bound always comes from the task itself
+        _, task_lengths = task_prompts(
+            plan.task.stream, chat=config.chat, tokenizer_dir=model_dir, lengths=True
+        )
         lengths = _merge(
             lengths, prompt_max=task_lengths.prompt_max, prompt_source=task_lengths.prompt_source
         )
@@ -107,7 +109,7 @@ def estimate(
     est = project(
         selection,
         hidden_size=hidden,
-        storage_format=config.storage_format,
+        storage_format=plan.storage_format,
         max_tokens=config.max_tokens,
         k_samples=config.k_samples,
         prompts=prompts,

@@ -20,7 +20,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from hallulog.config.run_config import RunConfig
 from hallulog.contracts import layout
 from hallulog.contracts.errors import HallulogError
 from hallulog.contracts.run_manifest import RunManifest
@@ -231,17 +230,15 @@ def tree_bytes(path: str | Path, *, skip: Iterable[Path] = ()) -> int:
 
 
 def task_prompts(
-    config: RunConfig, *, tokenizer_dir: Path | None, lengths: bool
+    stream: Any, *, chat: bool, tokenizer_dir: Path | None, lengths: bool
 ) -> tuple[int, Lengths]:
-    """The run's prompt count (the task streamed as the run does: --limit and --shard apply)
-    and, with ``lengths``, the prompts' token lengths: tokenized with the model's tokenizer
-    when ``tokenizer_dir`` has one, else bounded by their bytes."""
-    from hallulog.tasks import open_config_task
-
-    stream = open_config_task(config.to_dict())
+    """The run's prompt count (its task stream, ``hallulog.tasks.TaskStream``, as the run reads
+    it: --limit and --shard apply) and, with ``lengths``, the prompts' token lengths: tokenized
+    with the model's tokenizer when ``tokenizer_dir`` has one (through its chat template when
+    ``chat``), else bounded by their bytes."""
     if not lengths:
         return sum(1 for _ in stream.groups()), Lengths()
-    measure = _token_counter(tokenizer_dir, chat=config.chat)
+    measure = _token_counter(tokenizer_dir, chat=chat)
     source = "tokenizer" if measure is not None else "bytes"
     count, longest, total = 0, 0, 0
     for group in stream.groups():

@@ -1,7 +1,8 @@
 """What a run stores, projected from its selection and lengths (no file is read here).
 
 A generation stores ``layers × rows × hidden_size × itemsize`` bytes of activations plus the
-store's per-sample overhead (a commit-log line and the index entries of the ``packed`` format).
+store's per-sample overhead (the storage registry's ``sample_bytes``: a commit-log line and index
+entries, a file header, whole chunks).
 The rows follow from the positions (``--positions``, else the profile's sequence mode) and the
 generation's lengths:
 
@@ -18,20 +19,19 @@ generation: measured on a pilot run, else the model below.
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 
 from hallulog.contracts.positions import count_rows
-from hallulog.config.run_config import RunConfig
+from hallulog.contracts.stored import Stored
 from hallulog.contracts.errors import ConfigError
 from hallulog.estimate.measure import Lengths
+from hallulog.storage.registry import sample_bytes
 
-__all__ = ["Selection", "Estimate", "selection_for", "sample_bytes", "project", "human_bytes",
+__all__ = ["Selection", "Estimate", "project", "human_bytes",
            "ITEMSIZE", "METADATA_BYTES_FIXED", "METADATA_BYTES_PER_TOKEN"]
 
 
@@ -53,6 +53,11 @@ class Selection:
     names: tuple[str, ...]
     dtype: str
     capture_mode: str
+
+    @classmethod
+    def of(cls, stored: Stored) -> Selection:
+        """The selection of what a run stores (its plan's ``stored``)."""
+        return cls(stored.layer_ids, stored.names, stored.dtype, stored.capture_mode)
 
     @property
     def fixed(self) -> bool:
@@ -80,50 +85,6 @@ class Selection:
     def window(self) -> int:
         """The longest ``first:K`` / ``last:K`` window (0: none)."""
         return max((int(n.partition(":")[2]) for n in self.names if ":" in n), default=0)
-
-
-def selection_for(config: RunConfig, num_hidden_layers: int,
-                  layer_ids: Sequence[int] | None = None) -> Selection:
-    """The run's selection: ``--layers`` / ``--positions``, else the profile's."""
-    profile = config.profile
-    if layer_ids is None:
-        layer_ids = config.layer_ids(num_hidden_layers)
-    names = profile.positions if profile.sequence_mode == "positions" and profile.positions \
-        else (profile.sequence_mode,)
-    return Selection(tuple(layer_ids), tuple(names), profile.dtype, config.capture_mode)
-
-
-def sample_bytes(storage_format: str, *, layers: int, rows: float, hidden_size: int,
-                 itemsize: int, key_len: int = 18) -> float:
-    """Bytes one stored sample costs in ``storage_format``: its rows and the format's overhead
-    (a ``commit.log`` line and the index entries; an ``.npy`` header; ``zarr`` chunks of
-    ``T_chunk`` rows)."""
-    data = layers * rows * hidden_size * itemsize
-    if storage_format == "npy":
-        header = io.BytesIO()
-        np.lib.format.write_array_header_1_0(header, {
-            "descr": np.lib.format.dtype_to_descr(np.dtype(f"f{itemsize}")),
-            "fortran_order": False, "shape": (layers, max(1, round(rows)), hidden_size)})
-        return data + len(header.getvalue())
-    line = _commit_line_bytes(key_len, rows)
-    if storage_format == "zarr":
-        from hallulog.storage.zarr_store import choose_t_chunk
-
-        t = choose_t_chunk(hidden_size, itemsize)
-        return layers * math.ceil(max(rows, 1) / t) * t * hidden_size * itemsize + line
-    from hallulog.storage.packed_layout import INDEX_ARRAYS
-
-    index = sum(np.dtype(d).itemsize for name, d in INDEX_ARRAYS.items() if name != "sample_key")
-    return data + line + index + key_len
-
-
-def _commit_line_bytes(key_len: int, rows: float) -> int:
-    from hallulog.storage._commitlog import record_line
-
-    n = max(1, round(rows))
-    return len(record_line({"key": "k" * key_len, "shard": 0, "offset": 10 ** 9, "seq_len": n,
-                            "prompt_len": 1, "response_len": n, "label": 0,
-                            "crc32": 10 ** 9}))
 
 
 @dataclass

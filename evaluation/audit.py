@@ -8,6 +8,10 @@ and p = ``row0_position + j``, or ``token_positions[j]`` in a run with ``--posit
 the model directory (no forward pass), checks every row of every stored activation, and names
 the activation key, row and the token the row decodes to for every mismatch.
 
+Every stored row of every layer also goes through the capture check
+(``evaluation/row_audit.py``: all zeros, non-finite, repeated across different tokens), counted
+per reason under ``capture_check``; ``ok`` needs both.
+
 When layer 0 is not stored (profile ``light``), a sample of generations is recomputed with
 transformers from the model directory (the embedded backend's model, on CPU) and the stored rows
 of every stored layer below the last are compared with relative tolerance ``RECOMPUTE_RTOL``.
@@ -28,6 +32,7 @@ from hallulog.contracts import layout
 from hallulog.contracts.errors import ArtifactError
 from hallulog.contracts.run_manifest import RunManifest
 from hallulog.evaluation.data import EvaluationInputError, iter_jsonl
+from hallulog.evaluation.row_audit import RowAudit, format_row_audit
 
 __all__ = [
     "audit_alignment",
@@ -166,9 +171,10 @@ def audit_alignment(
         keys = sorted(acts, key=lambda k: hashlib.sha256(f"{seed}:{k}".encode()).hexdigest())
         todo = set(keys[:sample])
         model = _Recompute(mdir, layer_ids)
+    rows_audit = RowAudit(layer_ids)
     for pid, sid, gen_ids in _iter_generations(cons):
         key = f"{pid}_{sid}"
-        if key not in acts or (todo is not None and key not in todo):
+        if key not in acts:
             continue
         a = acts[key]
         try:
@@ -179,6 +185,10 @@ def audit_alignment(
         seq = np.concatenate([prompts.get(pid, np.zeros(0, np.int64)), gen_ids])
         at = a["positions"]
         expected = seq[at] if not len(at) or at[-1] < len(seq) else seq[:0]
+        stored = reader.read_sample(i)  # every layer: the capture check reads every row
+        rows_audit.add(key, stored, expected if len(expected) == stored.shape[1] else None)
+        if todo is not None and key not in todo:
+            continue
         meta = reader.meta(i)
         checked += 1
         if int(meta["seq_len"]) != a["num_rows"] or len(expected) != a["num_rows"]:
@@ -193,12 +203,14 @@ def audit_alignment(
             )
             continue
         if mode == "embedding":
-            rows = reader.read(i, lpos).astype(np.float32)
+            rows = stored[lpos].astype(np.float32)
             ref = emb_s[expected]
             err = np.linalg.norm(rows - ref, axis=1) / norms[expected]
+            # a non-finite row (err NaN) is the capture check's, not a misalignment
             bad = np.flatnonzero(err > EXACT_RTOL)
             rows_checked += len(rows)
-            worst = max(worst, float(err.max()) if len(err) else 0.0)
+            finite = err[np.isfinite(err)]
+            worst = max(worst, float(finite.max()) if len(finite) else 0.0)
             if len(bad):
                 decoded = _decode(rows[bad], emb_s, norms)
                 mismatches.append(
@@ -234,8 +246,10 @@ def audit_alignment(
             }
         )
     reader.close()
+    capture_check = rows_audit.report()
     return {
-        "ok": not mismatches,
+        "ok": not mismatches and capture_check["ok"],
+        "aligned": not mismatches,
         "mode": mode,
         "model_dir": str(mdir),
         "layer_ids": layer_ids,
@@ -245,6 +259,7 @@ def audit_alignment(
         "max_rel_error": worst,
         "num_mismatches": len(mismatches),
         "mismatches": mismatches[:_MAX_LISTED],
+        "capture_check": capture_check,
         "seconds": round(time.monotonic() - t0, 3),
     }
 
@@ -299,9 +314,11 @@ def format_audit(result: dict) -> str:
         f"alignment audit ({result['mode']}): {result['checked']} activations, "
         f"{result['rows_checked']} rows checked in {result['seconds']:.1f} s (max relative "
         f"error {result['max_rel_error']:.2g}, tolerance {result['tolerance']:g}): "
-        + ("OK" if result["ok"] else f"{result['num_mismatches']} MISALIGNED")
+        + ("OK" if not result["num_mismatches"] else f"{result['num_mismatches']} MISALIGNED")
     )
     lines = [head]
+    if "capture_check" in result:
+        lines.append(format_row_audit(result["capture_check"]))
     for m in result["mismatches"][:10]:
         detail = {k: v for k, v in m.items() if k not in ("activation_key", "problem")}
         lines.append(f"  {m['activation_key']}: {m['problem']} {json.dumps(detail)}")

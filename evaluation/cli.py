@@ -24,10 +24,12 @@ def add_evaluate_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "evaluate",
         help="Score every hallucination detector from a run's consolidated/ files.",
-        description="Scores SelfCheckGPT, Semantic Entropy (+ probes), Semantic Energy, "
-        "Geometry of Truth and the LLMs-Know-More baselines from consolidated/ and "
-        "the activation store (never the server); writes evaluation/report.json, "
-        "report.md and plots. Definitions: docs/evaluation.md.",
+        description="Scores every detector one pass allows (logprob and sample-consistency "
+        "methods, Semantic Entropy and Energy, hidden-state probes, the ICR, layer-transition "
+        "and question-token probes, a text-similarity baseline) from consolidated/ and the "
+        "activation store (never the server), with the leakage and grader guards; writes "
+        "evaluation/report.json, report.md, scores.parquet and plots. Definitions: "
+        "docs/evaluation.md.",
     )
     p.add_argument(
         "--artifact-root",

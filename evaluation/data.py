@@ -90,7 +90,7 @@ def iter_joined(run: Run, names: list[str]) -> Iterator[dict[str, dict[str, Any]
     """One dict ``{export name: row}`` per prompt, reading the exports in lockstep.
 
     The exports are written together, one line per prompt in the same order
-    (orchestrator/exports.py); a line whose prompt_id differs from its neighbours' is an error
+    (exports/methods.py); a line whose prompt_id differs from its neighbours' is an error
     naming the file and line (re-export with ``--consolidate-only``).
     """
     present = [n for n in names if run.has_export(n)]

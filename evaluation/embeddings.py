@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+from hallulog.contracts.errors import HallulogError
 from hallulog.contracts.extras import MissingExtra
 
 __all__ = ["EmbeddingUnavailable", "Embedder", "model_dir", "check_available"]
@@ -24,7 +25,7 @@ PACKAGE = "all_minilm_l6_v2"
 MODEL_NAME = "all-MiniLM-L6-v2"
 
 
-class EmbeddingUnavailable(RuntimeError):
+class EmbeddingUnavailable(HallulogError, RuntimeError):
     """The embedding model or sentence-transformers is not installed."""
 
 

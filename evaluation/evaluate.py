@@ -9,19 +9,23 @@ from pathlib import Path
 
 import numpy as np
 from hallulog.evaluation.data import EvaluationInputError, Run
-from hallulog.evaluation.features import EMBEDDING_METHODS, FAMILY_EXPORT, TEXT_METHODS, collect
+from hallulog.evaluation.features import EMBEDDING_METHODS, collect
+from hallulog.evaluation.hidden_methods import HiddenContext
+from hallulog.evaluation.methods import (
+    ALL_METHODS,
+    FAMILIES,
+    HIDDEN_METHODS,
+    NOT_SCORED,
+    export_of,
+    resolve_methods,
+)
 from hallulog.evaluation.probes import PROBABILITY_PROBES, PROBES, run_probes
 from hallulog.evaluation.protocol import Split, make_split
-from hallulog.evaluation.scores import ScoreTable, summarize_scores
+from hallulog.evaluation.scores import ScoreTable, grader_summary, rankings, summarize_scores
 
 __all__ = ["FAMILIES", "ALL_METHODS", "resolve_methods", "evaluate"]
 
 log = logging.getLogger(__name__)
-
-#: unsupervised methods on the K samples' stored rows (hidden.py)
-HIDDEN_METHODS = {"eigenscore": "eigenscore"}
-ALL_METHODS = {**TEXT_METHODS, **{p.name: p.family for p in PROBES.values()}, **HIDDEN_METHODS}
-FAMILIES = sorted(set(ALL_METHODS.values()))
 
 _ROW_HINT = {
     "last": "a response row",
@@ -29,44 +33,6 @@ _ROW_HINT = {
     "slt": "the second-last response row (sequence_mode response or all, or --positions slt)",
     "exact": "the exact-answer rows (sequence_mode response or all, or --positions exact_answer)",
 }
-
-
-#: methods of LM-Polygraph's and TruthTorchLM's lists that one pass cannot score offline
-NOT_SCORED = {
-    "se_nli / num_sem_sets_nli / eigval_laplacian_nli / degmat_nli / eccentricity_nli": (
-        "need an NLI model (DeBERTa-large-MNLI) that is not shipped for offline use; the "
-        "exact-match, Jaccard and sentence-embedding variants are scored instead"
-    ),
-    "kernel_language_entropy / luq / semantic_density": (
-        "need NLI entailment probabilities between the samples (no offline NLI model)"
-    ),
-    "ccp (NLI)": "needs an NLI model to compare token alternatives; ccp_lexical compares them by "
-    "text",
-    "token_sar / sentence_sar": "need a cross-encoder relevance model (no offline copy)",
-    "p_true / verbalized_confidence / pmi / cond_pmi": (
-        "need further model passes (a judgement prompt, or the answer without the question) "
-        "that one pass does not store"
-    ),
-    "attention_score / focus / rauq": "need attention maps, which no profile stores",
-}
-
-
-def resolve_methods(names: list[str] | None) -> tuple[list[str], bool]:
-    """Method names from ``--methods`` (families or single methods); (methods, explicit)."""
-    if not names or names == ["all"]:
-        return list(ALL_METHODS), False
-    out: list[str] = []
-    for n in names:
-        if n in ALL_METHODS:
-            out.append(n)
-        elif n in FAMILIES:
-            out.extend(m for m, f in ALL_METHODS.items() if f == n)
-        else:
-            raise EvaluationInputError(
-                f"--methods: unknown method {n!r}; choose from the families {FAMILIES} or the "
-                f"methods {sorted(ALL_METHODS)}"
-            )
-    return list(dict.fromkeys(out)), True
 
 
 def _peak_rss_mib() -> float:
@@ -150,8 +116,7 @@ def evaluate(
 
     imported = bool(run.manifest().get("imported"))
     for m in list(wanted):
-        fam = ALL_METHODS[m]
-        export = {**FAMILY_EXPORT, "sep": "semantic_entropy"}.get(fam, "geometry")
+        export = export_of(m)
         if imported and (m in PROBES or m in HIDDEN_METHODS):
             unavailable(
                 m,
@@ -255,15 +220,23 @@ def _evaluate(
         timings["probes_s"] = timings.get("probes_s", 0.0) + time.monotonic() - t
     if reader is not None:
         reader.close()
-    hidden_layers: dict[str, int] = {}
-    if "eigenscore" in wanted:
+    if "txtsim_tfidf" in wanted:
         t = time.monotonic()
-        es = _eigenscore(run, feats, unavailable)
-        if es is None:
-            wanted.remove("eigenscore")
-        else:
-            scores["eigenscore"], hidden_layers["eigenscore"] = es
-        timings["eigenscore_s"] = time.monotonic() - t
+        from hallulog.evaluation.text_similarity import tfidf_scores
+
+        ids, scores["txtsim_tfidf"] = tfidf_scores(run)
+        if ids != feats.prompt_ids:
+            raise EvaluationInputError(
+                f"{run.exports}: the exports changed during the evaluation; run evaluate again"
+            )
+        timings["text_similarity_s"] = time.monotonic() - t
+    hidden_layers, hidden_out = _hidden(
+        HiddenContext(run, feats, rows, labels, split, seed, folds, train),
+        wanted,
+        unavailable,
+        timings,
+    )
+    scores.update(hidden_out)
     t = time.monotonic()
     per_layer: dict[str, dict] = {}
     columns: dict[str, np.ndarray] = {}
@@ -285,25 +258,36 @@ def _evaluate(
                 "selected_layers": r["selected_layers"],
             }
             columns[m] = r["scores"]
+    from hallulog.evaluation.guards import collect_guards
+
+    t_guards = time.monotonic()
+    guards = collect_guards(run, list(feats.prompt_ids))
+    timings["guards_s"] = time.monotonic() - t_guards
+    probability = PROBABILITY_PROBES | {n for n, h in HIDDEN_METHODS.items() if h.probability}
     table = ScoreTable(
         prompt_ids=list(feats.prompt_ids),
         labels=labels,
         fold=split.fold,
         test=test,
         scores=columns,
-        probability=[m for m in columns if m in PROBABILITY_PROBES],
+        probability=[m for m in columns if m in probability],
         seed=seed,
         n_boot=n_boot,
+        leaked=guards.leaked,
+        graders=guards.graders,
+        primary_grader=guards.primary_grader,
     )
     summary, comparison = summarize_scores(table)
     results: dict[str, dict] = {}
     for m, r in summary.items():
         kind = "probe" if m in probe_out else "unsupervised"
+        if m in HIDDEN_METHODS:
+            kind = HIDDEN_METHODS[m].kind
         results[m] = {"family": ALL_METHODS[m], "kind": kind, **r}
         if m in probe_out:
             results[m]["selected_layers"] = probe_out[m]["selected_layers"]
         if m in hidden_layers:
-            results[m]["layer"] = hidden_layers[m]
+            results[m].update(hidden_layers[m])
     roc_scores = columns
     timings["bootstrap_s"] = time.monotonic() - t
     timings["total_s"] = time.monotonic() - t_start
@@ -340,6 +324,13 @@ def _evaluate(
             "score_orientation": "higher = more likely hallucinated",
         },
         "methods": results,
+        "ranking": rankings(results),
+        "leakage": {
+            **guards.summary(),
+            "leaked_correct": int((guards.leaked & (labels == 0)).sum()),
+            "leaked_hallucinated": int((guards.leaked & (labels == 1)).sum()),
+        },
+        "graders": {"primary": guards.primary_grader, "others": grader_summary(table)},
         "comparison": comparison,
         "per_layer": per_layer,
         "skipped": skipped,
@@ -354,37 +345,27 @@ def _evaluate(
     return report
 
 
-def _eigenscore(run: Run, feats, unavailable):
-    """(EigenScore per prompt, layer id), or None when the run stores no sample rows."""
-    if not run.has_activations():
-        unavailable(
-            "eigenscore",
-            f"{run.consolidated}/activations holds no activation store; "
-            "rerun with a logging profile that stores activations",
-        )
-        return None
-    want = {p: i for i, p in enumerate(feats.prompt_ids)}
-    keys: list[list[str]] = [[] for _ in feats.prompt_ids]
-    for _, row in run.iter_activation_index():
-        i = want.get(row.get("prompt_id"))
-        if i is not None and row.get("sample_id") not in (0, None) and row.get("activation_key"):
-            keys[i].append(row["activation_key"])
-    if sum(len(k) >= 2 for k in keys) < 0.5 * len(keys):
-        unavailable(
-            "eigenscore",
-            "needs the stored rows of at least two sampled answers per "
-            "prompt, but the run stored activations of the primary answers "
-            "only; rerun with a profile that captures every sample",
-        )
-        return None
-    from hallulog.evaluation.hidden import eigenscore_scores
-    from hallulog.storage import open_store
-
-    reader = open_store(run.consolidated)
-    try:
-        return eigenscore_scores(reader, keys)
-    finally:
-        reader.close()
+def _hidden(ctx: HiddenContext, wanted, unavailable, timings):
+    """Scores of the wanted hidden methods (hidden_methods.py); ({method: extra report keys},
+    {method: scores})."""
+    extra: dict[str, dict] = {}
+    out: dict[str, np.ndarray] = {}
+    for name, method in HIDDEN_METHODS.items():
+        if name not in wanted:
+            continue
+        t = time.monotonic()
+        why = method.check(ctx)
+        if why is not None:
+            unavailable(name, why)
+            wanted.remove(name)
+            continue
+        res = method.score(ctx)
+        out[name] = np.asarray(res.scores, np.float64)
+        extra[name] = {k: v for k, v in (("layer", res.layer),) if v is not None}
+        if res.layers:
+            extra[name]["layers_read"] = res.layers
+        timings[f"{name}_s"] = time.monotonic() - t
+    return extra, out
 
 
 def _index(reader, key: str | None) -> int:

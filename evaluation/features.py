@@ -19,6 +19,7 @@ __all__ = [
     "TEXT_METHODS",
     "EMBEDDING_METHODS",
     "FAMILY_EXPORT",
+    "SEPARATE_PASS",
     "Features",
     "collect",
     "probe_rows",
@@ -52,6 +53,12 @@ TEXT_METHODS = {
         for g in ("eigval_laplacian", "degmat", "eccentricity")
         for sim in ("jaccard", "embedding")
     },
+    "probability_margin": "probability_margin",
+    "exact_match_rate": "consistency",
+    "consistency_confidence_embedding": "consistency",
+    "monte_carlo_probability": "mc_entropy",
+    "txtsim_tfidf": "text_similarity",
+    "txtsim_embedding": "text_similarity",
 }
 EMBEDDING_METHODS = {
     "selfcheck_embedding",
@@ -62,6 +69,8 @@ EMBEDDING_METHODS = {
     "eigval_laplacian_embedding",
     "degmat_embedding",
     "eccentricity_embedding",
+    "consistency_confidence_embedding",
+    "txtsim_embedding",
 }
 #: the export each text family reads
 FAMILY_EXPORT = {
@@ -74,7 +83,12 @@ FAMILY_EXPORT = {
     "lexical_similarity": "semantic_entropy",
     "graph": "semantic_entropy",
     "semantic_energy": "semantic_energy",
+    "probability_margin": "logprob",
+    "consistency": "semantic_entropy",
+    "text_similarity": "selfcheck",
 }
+#: text methods computed by a pass of their own (text_similarity.py), not per prompt here
+SEPARATE_PASS = {"txtsim_tfidf"}
 ROW_KINDS = ("last", "tbg", "slt", "exact")
 
 
@@ -88,6 +102,7 @@ class Features:
     sequence_modes: set[str] = field(default_factory=set)
     unlabeled: int = 0
     logit_sources: set[str] = field(default_factory=set)
+    named_positions: bool = False  # the run names its rows (--positions): rows are not contiguous
 
     def arrays(self):
         return (
@@ -146,9 +161,18 @@ def _rows(geo: dict | None, tokens: list[str] | None) -> dict[str, int]:
 probe_rows = _rows
 
 
+def _input_text(selfcheck_row: dict | None) -> str:
+    """What the model was asked: the rendered prompt (question, and the context passage when the
+    run shows it), else the question."""
+    row = selfcheck_row or {}
+    return row.get("prompt") or row.get("question") or ""
+
+
 def collect(run: Run, methods: set[str], embedder=None, chunk: int = 256) -> Features:
     """Scores of every text method in ``methods`` and probe rows, for each labelled prompt."""
-    feats = Features(scores={m: [] for m in methods if m in TEXT_METHODS})
+    feats = Features(
+        scores={m: [] for m in methods if m in TEXT_METHODS and m not in SEPARATE_PASS}
+    )
     names = ["logprob", "selfcheck", "semantic_entropy", "semantic_energy", "geometry"]
     buf: list[dict] = []
     for rows in iter_joined(run, names):
@@ -167,19 +191,23 @@ def collect(run: Run, methods: set[str], embedder=None, chunk: int = 256) -> Fea
 
 def _process(buf: list[dict], feats: Features, methods: set[str], embedder) -> None:
     want = set(feats.scores)
-    embs = None
+    embs = prompt_embs = None
     if embedder is not None and want & EMBEDDING_METHODS:
         texts = []
         for rows in buf:
             sc = rows.get("selfcheck") or {}
             texts.append((sc.get("primary") or {}).get("text", ""))
             texts.extend(s.get("text", "") for s in sc.get("samples") or [])
+        if "txtsim_embedding" in want:
+            texts.extend(_input_text(rows.get("selfcheck")) for rows in buf)
         flat = embedder.encode(texts)
         embs, k = [], 0
         for rows in buf:
             m = 1 + len((rows.get("selfcheck") or {}).get("samples") or [])
             embs.append(flat[k : k + m])
             k += m
+        if "txtsim_embedding" in want:
+            prompt_embs = flat[k:]
     for j, rows in enumerate(buf):
         lp = rows["logprob"]
         feats.prompt_ids.append(lp["prompt_id"])
@@ -188,6 +216,8 @@ def _process(buf: list[dict], feats: Features, methods: set[str], embedder) -> N
         feats.activation_keys.append(geo.get("activation_key") if geo else None)
         if geo and geo.get("sequence_mode"):
             feats.sequence_modes.add(geo["sequence_mode"])
+        if geo and geo.get("positions") is not None:
+            feats.named_positions = True
         for k, v in _rows(geo, lp.get("tokens")).items():
             feats.rows[k].append(v)
         s: dict[str, float] = {}
@@ -197,6 +227,8 @@ def _process(buf: list[dict], feats: Features, methods: set[str], embedder) -> N
                 lp.get("top_logprobs")
             )
             s["ccp_lexical"] = sample_methods.ccp_lexical(lp.get("tokens"), lp.get("top_logprobs"))
+        if "probability_margin" in want:
+            s["probability_margin"] = sample_methods.probability_margin(lp.get("top_logprobs"))
         sc = rows.get("selfcheck")
         if sc:
             prim = (sc.get("primary") or {}).get("text", "")
@@ -204,8 +236,11 @@ def _process(buf: list[dict], feats: Features, methods: set[str], embedder) -> N
             s["selfcheck_unigram"], s["selfcheck_unigram_max"] = selfcheck.unigram_scores(
                 prim, samples
             )
+            s["exact_match_rate"] = sample_methods.exact_match_rate(prim, samples)
             if embs is not None:
                 s["selfcheck_embedding"] = selfcheck.embedding_score(embs[j][0], embs[j][1:])
+            if prompt_embs is not None and prim.strip():
+                s["txtsim_embedding"] = float(1.0 - prompt_embs[j] @ embs[j][0])
         se_row = rows.get("semantic_entropy")
         if se_row:
             samples = se_row.get("samples") or []
@@ -218,6 +253,12 @@ def _process(buf: list[dict], feats: Features, methods: set[str], embedder) -> N
             s["mc_sequence_entropy"], s["mc_normalized_sequence_entropy"] = (
                 sample_methods.mc_entropies(samples)
             )
+            prim_mlp = (se_row.get("primary") or {}).get("mean_logprob")
+            s["monte_carlo_probability"] = sample_methods.monte_carlo_probability([prim_mlp, *mlp])
+            if embs is not None and len(embs[j]) > 1:
+                s["consistency_confidence_embedding"] = sample_methods.consistency_confidence(
+                    embs[j][0], embs[j][1:], prim_mlp
+                )
             if want & {"lexsim_rouge1", "lexsim_rouge2", "lexsim_rougeL"}:
                 for metric in ("rouge1", "rouge2", "rougeL"):
                     s[f"lexsim_{metric}"] = sample_methods.lexical_similarity(texts, metric)

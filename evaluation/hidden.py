@@ -14,8 +14,9 @@ alpha = 1e-3,
 from __future__ import annotations
 
 import numpy as np
+from hallulog.evaluation.hidden_methods import HiddenMethod, HiddenResult
 
-__all__ = ["EIGENSCORE_ALPHA", "eigenscore", "eigenscore_scores", "middle_layer"]
+__all__ = ["EIGENSCORE_ALPHA", "METHODS", "eigenscore", "eigenscore_scores", "middle_layer"]
 
 EIGENSCORE_ALPHA = 1e-3
 
@@ -63,3 +64,43 @@ def eigenscore_scores(
     for p, zs in rows.items():
         out[p] = eigenscore(np.stack(zs))
     return out, int(reader.layer_ids[li])
+
+
+def _sample_keys(ctx) -> list[list[str]]:
+    want = {p: i for i, p in enumerate(ctx.feats.prompt_ids)}
+    keys: list[list[str]] = [[] for _ in ctx.feats.prompt_ids]
+    for _, row in ctx.run.iter_activation_index():
+        i = want.get(row.get("prompt_id"))
+        if i is not None and row.get("sample_id") not in (0, None) and row.get("activation_key"):
+            keys[i].append(row["activation_key"])
+    return keys
+
+
+def _check(ctx) -> str | None:
+    if not ctx.run.has_activations():
+        return (
+            f"{ctx.run.consolidated}/activations holds no activation store; "
+            "rerun with a logging profile that stores activations"
+        )
+    keys = _sample_keys(ctx)
+    if sum(len(k) >= 2 for k in keys) < 0.5 * len(keys):
+        return (
+            "needs the stored rows of at least two sampled answers per prompt, but the run "
+            "stored activations of the primary answers only; rerun with a profile that "
+            "captures every sample"
+        )
+    return None
+
+
+def _score(ctx) -> HiddenResult:
+    from hallulog.storage import open_store
+
+    reader = open_store(ctx.run.consolidated)
+    try:
+        scores, layer = eigenscore_scores(reader, _sample_keys(ctx))
+    finally:
+        reader.close()
+    return HiddenResult(scores=scores, layer=layer)
+
+
+METHODS = [HiddenMethod("eigenscore", "eigenscore", "unsupervised", _check, _score)]

@@ -16,6 +16,11 @@ LM-Polygraph's terms); the *quality* of an answer is ``1 - label``.
   (LM-Polygraph's ``np.argsort`` picks one order; equal on scores without ties).
 - RCC-AUC: LM-Polygraph's ``RiskCoverageCurveAUC`` (normalised): mean over coverages m/n of the
   risk (hallucination rate) of the m least uncertain answers; for 0/1 labels 1 - PRA.
+- FPR@95: the false-positive rate at the highest threshold whose true-positive rate (share of
+  hallucinated answers scored at or above it) reaches 95 %, tied scores one threshold (what
+  ``sklearn.metrics.roc_curve`` gives at the first point with TPR >= 0.95); lower is better.
+- Risk-coverage curve: the hallucination rate of the m least uncertain answers at coverage
+  m / n, ties averaged over their orders (``risk_coverage``; its mean over m is RCC-AUC).
 - ECE (20 equal-width bins over [0, 1], LM-Polygraph's ``ECE``) and the Brier score
   (``sklearn.metrics.brier_score_loss``), only for methods whose score is a probability of
   hallucination: confidence = 1 - p, accuracy = quality.
@@ -48,12 +53,20 @@ __all__ = [
     "prr",
     "pra",
     "rcc_auc",
+    "fpr_at_tpr",
+    "risk_coverage",
+    "risk_curve",
+    "COVERAGES",
     "average_precision",
     "ece",
     "brier",
 ]
 
 ECE_BINS = 20
+#: the coverages of the risk-coverage table (share of answers kept, least uncertain first)
+COVERAGES = tuple(round(0.1 * i, 1) for i in range(1, 11))
+#: the true-positive rate of FPR@95
+TPR_TARGET = 0.95
 #: metric → True when higher is better
 METRICS = {
     "auroc": True,
@@ -61,6 +74,7 @@ METRICS = {
     "pr_auc_correct": True,
     "prr": True,
     "rcc_auc": False,
+    "fpr_at_95_tpr": False,
     "ece": False,
     "brier": False,
 }
@@ -144,6 +158,52 @@ def average_precision(positive, scores) -> float:
     return float(_w_ap(s, p, np.ones((1, len(p))))[0])
 
 
+def _w_fpr(scores: np.ndarray, labels: np.ndarray, w: np.ndarray, tpr: float = TPR_TARGET):
+    """FPR at the first threshold (from the highest score down, ties one threshold) whose TPR
+    reaches ``tpr``, for each row of multiplicities."""
+    order, starts = _groups(-scores)
+    w = w[:, order].astype(np.float64)
+    pos = labels[order] == 1
+    tp = np.cumsum(np.add.reduceat(np.where(pos, w, 0.0), starts, axis=1), axis=1)
+    fp = np.cumsum(np.add.reduceat(np.where(pos, 0.0, w), starts, axis=1), axis=1)
+    p_total, n_total = tp[:, -1], fp[:, -1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        reached = tp >= tpr * p_total[:, None] - 1e-9 * np.maximum(p_total[:, None], 1.0)
+        first = np.argmax(reached, axis=1)
+        out = fp[np.arange(len(w)), first] / n_total
+        return np.where((p_total > 0) & (n_total > 0), out, np.nan)
+
+
+def fpr_at_tpr(labels, scores, tpr: float = TPR_TARGET) -> float:
+    """False-positive rate at the first threshold whose true-positive rate reaches ``tpr``."""
+    y, s = np.asarray(labels), np.asarray(scores, np.float64)
+    return float(_w_fpr(s, y, np.ones((1, len(y))), tpr)[0])
+
+
+def risk_curve(labels, scores) -> tuple[np.ndarray, np.ndarray]:
+    """(coverage m / n, hallucination rate of the m least uncertain answers) for m = 1..n, ties
+    averaged over their orders (a tie group cut by m counts with its mean label)."""
+    y, s = np.asarray(labels, np.float64), np.asarray(scores, np.float64)
+    n = len(y)
+    if not n:
+        return np.empty(0), np.empty(0)
+    order, starts = _groups(s)
+    ends = np.concatenate((starts[1:], [n]))
+    group_mean = np.add.reduceat(y[order], starts) / (ends - starts)
+    m = np.arange(1, n + 1)
+    return m / n, np.cumsum(np.repeat(group_mean, ends - starts)) / m
+
+
+def risk_coverage(labels, scores, coverages=COVERAGES) -> list[float]:
+    """The risk-coverage curve at each coverage ``c`` (the ``max(1, round(c n))`` least
+    uncertain answers)."""
+    n = len(labels)
+    if not n:
+        return [float("nan")] * len(coverages)
+    _, risk = risk_curve(labels, scores)
+    return [float(risk[max(1, int(round(c * n))) - 1]) for c in coverages]
+
+
 def _w_ece(prob: np.ndarray, labels: np.ndarray, w: np.ndarray, bins: int = ECE_BINS):
     conf = 1.0 - prob
     edges = np.linspace(0.0, 1.0, bins + 1)
@@ -183,6 +243,7 @@ def _all_weighted(labels, scores, w, prob) -> dict[str, np.ndarray]:
         "pr_auc_correct": _w_ap(-scores, labels == 0, w),
         "prr": _w_prr(scores, labels, w),
         "rcc_auc": _w_pra(scores, labels.astype(np.float64), w),
+        "fpr_at_95_tpr": _w_fpr(scores, labels, w),
     }
     if prob is not None:
         out["ece"] = _w_ece(prob, labels, w)

@@ -17,7 +17,13 @@ Probes (definitions in docs/evaluation.md), all on the primary answer's stored r
   of all training answers;
 - ``haloscope_last``: HaloScope's membership score (Du et al., 2024): weighted squared
   projection on the top-k singular vectors of the centred training rows (labels unused but for
-  the sign).
+  the sign);
+- ``layer_transition_last``: a layer-transition probe (PARALLAX, Hussain & Kantarcioglu, 2026):
+  logistic regression on the update h_l - h_{l-1} between consecutive stored layers at the last
+  row, one probe per transition;
+- ``question_logistic_tbg`` / ``question_mlp_tbg``: question-side probes (HALT / DRIFT,
+  Bhatnagar et al., 2026) on the prompt's last token (TBG), before any answer token: logistic
+  regression at every layer, and an MLP at five intermediate layers.
 
 Memory: one layer at a time; per layer one ``(prompts, hidden)`` float32 matrix per row kind is
 filled from ``read_pairs`` batches of at most ``batch`` samples (each a ``(seq_len, hidden)``
@@ -43,6 +49,8 @@ __all__ = [
     "run_probes",
     "run_transfer",
     "upper_layers",
+    "middle_layers",
+    "probe_layers",
     "fit_probe",
     "fill_layer",
     "store_index",
@@ -58,7 +66,8 @@ class ProbeSpec:
     kind: str  # logistic | massmean
     target: str  # label | se (binarised semantic entropy)
     family: str
-    layers: str = "all"  # all | upper (SAPLMA: five layers from the middle to the top)
+    layers: str = "all"  # all | upper (SAPLMA: five layers from the middle to the top) | middle
+    feature: str = "state"  # state: the stored row | transition: row minus the previous layer's
 
 
 PROBES = {
@@ -73,11 +82,30 @@ PROBES = {
         ProbeSpec("mahalanobis_last", "last", "mahalanobis", "label", "density"),
         ProbeSpec("rel_mahalanobis_last", "last", "rel_mahalanobis", "label", "density"),
         ProbeSpec("haloscope_last", "last", "haloscope", "label", "subspace"),
+        ProbeSpec(
+            "layer_transition_last",
+            "last",
+            "logistic",
+            "label",
+            "layer_transition",
+            feature="transition",
+        ),
+        ProbeSpec("question_logistic_tbg", "tbg", "logistic", "label", "question_probe"),
+        ProbeSpec("question_mlp_tbg", "tbg", "mlp", "label", "question_probe", "middle"),
     ]
 }
 
 #: probes whose score is the logit of P(hallucinated): ECE and Brier use sigmoid(score)
-PROBABILITY_PROBES = frozenset({"got_logistic_last", "lkm_exact_answer", "saplma_last"})
+PROBABILITY_PROBES = frozenset(
+    {
+        "got_logistic_last",
+        "lkm_exact_answer",
+        "saplma_last",
+        "layer_transition_last",
+        "question_logistic_tbg",
+        "question_mlp_tbg",
+    }
+)
 #: SAPLMA's hidden layers (Azaria & Mitchell, 2023)
 SAPLMA_HIDDEN = (256, 128, 64)
 #: HaloScope: number of singular vectors of the membership score
@@ -100,6 +128,29 @@ def store_index(reader, key: str | None) -> int:
 def upper_layers(num_layers: int) -> list[int]:
     """Indices (into the stored layers) at 1/2, 5/8, 3/4, 7/8 and all of the depth."""
     return sorted({int(round(q * (num_layers - 1))) for q in (0.5, 0.625, 0.75, 0.875, 1.0)})
+
+
+def middle_layers(num_layers: int) -> list[int]:
+    """Indices (into the stored layers) at 1/4, 3/8, 1/2, 5/8 and 3/4 of the depth."""
+    return sorted({int(round(q * (num_layers - 1))) for q in (0.25, 0.375, 0.5, 0.625, 0.75)})
+
+
+def probe_layers(spec: ProbeSpec, num_layers: int) -> set[int]:
+    """Indices of the stored layers a probe is fitted at (a transition needs a previous one)."""
+    if spec.layers == "upper":
+        out = set(upper_layers(num_layers))
+    elif spec.layers == "middle":
+        out = set(middle_layers(num_layers))
+    else:
+        out = set(range(num_layers))
+    return out - {0} if spec.feature == "transition" else out
+
+
+def _feature(spec: ProbeSpec, cur: dict, prev: dict | None) -> np.ndarray:
+    """The probe's input at one layer: the stored row, or its update from the previous layer."""
+    if spec.feature == "transition":
+        return cur[spec.row] - prev[spec.row]
+    return cur[spec.row]
 
 
 def _gaussian(x: np.ndarray):
@@ -245,13 +296,15 @@ def _run_probes(reader, store_idx, rows, labels, se, split, probes, batch):
     n, L = len(labels), reader.num_layers
     oof = {s.name: np.full((L, n), np.nan) for s in specs}
     t0 = time.monotonic()
-    upper = set(upper_layers(L))
+    fitted = {s.name: probe_layers(s, L) for s in specs}
+    keep_prev = any(s.feature == "transition" for s in specs)
+    prev = None
     for layer in range(L):
         feats = fill_layer(reader, layer, store_idx, needed, batch)
         for s in specs:
-            if s.layers == "upper" and layer not in upper:
+            if layer not in fitted[s.name]:
                 continue
-            x = feats[s.row]
+            x = _feature(s, feats, prev)
             ok = np.isfinite(x).all(1)
             if s.target == "se":
                 if se is None:
@@ -266,6 +319,7 @@ def _run_probes(reader, store_idx, rows, labels, se, split, probes, batch):
                 else:
                     y = labels[tr]
                 oof[s.name][layer, te] = _fit_predict(s.kind, x[tr], y, x[te])
+        prev = feats if keep_prev else None
         del feats
         log.info("probes: layer %d/%d done (%.1f s)", layer + 1, L, time.monotonic() - t0)
     out = {}
@@ -327,14 +381,15 @@ def _run_transfer(train, test, probes, batch):
     na, nb = len(ya), len(test["labels"])
     oof = {s.name: np.full((L, na), np.nan) for s in specs}
     out_b = {s.name: np.full((L, nb), np.nan) for s in specs}
-    upper = set(upper_layers(L))
+    fitted = {s.name: probe_layers(s, L) for s in specs}
+    prev_a = prev_b = None
     for layer in range(L):
         fa = fill_layer(ra, layer, train["store_idx"], needed_a, batch)
         fb = fill_layer(rb, layer, test["store_idx"], needed_b, batch)
         for s in specs:
-            if s.layers == "upper" and layer not in upper:
+            if layer not in fitted[s.name]:
                 continue
-            xa, xb = fa[s.row], fb[s.row]
+            xa, xb = _feature(s, fa, prev_a), _feature(s, fb, prev_b)
             ok_a, ok_b = np.isfinite(xa).all(1), np.isfinite(xb).all(1)
             if s.target == "se":
                 if se is None:
@@ -352,6 +407,7 @@ def _run_transfer(train, test, probes, batch):
                     oof[s.name][layer, te] = _fit_predict(s.kind, xa[tr], target(tr), xa[te])
             if ok_a.any() and ok_b.any():
                 out_b[s.name][layer, ok_b] = _fit_predict(s.kind, xa[ok_a], target(ok_a), xb[ok_b])
+        prev_a, prev_b = fa, fb
     yb = test["labels"]
     result = {}
     for s in specs:

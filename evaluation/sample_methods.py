@@ -15,7 +15,13 @@ Definitions, papers and deviations: docs/evaluation.md ("Methods").
 - ``num_sem_sets_*``, ``eigval_laplacian_*``, ``degmat_*``, ``eccentricity_*``: the graph
   methods of Lin, Trivedi & Sun (2023), *Generating with Confidence*, on a similarity matrix of
   the K samples (Jaccard of lower-cased whitespace words, as LM-Polygraph's ``Jaccard_score``,
-  or the cosine of sentence embeddings).
+  or the cosine of sentence embeddings);
+- UQLM's scorers on stored answers (Bouchard & Chauhan, 2025), as uncertainties (1 - UQLM's
+  confidence): ``probability_margin`` (mean gap between the two most likely top-k tokens),
+  ``exact_match_rate`` (share of samples equal to the primary, Cole et al., 2023),
+  ``monte_carlo_probability`` (mean length-normalised probability of the primary and the
+  samples) and ``consistency_confidence`` (CoCoA, Vashurin et al., 2025: mean normalised
+  cosine to the samples times the primary's length-normalised probability).
 """
 
 from __future__ import annotations
@@ -33,6 +39,10 @@ __all__ = [
     "jaccard_matrix",
     "cosine_matrix",
     "graph_scores",
+    "probability_margin",
+    "exact_match_rate",
+    "monte_carlo_probability",
+    "consistency_confidence",
     "ECC_THRESHOLD",
 ]
 
@@ -145,3 +155,45 @@ def graph_scores(w: np.ndarray) -> tuple[float, float, float]:
     c = np.array([np.linalg.norm(x - x.mean(0)) for x in keep])
     ecc = float(np.linalg.norm(c))
     return round(eig, 12), round(degm, 12), round(ecc, 12)
+
+
+def probability_margin(top_logprobs: list[list[dict]] | None) -> float:
+    """1 - mean over the tokens with two or more alternatives of p_1 - p_2, the two largest
+    probabilities of the stored top-k (not renormalised; UQLM's ``probability_margin``)."""
+    margins = []
+    for top in top_logprobs or []:
+        lps = sorted(
+            (t["logprob"] for t in top or [] if t.get("logprob") is not None), reverse=True
+        )
+        if len(lps) >= 2:
+            margins.append(math.exp(lps[0]) - math.exp(lps[1]))
+    return float(1.0 - np.mean(margins)) if margins else float("nan")
+
+
+def exact_match_rate(primary: str, samples: list[str]) -> float:
+    """1 - share of the samples whose text equals the primary's, character for character."""
+    if not samples:
+        return float("nan")
+    return float(1.0 - np.mean([s == primary for s in samples]))
+
+
+def _norm_prob(mean_logprob: float | None) -> float:
+    return math.exp(mean_logprob) if mean_logprob is not None else float("nan")
+
+
+def monte_carlo_probability(mean_logprobs: list[float | None]) -> float:
+    """1 - mean of exp(mean token logprob) over the primary and the samples (an answer without
+    logprobs counts as nan: the score is nan)."""
+    if not mean_logprobs:
+        return float("nan")
+    return float(1.0 - np.mean([_norm_prob(m) for m in mean_logprobs]))
+
+
+def consistency_confidence(
+    primary_emb: np.ndarray, sample_embs: np.ndarray, primary_mean_logprob: float | None
+) -> float:
+    """1 - mean_k (1 + cos(primary, sample_k)) / 2 x exp(mean token logprob of the primary)."""
+    if len(sample_embs) == 0:
+        return float("nan")
+    cos = np.asarray(sample_embs, np.float64) @ np.asarray(primary_emb, np.float64)
+    return float(1.0 - np.mean(0.5 + cos / 2.0) * _norm_prob(primary_mean_logprob))

@@ -1,6 +1,8 @@
 """What a finished run is exported as: the detector method inputs, WebDataset shards, saev and
-SAELens activations, and a packed SFT dataset (``hallulog export``)."""
+SAELens activations, a packed SFT dataset, and the inputs of LM-Polygraph's estimators and
+UQLM's scorers (``hallulog export``)."""
 
+from hallulog.exports.lm_polygraph import export_lm_polygraph, load_stats
 from hallulog.exports.saelens import export_saelens
 from hallulog.exports.saev import SaevReader, export_saev
 from hallulog.exports.sft_packed import (
@@ -13,6 +15,7 @@ from hallulog.exports.sft_packed import (
     first_fit_decreasing,
     open_packed_sft,
 )
+from hallulog.exports.uqlm import export_uqlm, load_uqlm
 from hallulog.exports.wds import export_wds, read_wds_manifest
 
 
@@ -39,4 +42,8 @@ __all__ = [
     "collate_packed_sft",
     "convert_legacy_to_memmap",
     "first_fit_decreasing",
+    "export_lm_polygraph",
+    "load_stats",
+    "export_uqlm",
+    "load_uqlm",
 ]

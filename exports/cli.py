@@ -1,8 +1,9 @@
-"""``hallulog export {wds,saev,saelens,sft} SRC DST [options]``: the exports.
+"""``hallulog export {wds,saev,saelens,sft,lm-polygraph,uqlm} SRC DST [options]``: the exports.
 
-SRC is an activation store (wds, saev, saelens) or a ``consolidated/`` directory (sft; saelens
-takes token ids from one); see docs/formats/{wds,saev,saelens,sft-packed}.md. Prints the result
-as JSON; bad input is one ``error:`` line naming the argument, exit status 2.
+SRC is an activation store (wds, saev, saelens), a ``consolidated/`` directory (sft; saelens
+takes token ids from one) or a run's artifact root (lm-polygraph, uqlm); see
+docs/formats/{wds,saev,saelens,sft-packed,lm-polygraph,uqlm}.md. Prints the result as JSON; bad
+input is one ``error:`` line naming the argument, exit status 2.
 """
 
 from __future__ import annotations
@@ -69,7 +70,24 @@ def build_parser() -> argparse.ArgumentParser:
         default="correct_primary",
     )
     f.add_argument("--bins-per-shard", type=int)
-    for sp in (w, s, a, f):
+    lp = sub.add_parser(
+        "lm-polygraph",
+        help="a run's statistics under LM-Polygraph's names (SRC: the artifact root)",
+    )
+    lp.add_argument(
+        "--layer",
+        type=int,
+        help="model layer id of embeddings_decoder (default: the last stored layer)",
+    )
+    lp.add_argument(
+        "--no-hidden",
+        action="store_true",
+        help="write no hidden-state arrays (embeddings_decoder, sample_embeddings)",
+    )
+    u = sub.add_parser(
+        "uqlm", help="what UQLM's scorers take: responses, samples, logprobs (SRC: artifact root)"
+    )
+    for sp in (w, s, a, f, lp, u):
         sp.add_argument("src")
         sp.add_argument("dst")
     return p
@@ -117,6 +135,16 @@ def main(argv=None) -> int:
                 dtype=args.dtype,
                 tokens=args.tokens,
             )
+        elif args.kind == "lm-polygraph":
+            from hallulog.exports.lm_polygraph import export_lm_polygraph
+
+            out = export_lm_polygraph(
+                args.src, args.dst, layer=args.layer, hidden=not args.no_hidden
+            )
+        elif args.kind == "uqlm":
+            from hallulog.exports.uqlm import export_uqlm
+
+            out = export_uqlm(args.src, args.dst)
         else:
             from hallulog.exports.sft_packed import export_sft
 

@@ -19,7 +19,7 @@ from typing import Any
 from hallulog.contracts import layout
 from hallulog.contracts.jsonl import encode_line, iter_rows
 
-__all__ = ["write_exports", "ExportWriter", "stamp_exports", "EXPORT_FILES"]
+__all__ = ["write_exports", "ExportWriter", "stamp_exports", "iter_prompt_groups", "EXPORT_FILES"]
 
 EXPORT_FILES = layout.EXPORT_FILES
 
@@ -211,6 +211,22 @@ def _fresh(root: Path) -> dict[str, int] | None:
     return {name: int(doc["written"][name]) for name in EXPORT_FILES}
 
 
+def iter_prompt_groups(
+    root: Path,
+) -> Iterator[tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]]:
+    """(prompt row or None, its generations sorted by sample id, its activation index rows) of
+    every prompt of ``consolidated/``, streamed (memory: one prompt group)."""
+    out = layout.consolidated_dir(root)
+    passed: set[str] = set()
+    prompts = _Cursor(iter_rows(out / layout.PROMPT_INDEX), passed)
+    acts = _Cursor(iter_rows(out / layout.ACTIVATION_INDEX), passed)
+    for pid, gens in _groups(out / layout.GENERATIONS):
+        prompt_rows = prompts.take(pid)
+        act_rows = acts.take(pid)
+        passed.add(pid)
+        yield (prompt_rows[-1] if prompt_rows else None), gens, act_rows
+
+
 def write_exports(root: Path) -> dict[str, int]:
     """Write every export into ``consolidated/exports/``; returns rows written per file.
 
@@ -220,18 +236,11 @@ def write_exports(root: Path) -> dict[str, int]:
     fresh = _fresh(root)
     if fresh is not None:
         return fresh
-    out = layout.consolidated_dir(root)
-    passed: set[str] = set()
-    prompts = _Cursor(iter_rows(out / layout.PROMPT_INDEX), passed)
-    acts = _Cursor(iter_rows(out / layout.ACTIVATION_INDEX), passed)
     writer = ExportWriter(root)
     try:
-        for pid, gens in _groups(out / layout.GENERATIONS):
-            prompt_rows = prompts.take(pid)
-            act_rows = acts.take(pid)
-            passed.add(pid)
+        for prompt, gens, act_rows in iter_prompt_groups(root):
             act = next((a for a in reversed(act_rows) if a.get("sample_id") == 0), None)
-            writer.add(prompt_rows[-1] if prompt_rows else None, gens, act)
+            writer.add(prompt, gens, act)
     except BaseException:
         writer.close(commit=False)
         raise

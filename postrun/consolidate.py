@@ -33,6 +33,7 @@ from hallulog.contracts.run_manifest import RunManifest
 from hallulog.exports.methods import ExportWriter, stamp_exports
 from hallulog.postrun.commits import KeptCommits, RunCursor, pick_commits, scan_worker
 from hallulog.postrun.labels import LabelIndex, apply_label, load_labels
+from hallulog.storage.registry import format_info
 
 from hallulog import storage
 
@@ -78,7 +79,7 @@ def _copy_worker(
     keep: Any,
     *,
     k: int,
-    fmt: str,
+    per_file: bool,
     labels: LabelIndex,
     act_dir: Path,
     out: dict[str, IO[bytes]],
@@ -125,7 +126,7 @@ def _copy_worker(
         primary_act = None
         for act_line in acts.take(line):
             act = act_line.row
-            if fmt == "npy":
+            if per_file:  # a file per activation: linked, the index line names the link
                 src = wdir / act["file_path"]
                 modes[_link_or_copy(src, act_dir / src.name)] += 1
                 act = {
@@ -170,6 +171,7 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
         raise ArtifactError(f"{RunManifest.path(root)}: no run here to consolidate")
     k = int(manifest["k_samples"])
     fmt = manifest.storage_format
+    per_file = format_info(fmt).file_per_activation
     out = layout.consolidated_dir(root)
     out.mkdir(exist_ok=True)
     wdirs = layout.worker_dirs(root)
@@ -192,7 +194,7 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
     exports_failed: list[BaseException] = []
     published = False
     try:
-        if fmt == "npy":
+        if per_file:
             act_dir.mkdir(exist_ok=True)
         for wdir, scan, keep in zip(wdirs, scans, chosen):
             _copy_worker(
@@ -200,7 +202,7 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
                 KeptCommits(scan, keep),
                 keep,
                 k=k,
-                fmt=fmt,
+                per_file=per_file,
                 labels=labels,
                 act_dir=act_dir,
                 out=tmp,
@@ -231,7 +233,7 @@ def consolidate(root: Path, *, merge: bool = False) -> ConsolidationResult:
             tables.close(commit=False)
             exports.close(commit=False)
 
-    if fmt != "npy":
+    if not per_file:  # append-only stores: a manifest over them, or one merged store
         stores = [
             storage.store_dir(w)
             for w in layout.worker_dirs(root)

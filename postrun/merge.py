@@ -27,11 +27,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from hallulog.config.manifest import load_manifest, write_manifest
+from hallulog.config.plan import plan_recorded_task
 from hallulog.contracts import layout
 from hallulog.contracts.errors import HallulogError
 from hallulog.contracts.jsonl import iter_rows
 from hallulog.contracts.root_lock import LOCK_FILE, root_lock
+from hallulog.contracts.run_manifest import RunManifest
 from hallulog.tasks.shards import parse_shard
 
 __all__ = ["merge_shards", "MergeRefused", "check_shards", "ShardRoot"]
@@ -53,7 +54,7 @@ class ShardRoot:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        manifest = load_manifest(self.root)
+        manifest = _load_manifest(self.root)
         if manifest is None:
             raise MergeRefused(f"{self.root}: no {layout.MANIFEST} (not a hallulog artifact root)")
         self.manifest = manifest
@@ -79,11 +80,8 @@ class ShardRoot:
 
     def expected(self) -> set[str]:
         """The prompt ids this shard has to hold (its task, limit and shard)."""
-        from hallulog.tasks import open_config_task
-
-        try:
-            stream = open_config_task(self.config, shard=self.manifest["shard"])
-            return {g.prompt_id for g in stream.groups()}
+        try:  # the shard's own config, as its run read it
+            return set(plan_recorded_task(self.manifest, shard=self.manifest["shard"]).prompt_ids)
         except (OSError, ValueError) as exc:
             raise MergeRefused(f"{self.name}: cannot load its prompts to check it: {exc}") from None
 
@@ -198,7 +196,7 @@ def _merge_into(
     completed = set().union(*(s.committed() for s in shards))
     expected = set().union(*(s.expected() for s in shards))
     manifest = _merged_manifest(out, shards, merged_from, completed)
-    write_manifest(out, manifest)
+    RunManifest(manifest).dump(out)
     _write_checkpoint(out, completed, manifest["run_id"])
     summary: dict[str, Any] = {
         "out": str(out),
@@ -230,7 +228,7 @@ def _check_out(out: Path, shards: list[ShardRoot]) -> None:
     if out.resolve() in sources:
         raise MergeRefused(f"--out {out} is one of the shard roots; pick a new directory")
     if out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
-        previous = load_manifest(out)
+        previous = _load_manifest(out)
         if previous is None or "merged_from" not in previous:
             raise MergeRefused(
                 f"--out {out} exists and is not an earlier merge; pick an empty or new directory"
@@ -336,3 +334,8 @@ def _merged_manifest(
         ],
     )
     return base
+
+
+def _load_manifest(root: Path) -> dict[str, Any] | None:
+    manifest = RunManifest.load(root)
+    return manifest.to_dict() if manifest is not None else None

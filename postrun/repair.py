@@ -16,6 +16,7 @@ from hallulog.contracts import layout
 from hallulog.contracts.jsonl import encode_line, is_malformed, iter_rows
 from hallulog.contracts.run_manifest import RunManifest
 from hallulog.postrun.commits import MaskLookup, commit_key, id_rows
+from hallulog.storage.registry import format_info
 
 __all__ = ["prompts_to_retry", "quarantine_malformed_lines"]
 
@@ -74,7 +75,7 @@ def prompts_to_retry(root: Path, expected: set[str]) -> set[str]:
     root = Path(root)
     manifest = RunManifest.load(root) or RunManifest()
     k = int(manifest.get("k_samples", 0))
-    per_file = manifest.storage_format == "npy"
+    per_file = format_info(manifest.storage_format).file_per_activation
     full = (1 << (k + 1)) - 1
     complete: set[str] = set()
     committed: set[str] = set()
@@ -96,7 +97,7 @@ def prompts_to_retry(root: Path, expected: set[str]) -> set[str]:
                 complete.add(row["prompt_id"])
     retry = (set(expected) | errored) - complete
     if not per_file:
-        # Shard stores are append-only: a committed sample's key cannot be written again.
+        # Append-only stores: a committed sample's key cannot be written again.
         stuck = retry & committed
         if stuck:
             log.warning(

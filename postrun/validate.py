@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from hallulog import storage
+from hallulog.storage.errors import UnknownFormatError
+from hallulog.storage.registry import format_info
 from hallulog.contracts import layout
 from hallulog.contracts.jsonl import iter_rows, scan_lines
 from hallulog.contracts.run_manifest import RunManifest
@@ -97,7 +99,7 @@ def validate(root: Path, *, expected_prompt_ids: set[str] | None = None,
     if manifest is None:
         manifest = RunManifest.load(root) or RunManifest()
     k = int(manifest.get("k_samples", 0))
-    fmt = manifest.storage_format
+    per_file = _file_per_activation(manifest.storage_format)
 
     for wdir in layout.worker_dirs(root):
         for name in SCHEMAS:
@@ -109,7 +111,7 @@ def validate(root: Path, *, expected_prompt_ids: set[str] | None = None,
     if not (out / layout.PROMPT_INDEX).exists():
         report.add("not_consolidated", f"no {layout.CONSOLIDATED}/{layout.PROMPT_INDEX}", file=None)
     else:
-        counts = _check_consolidated(out, report, k=k, fmt=fmt,
+        counts = _check_consolidated(out, report, k=k, per_file=per_file,
                                      expected_prompt_ids=expected_prompt_ids)
 
     by_class = Counter(p["class"] for p in report.problems)
@@ -135,7 +137,16 @@ def _pid(prompt_id: str) -> int:
     return int(prompt_id, 16)  # the schema checked 16 hex digits
 
 
-def _check_consolidated(out: Path, report: _Report, *, k: int, fmt: str,
+def _file_per_activation(fmt: str) -> bool:
+    """Whether the run's activations are files of their own (the storage registry's word; an
+    unknown format: no, the store's own check says what is there)."""
+    try:
+        return format_info(fmt).file_per_activation
+    except UnknownFormatError:
+        return False
+
+
+def _check_consolidated(out: Path, report: _Report, *, k: int, per_file: bool,
                         expected_prompt_ids: set[str] | None) -> dict[str, Any]:
     """Cross-file checks with a few ints per prompt: every file is streamed.
 
@@ -168,7 +179,7 @@ def _check_consolidated(out: Path, report: _Report, *, k: int, fmt: str,
     act_dup_keys: set[str] = set()
     act_checks = _Report(report.root)
     listed = _KeySet()  # npy: file names the index names
-    checker = (_npy_checker(out, act_checks, listed) if fmt == "npy"
+    checker = (_npy_checker(out, act_checks, listed) if per_file
                else _store_checker(out, act_checks))
     seen_keys = _KeySet()
     a_scan, g_scan = _Report(report.root), _Report(report.root)
@@ -230,7 +241,7 @@ def _check_consolidated(out: Path, report: _Report, *, k: int, fmt: str,
                   f"{len(missing_act.problems)} of {gen_count} generations have no activations "
                   f"(more than {MAX_MISSING_ACTIVATION_SHARE:.0%}); most common cause: "
                   f"{_capture_error_cause(out.parent)}", file=a_path)
-    if fmt == "npy":
+    if per_file:
         _orphan_npy_files(out, listed, act_checks)
     for part in (g_scan, a_scan, found, missing_act, act_checks):
         report.problems.extend(part.problems)
@@ -364,14 +375,22 @@ def _store_checker(out: Path, report: _Report) -> Callable[[int, dict], None] | 
 
 
 def _capture_error_cause(root: Path) -> str:
-    """The most frequent ``capture_failed`` message of the workers' errors.jsonl."""
+    """The most frequent ``capture_failed`` message of the workers' errors.jsonl, or the
+    captures whose rows failed the check, per reason (``capture_zeros`` …), when they are more."""
     causes: Counter = Counter()
+    reasons: Counter = Counter()
     for wdir in layout.worker_dirs(root):
         for row in iter_rows(wdir / layout.ERRORS, malformed="skip"):
             if row.get("error_type") == "capture_failed":
-                causes[str(row.get("error_message", "?"))[:200]] += 1
-    if not causes:
+                if row.get("reason"):
+                    reasons[str(row["reason"])] += 1
+                else:
+                    causes[str(row.get("error_message", "?"))[:200]] += 1
+    if not causes and not reasons:
         return "unknown (no capture_failed rows in worker_*/errors.jsonl)"
+    if sum(reasons.values()) >= max(causes.values(), default=0):
+        named = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common())
+        return f"rows that failed the capture check: {named} (worker_*/errors.jsonl, docs/alignment.md)"
     message, n = causes.most_common(1)[0]
     return f"{message} ({n} time(s), worker_*/errors.jsonl)"
 

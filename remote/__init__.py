@@ -1,2 +1,3 @@
 """Object storage (``s3://`` roots): the client, ranged reads of a store in a bucket, tree
-copies, sealed segments shipped create-only, their restore, and one writer per prefix."""
+copies, sealed segments shipped create-only, their restore and compaction, and one writer per
+prefix fenced by lease epochs."""

@@ -21,22 +21,24 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from hallulog.contracts.errors import HallulogError
 from hallulog.remote.client import Bucket, ObjectExistsError, ObjectStoreError
 from hallulog.remote.restore import restore_staging
 from hallulog.remote.segments import RUN_PREFIX
 from hallulog.remote.shipper import SegmentShipper
 
-__all__ = ["ActorShipping", "BucketUnreachable", "session_key"]
+__all__ = ["ActorShipping", "BucketUnreachable", "session_key", "node_staging", "drop_node_staging"]
 
 log = logging.getLogger(__name__)
 
 
-class BucketUnreachable(RuntimeError):
+class BucketUnreachable(HallulogError, RuntimeError):
     """The actor cannot read the driver's bucket from its node."""
 
 
@@ -45,13 +47,33 @@ def session_key(session: str) -> str:
     return f"{RUN_PREFIX}/sessions/{session}"
 
 
-def node_staging(url: str, slot: int) -> Path:
-    """This node's staging root for ``slot`` (see the module docstring)."""
+def _node_prefix(url: str) -> Path:
     env = os.environ.get("HALLULOG_CACHE_DIR")
     cache = Path(env) if env else Path.home() / ".cache" / "hallulog"
     bucket = url.partition("://")[2].split("/", 1)[0]
     digest = hashlib.sha256(url.encode()).hexdigest()[:16]
-    return cache / "staging" / f"{bucket}-{digest}-slot{slot}"
+    return cache / "staging" / f"{bucket}-{digest}-slot"
+
+
+def node_staging(url: str, slot: int) -> Path:
+    """This node's staging root for ``slot`` (see the module docstring)."""
+    prefix = _node_prefix(url)
+    return prefix.with_name(f"{prefix.name}{slot}")
+
+
+def drop_node_staging(url: str) -> list[str]:
+    """Remove this node's staging roots of ``url`` (every slot's: a lost actor's too), once
+    the driver has stopped every actor: what they held is in the bucket, or was never
+    committed there and is redone. The paths removed."""
+    prefix = _node_prefix(url)
+    gone = []
+    for path in sorted(prefix.parent.glob(f"{prefix.name}*")):
+        if path.is_dir() and path.name[len(prefix.name) :].isdigit():
+            aside = path.with_name(f".{path.name}.removing-{os.getpid()}")
+            path.rename(aside)  # one atomic step; then deleted
+            shutil.rmtree(aside, ignore_errors=True)
+            gone.append(str(path))
+    return gone
 
 
 class ActorShipping:
@@ -75,7 +97,14 @@ class ActorShipping:
             )
         self.root = node_staging(self.bucket.url, slot)
         states = restore_staging(self.root, self.bucket, workers=[self.worker])
-        self.shipper = SegmentShipper(self.root, self.bucket, states, interval=self.gap)
+        self.shipper = SegmentShipper(
+            self.root,
+            self.bucket,
+            states,
+            interval=self.gap,
+            epoch=int(remote.get("epoch") or 0),
+            chains=[self.worker],
+        )
         self._held: list[tuple[float, dict]] = []
         self._given = 0  # groups submitted and not resolved
         self._cond = threading.Condition()

@@ -9,8 +9,11 @@
 - ``multi`` (``consolidated/activations``): the manifest's stores resolved as keys beside it.
 - ``zarr``: zarr's own object-store support (``zarr.storage.ObjectStore`` over the obstore
   client), under the same checks as a local zarr store.
-- ``npy`` (a file per activation) is not read from a bucket: pull the root
+- a format with a file per activation (``npy``) is not read from a bucket: pull the root
   (``hallulog pull``).
+
+A store is recognised in a bucket by the storage registry's own rules (``detect_at`` on a
+prefix); each format's bucket reader is an entry of :data:`BUCKET_READERS`.
 
 The readers pickle without a client (each process makes its own), so they work in a PyTorch
 ``DataLoader`` with workers.
@@ -22,21 +25,26 @@ import hashlib
 import json
 import os
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from hallulog.contracts import layout
 from hallulog.remote.client import Bucket, ObjectStoreError
 from hallulog.storage.errors import CorruptShardError, ManifestError, UnknownFormatError
 from hallulog.storage.packed import PackedReader
 from hallulog.storage.packed_layout import INDEX_ARRAYS, MANIFEST
+from hallulog.storage.registry import detect_at, format_info
 from hallulog.storage.zarr_store import ZarrReader
 
-__all__ = ["BucketFiles", "BucketPackedReader", "open_bucket_store", "detect_bucket_format"]
+__all__ = [
+    "BucketFiles",
+    "BucketPackedReader",
+    "BUCKET_READERS",
+    "open_bucket_store",
+    "detect_bucket_format",
+]
 
 _MANIFEST = "manifest.json"
-_ACTIVATIONS = "activations"
-_ZARR_STORE = "activations.zarr"
 
 
 class BucketFiles:
@@ -184,40 +192,52 @@ def _manifest_format(bucket: Bucket) -> tuple[str | None, dict | None]:
         raise ManifestError(f"unparsable manifest ({exc})", bucket.display(_MANIFEST)) from None
 
 
+@dataclass(frozen=True)
+class _Prefix:
+    """A prefix of a bucket as a place a store may be (``storage.registry.Location``)."""
+
+    bucket: Bucket
+
+    def exists(self, name: str) -> bool:
+        return self.bucket.head(name) is not None
+
+    def child(self, name: str) -> _Prefix:
+        return _Prefix(_child(self.bucket, name))
+
+    def manifest_format(self) -> str | None:
+        return _manifest_format(self.bucket)[0]
+
+
 def detect_bucket_format(url: str | Bucket) -> tuple[str, Bucket, dict | None]:
     """``(format, bucket of the store, its manifest)``: the URL of a store, of a worker
     directory or of ``consolidated/`` (as ``detect_format`` on disk)."""
     bucket = url if isinstance(url, Bucket) else Bucket(url)
-    for cand in (bucket, _child(bucket, _ACTIVATIONS)):
-        fmt, doc = _manifest_format(cand)
-        if fmt == "hallulog.packed":
-            return "packed", cand, doc
-        if fmt == "hallulog.multi":
-            return "multi", cand, doc
-        for z in (cand, _child(cand, _ZARR_STORE)):
-            if z.head("zarr.json") is not None or z.head(".zgroup") is not None:
-                return "zarr", z, None
-    if bucket.head(layout.ACTIVATION_INDEX) is not None:
+    found = detect_at(_Prefix(bucket))
+    if found is None:
+        raise UnknownFormatError("no packed or zarr activation store here", bucket.url)
+    fmt, where = found
+    if format_info(fmt).file_per_activation or fmt not in BUCKET_READERS:
         raise UnknownFormatError(
-            "an npy store (a file per activation) is not read from a bucket: "
+            f"a {fmt} store (a file per activation) is not read from a bucket: "
             "`hallulog pull` the root and read it locally",
             bucket.url,
         )
-    raise UnknownFormatError("no packed or zarr activation store here", bucket.url)
+    store = where.bucket  # type: ignore[attr-defined]
+    return fmt, store, _manifest_format(store)[1]
 
 
 def open_bucket_store(url: str | os.PathLike, **options):
     """``open_store`` for a URL: the store's reader, reading from the bucket."""
     fmt, bucket, doc = detect_bucket_format(os.fspath(url))
-    if fmt == "packed":
-        return BucketPackedReader(bucket, **options)
-    if fmt == "multi":
-        from hallulog.storage.multi import MultiReader, check_manifest
+    return BUCKET_READERS[fmt](bucket, doc, **options)
 
-        check_manifest(bucket.url, doc)
-        stores = [open_bucket_store(_child(bucket, s).url) for s in doc["stores"]]
-        return MultiReader(bucket.url, doc, stores)
-    return BucketZarrReader(bucket)
+
+def _open_multi(bucket: Bucket, doc: dict | None, **options):
+    from hallulog.storage.multi import MultiReader, check_manifest
+
+    check_manifest(bucket.url, doc)
+    stores = [open_bucket_store(_child(bucket, s).url) for s in doc["stores"]]  # type: ignore[index]
+    return MultiReader(bucket.url, doc, stores)
 
 
 class BucketZarrReader(ZarrReader):
@@ -247,3 +267,12 @@ class BucketZarrReader(ZarrReader):
             self._z, self._zpid = z, os.getpid()
             self._arr = None
         return z
+
+
+BUCKET_READERS: dict[str, Callable[..., object]] = {
+    "packed": lambda bucket, doc, **options: BucketPackedReader(bucket, **options),
+    "multi": _open_multi,
+    "zarr": lambda bucket, doc, **options: BucketZarrReader(bucket),
+}
+"""The storage registry's formats read from a bucket, by name: ``(bucket, manifest,
+**options)`` → the reader."""

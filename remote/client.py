@@ -319,7 +319,6 @@ class Bucket:
         ``mode="create"``); ``if_match``: only over the version with that ETag (``If-Match``,
         obstore ``UpdateVersion``); neither: unconditionally."""
         obstore = self._obstore()
-
         mode = "create" if create else "overwrite" if if_match is None else {"e_tag": if_match}
         try:
             done = self._again(
@@ -357,7 +356,6 @@ class Bucket:
     def head(self, key: str) -> dict | None:
         """``{size, e_tag, ...}`` of ``key``, None when absent."""
         obstore = self._obstore()
-
         try:
             return self._again(lambda: self._call("head", key, obstore.head, key))
         except FileNotFoundError:
@@ -366,7 +364,6 @@ class Bucket:
     def attributes(self, key: str, size: int) -> dict[str, str]:
         """The object's attributes (user metadata included), read with a one-byte GET."""
         obstore = self._obstore()
-
         options = {"range": (0, 1)} if size > 0 else None
         return self._again(
             lambda: dict(self._call("read", key, obstore.get, key, options=options).attributes)
@@ -408,7 +405,6 @@ class Bucket:
         """The byte ranges of ``key`` (buffers, zero-copy): ranges closer than ``coalesce``
         bytes share one GET, and up to 10 GETs run at once (obstore ``get_ranges``)."""
         obstore = self._obstore()
-
         return self._again(
             lambda: self._call(
                 "read",
@@ -421,20 +417,26 @@ class Bucket:
             )
         )
 
-    def download(self, key: str, out: BinaryIO, chunk_bytes: int = 8 << 20) -> tuple[int, int]:
-        """Stream ``key`` into ``out``; ``(bytes, crc32c)`` of what was written."""
+    def download(
+        self,
+        key: str,
+        out: BinaryIO,
+        chunk_bytes: int = 8 << 20,
+        span: tuple[int, int] | None = None,
+    ) -> tuple[int, int]:
+        """Stream ``key`` (its bytes ``[start, end)`` with ``span``) into ``out``;
+        ``(bytes, crc32c)`` of what was written."""
         import google_crc32c
 
         obstore = self._obstore()
-
         start = out.tell()
+        options = {"range": span} if span is not None else None
 
         def stream() -> tuple[int, int]:
             out.seek(start)
             out.truncate()
-            result = self._call("read", key, obstore.get, key)
-            crc = 0
-            size = 0
+            result = self._call("read", key, obstore.get, key, options=options)
+            crc = size = 0
             try:
                 for chunk in result.stream(min_chunk_size=chunk_bytes):
                     data = bytes(chunk)  # google_crc32c takes bytes only

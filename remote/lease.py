@@ -7,12 +7,14 @@ for its whole life, so a second writer on any node is refused before it does any
 line naming the holder. Read-only commands (status, validate, pull) take none.
 
 - **Acquire**: a create-only PUT (``If-None-Match: *``) of ``{format, command, host, node, pid,
-  start, since, heartbeat, lease, token}``. On 412 the lease is read: a holder whose heartbeat
-  is younger than the lease (``HALLULOG_ROOT_LEASE_SECONDS``, default 120 s, or the holder's
-  own when longer) refuses the command (:class:`BucketLocked`), unless it ran on this machine
-  and in this pid namespace (``node``: boot id and namespace) and its pid is gone or reused; a
-  stale or released one is taken over by a PUT conditional on the ETag just read (``If-Match``,
-  obstore ``UpdateVersion``): of two takers one wins, the other reads again and is refused.
+  start, since, heartbeat, lease, token, epoch}``; ``epoch``, the fencing token, is one more than
+  the replaced lease's and every recorded epoch's (``remote/epochs.py``). On 412 the lease is
+  read: a holder whose heartbeat is younger than the lease (``HALLULOG_ROOT_LEASE_SECONDS``,
+  default 120 s, or the holder's own when longer) refuses the command (:class:`BucketLocked`),
+  unless it ran on this machine and in this pid namespace (``node``: boot id and namespace) and
+  its pid is gone or reused; a stale or released one is taken over by a PUT conditional on the
+  ETag just read (``If-Match``, obstore ``UpdateVersion``): of two takers one wins, the other
+  reads again and is refused.
 - **Heartbeat**: a daemon thread rewrites the lease every lease/4 seconds, ``If-Match`` the
   ETag it wrote last. A 412 means another command took the lease over (this one stalled past
   the lease): the lease is lost, the main thread is interrupted (a run stops as on SIGTERM),
@@ -46,6 +48,7 @@ from typing import Any
 from hallulog.contracts.process import pid_alive, proc_start
 from hallulog.contracts.root_lock import RootLocked, lease_seconds
 from hallulog.remote.client import Bucket, ObjectStoreError
+from hallulog.remote.epochs import latest_epoch
 from hallulog.remote.segments import RUN_PREFIX
 
 __all__ = [
@@ -55,6 +58,7 @@ __all__ = [
     "BucketLease",
     "bucket_lock",
     "acquire",
+    "live_holder",
 ]
 
 log = logging.getLogger(__name__)
@@ -88,6 +92,13 @@ def _decode(data: bytes | None) -> dict[str, Any]:
     except ValueError:
         return {}
     return rec if isinstance(rec, dict) else {}
+
+
+def _epoch_of(rec: dict[str, Any]) -> int:
+    try:
+        return int(rec.get("epoch") or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _holder(rec: dict[str, Any]) -> str:
@@ -174,6 +185,11 @@ class BucketLease:
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeat, name="bucket-lease", daemon=True)
         self._beat.start()
+
+    @property
+    def epoch(self) -> int:
+        """This holder's fencing token (``remote/epochs.py``)."""
+        return int(self.record["epoch"])
 
     @property
     def lost(self) -> bool:
@@ -303,9 +319,11 @@ def acquire(bucket: Bucket, command: str, lease: float) -> BucketLease:
         "token": os.urandom(8).hex(),
     }
     found: dict[str, Any] = {}
+    recorded = latest_epoch(bucket)
     for _ in range(_ATTEMPTS):
         sent = time.monotonic()
         record["heartbeat"] = time.time()
+        record["epoch"] = max(recorded, _epoch_of(found)) + 1  # the fencing token
         body = _encode(record)
         etag = bucket.put_tagged(LOCK_KEY, body, create=True)
         got = None if etag is not None else bucket.get_tagged(LOCK_KEY)
@@ -321,6 +339,8 @@ def acquire(bucket: Bucket, command: str, lease: float) -> BucketLease:
         if why is None:
             raise BucketLocked(_refusal(bucket, found, lease))
         log.warning("taking over %s from %s: %s", bucket.display(LOCK_KEY), _holder(found), why)
+        record["epoch"] = max(recorded, _epoch_of(found)) + 1
+        body = _encode(record)
         honoured, probed = _honours_if_match(bucket, body)
         if honoured:  # of two takers of this version, one wins
             etag = bucket.put_tagged(LOCK_KEY, body, if_match=got[1])
@@ -378,3 +398,12 @@ def _leave(key: str, held: BucketLease) -> None:
     except KeyboardInterrupt:  # the interrupt of a loss, arriving late
         if not held.lost:
             raise
+
+
+def live_holder(bucket: Bucket, lease: float | None = None) -> dict[str, Any] | None:
+    """The lease record of the command that holds the prefix now, None when none does."""
+    got = bucket.get_tagged(LOCK_KEY)
+    rec = _decode(got[0]) if got is not None else {}
+    if not rec or _stale(rec, lease or lease_seconds()) is not None:
+        return None
+    return rec

@@ -25,16 +25,31 @@ from pathlib import Path
 
 from hallulog.contracts import layout
 from hallulog.remote.client import Bucket, ObjectStoreError, crc32c_hex
+from hallulog.remote.epochs import EpochRule, write_epoch
 from hallulog.remote.segments import (
+    ROOT_CHAIN,
+    ROOT_FILES,
     RUN_PREFIX,
     SEGMENT_FORMAT,
     SEGMENTS,
     WorkerState,
     advance,
+    chain_dir,
     manifest_key,
+    manifest_seq,
+    segment_doc,
 )
 
-__all__ = ["segment_chains", "read_segment", "fence_chain", "chain_prompt_ids", "restore_staging"]
+__all__ = [
+    "segment_chains",
+    "read_segment",
+    "read_chain",
+    "fence_chain",
+    "fence_session",
+    "chain_prompt_ids",
+    "restore_staging",
+    "plan_files",
+]
 
 log = logging.getLogger(__name__)
 
@@ -45,24 +60,16 @@ _KEEP = (layout.WRITER_LOCK,)
 """Files of a worker directory that are not its data (left in place by a restore)."""
 
 
-def segment_chains(bucket: Bucket, worker: str | None = None) -> dict[str, list[str]]:
-    """``worker name -> [manifest keys in seq order]`` (one worker's with ``worker``); a gap
-    in the numbers is an error."""
+def segment_chains(bucket: Bucket, worker: str | None = None) -> dict[str, dict[int, str]]:
+    """``chain name -> {seq: manifest key}`` of every manifest listed (one chain's with
+    ``worker``); :func:`read_chain` reads one from its latest checkpoint."""
     found: dict[str, dict[int, str]] = {}
     prefix = f"{SEGMENTS}/{worker}/" if worker else f"{SEGMENTS}/"
     for key in bucket.list(prefix):
-        parts = key.split("/")
-        if len(parts) == 4 and parts[3].endswith(".json") and parts[3][:-5].isdigit():
-            found.setdefault(parts[2], {})[int(parts[3][:-5])] = key
-    out = {}
-    for name, by_seq in found.items():
-        if sorted(by_seq) != list(range(len(by_seq))):
-            raise ObjectStoreError(
-                f"{bucket.display(f'{SEGMENTS}/{name}')}: "
-                f"segment numbers {sorted(by_seq)} are not 0..n-1"
-            )
-        out[name] = [by_seq[i] for i in range(len(by_seq))]
-    return out
+        named = manifest_seq(key)
+        if named is not None:
+            found.setdefault(named[0], {})[named[1]] = key
+    return found
 
 
 def read_segment(bucket: Bucket, key: str) -> dict:
@@ -72,6 +79,7 @@ def read_segment(bucket: Bucket, key: str) -> dict:
             raise ValueError(f"format is {doc.get('format')!r}, not {SEGMENT_FORMAT!r}")
         doc.setdefault("pieces", [])
         doc.setdefault("prompt_ids", [])
+        doc["key"] = key
         return doc
     except (ValueError, AttributeError) as exc:
         raise ObjectStoreError(
@@ -79,37 +87,75 @@ def read_segment(bucket: Bucket, key: str) -> dict:
         ) from None
 
 
-def _read_all(bucket: Bucket, keys: list[str]) -> list[dict]:
-    if not keys:
-        return []
-    with ThreadPoolExecutor(min(DOWNLOADS_AT_ONCE, len(keys))) as pool:
-        return list(pool.map(lambda key: read_segment(bucket, key), keys))
+def read_chain(
+    bucket: Bucket,
+    name: str,
+    by_seq: dict[int, str],
+    rule: EpochRule,
+    cache: dict[str, dict] | None = None,
+) -> tuple[list[dict], int]:
+    """The chain's manifests from its latest checkpoint on, stale ones (``remote/epochs.py``)
+    left out, in order; and its next number. Read from the newest down to that checkpoint (the
+    older manifests are superseded); the numbers from there on must be contiguous.
+    ``cache``: manifests already read (key -> doc), filled in."""
+    cache = {} if cache is None else cache
+    if not by_seq:
+        return [], 0
+    top = max(by_seq)
+    docs: list[dict] = []
+    seq = top
+    while seq >= 0:
+        key = by_seq.get(seq)
+        if key is None:
+            raise ObjectStoreError(
+                f"{bucket.display(f'{SEGMENTS}/{name}')}: segment {seq} is missing "
+                f"(numbers {min(by_seq)}..{top} listed, no checkpoint after the gap)"
+            )
+        doc = cache.get(key)
+        if doc is None:
+            doc = cache[key] = read_segment(bucket, key)
+        why = rule.stale(name, seq, doc.get("epoch"))
+        if why is not None:
+            log.warning("%s: skipped, a stale writer's (%s)", bucket.display(key), why)
+        else:
+            docs.append(doc)
+            if doc.get("checkpoint"):
+                break
+        seq -= 1
+    docs.reverse()
+    return docs, top + 1
 
 
-def chain_prompt_ids(bucket: Bucket, keys: list[str]) -> set[str]:
-    """The prompt ids the segments ``keys`` commit."""
-    return {pid for doc in _read_all(bucket, keys) for pid in doc["prompt_ids"]}
+def chain_prompt_ids(docs: list[dict]) -> set[str]:
+    """The prompt ids the manifests ``docs`` commit (a checkpoint's: every one before it)."""
+    return {pid for doc in docs for pid in doc["prompt_ids"]}
 
 
-def fence_chain(bucket: Bucket, worker: str, reason: str, since: int = 0) -> tuple[int, set[str]]:
-    """Take ``worker``'s next segment number with a fence (see the module docstring); returns
-    the fence's number and the prompt ids of the chain's segments numbered ``since`` and up."""
+def fence_chain(bucket: Bucket, worker: str, reason: str, epoch: int) -> int:
+    """Take ``worker``'s next segment number with a fence of ``epoch`` (module docstring);
+    its number."""
     while True:
-        keys = segment_chains(bucket, worker).get(worker, [])
-        seq = len(keys)
-        doc = {
-            "format": SEGMENT_FORMAT,
-            "schema_version": 1,
-            "worker": worker,
-            "seq": seq,
-            "fence": reason,
-            "pieces": [],
-            "prompt_ids": [],
-        }
+        listed = segment_chains(bucket, worker).get(worker, {})
+        seq = max(listed, default=-1) + 1
+        doc = segment_doc(worker, seq, epoch, fence=reason)
         body = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
         if bucket.put_create(manifest_key(worker, seq), body):
-            return seq, chain_prompt_ids(bucket, keys[since:])
+            return seq
         # the writer being fenced took this number first: fence after it
+
+
+def fence_session(
+    bucket: Bucket, epoch: int, command: str, chains: list[str] = ()
+) -> dict[str, int]:
+    """A session's start (``remote/epochs.py``): fence every chain in the bucket, the root's
+    and ``chains``, then record ``epoch`` with those numbers; ``chain -> fence number``."""
+    names = set(segment_chains(bucket)) | set(chains) | {ROOT_CHAIN}
+    fences = {
+        name: fence_chain(bucket, name, f"{command}, epoch {epoch}", epoch)
+        for name in sorted(names)
+    }
+    write_epoch(bucket, epoch, command, fences)
+    return fences
 
 
 class _At:
@@ -136,7 +182,7 @@ class _At:
             view = view[n:]
 
 
-def _plan(bucket: Bucket, docs: list[dict]) -> dict[str, list[dict]]:
+def plan_files(bucket: Bucket, docs: list[dict]) -> dict[str, list[dict]]:
     """Each file's pieces in order (a whole piece replaces what came before); checked
     contiguous."""
     files: dict[str, list[dict]] = {}
@@ -183,16 +229,20 @@ def _kept_end(path: Path, pieces: list[dict]) -> int:
 
 
 def _download(bucket: Bucket, path: Path, piece: dict) -> int:
+    """One piece into its place; a piece inside a pack is a ranged read of the pack."""
+    length = piece["end"] - piece["start"]
+    span = None
+    if piece.get("offset") is not None:
+        span = (int(piece["offset"]), int(piece["offset"]) + length)
     fd = os.open(path, os.O_WRONLY)
     try:
-        size, crc = bucket.download(piece["key"], _At(fd, piece["start"]))
+        size, crc = bucket.download(piece["key"], _At(fd, piece["start"]), span=span)
     finally:
         os.close(fd)
-    if size != piece["end"] - piece["start"] or crc32c_hex(crc) != piece["crc32c"]:
+    if size != length or crc32c_hex(crc) != piece["crc32c"]:
         raise ObjectStoreError(
             f"{bucket.display(piece['key'])}: read {size} bytes with CRC-32C "
-            f"{crc32c_hex(crc)}, the segment says {piece['end'] - piece['start']}, "
-            f"{piece['crc32c']}"
+            f"{crc32c_hex(crc)}, the segment says {length}, {piece['crc32c']}"
         )
     return size
 
@@ -207,11 +257,24 @@ def _remove_others(wdir: Path, keep: set[str]) -> None:
             os.rmdir(dirpath)
 
 
-def _restore_worker(bucket: Bucket, wdir: Path, keys: list[str]) -> tuple[WorkerState, int, int]:
-    """One worker directory from its chain; its state, and the pieces and bytes downloaded."""
-    files = _plan(bucket, _read_all(bucket, keys))
+def _restore_chain(
+    bucket: Bucket, root: Path, name: str, docs: list[dict], next_seq: int
+) -> tuple[WorkerState, int, int]:
+    """One chain's directory from its manifests; its state, and the pieces and bytes
+    downloaded."""
+    wdir = chain_dir(root, name)
+    files = plan_files(bucket, docs)
+    if not files and name != ROOT_CHAIN:  # fences only, or stale segments only: no directory
+        shutil.rmtree(wdir, ignore_errors=True)
+        st = WorkerState(name, seq=next_seq, chain=docs)
+        return st, 0, 0
     wdir.mkdir(parents=True, exist_ok=True)
-    _remove_others(wdir, set(files))
+    if name != ROOT_CHAIN:  # the root holds more than its chain's files
+        _remove_others(wdir, set(files))
+    else:
+        for rel in ROOT_FILES:
+            if rel not in files:
+                (wdir / rel).unlink(missing_ok=True)
     todo: list[tuple[Path, dict]] = []
     for rel, pieces in files.items():
         path = wdir / rel
@@ -230,24 +293,25 @@ def _restore_worker(bucket: Bucket, wdir: Path, keys: list[str]) -> tuple[Worker
             os.fsync(fd)
         finally:
             os.close(fd)
-    st, _, _, _ = advance(wdir, WorkerState(wdir.name))
+    st, _, _, _ = advance(wdir, WorkerState(name))
     sizes = {rel: p[-1]["end"] for rel, p in files.items() if not p[-1].get("whole")}
     if st.ends != sizes:
         raise ObjectStoreError(
-            f"{bucket.display(keys[-1])}: the restored files end at {sizes}, their committed "
-            f"ends are {st.ends}"
+            f"{bucket.display(f'{SEGMENTS}/{name}')}: the restored files end at {sizes}, their "
+            f"committed ends are {st.ends}"
         )
-    st.seq = len(keys)
+    st.seq, st.chain = next_seq, docs
     return st, len(todo), got
 
 
 def restore_staging(
     root: Path, bucket: Bucket, *, workers: list[str] | None = None, reset: bool = True
 ) -> dict[str, WorkerState]:
-    """Make ``root``'s worker directories the bucket's committed prefix (module docstring);
-    the states a shipper continues from. ``workers``: only these directories (a Ray actor's
-    own); else every one, and with ``reset`` the root's checkpoint files are removed and its
-    ``run_manifest.json`` is the shipped one (a session's start, not its end)."""
+    """Make ``root``'s worker directories (and its ``labels.jsonl``) the bucket's committed
+    prefix (module docstring); the states a shipper continues from, by chain. ``workers``: only
+    these directories (a Ray actor's own); else every one, and with ``reset`` the root's
+    checkpoint files are removed and its ``run_manifest.json`` is the shipped one (a session's
+    start, not its end)."""
     root.mkdir(parents=True, exist_ok=True)
     chains = segment_chains(bucket, workers[0] if workers and len(workers) == 1 else None)
     if workers is not None:
@@ -259,24 +323,29 @@ def restore_staging(
     if workers is None and reset:
         for name in _RESET_FILES:
             (root / name).unlink(missing_ok=True)
+        if ROOT_CHAIN not in chains:
+            for name in ROOT_FILES:
+                (root / name).unlink(missing_ok=True)
         manifest_key_ = f"{RUN_PREFIX}/{layout.MANIFEST}"
         if bucket.head(manifest_key_) is not None:
             (root / layout.MANIFEST).write_bytes(bucket.get_bytes(manifest_key_))
     for name in workers or ():
         if name not in chains and (root / name).is_dir():
             shutil.rmtree(root / name)
+    rule = EpochRule.read(bucket)
+    read = {name: read_chain(bucket, name, by_seq, rule) for name, by_seq in chains.items()}
     states: dict[str, WorkerState] = {}
     pieces = got = 0
-    for worker, keys in sorted(chains.items()):
-        states[worker], n, size = _restore_worker(bucket, root / worker, keys)
+    for name, (docs, next_seq) in sorted(read.items()):
+        states[name], n, size = _restore_chain(bucket, root, name, docs, next_seq)
         pieces, got = pieces + n, got + size
     if states:
         log.info(
-            "%s: restored %d worker dir(s) from %d segment(s); %d piece(s), %d bytes "
-            "downloaded, the rest already on disk",
+            "%s: restored %d chain(s) from %d segment(s); %d piece(s), %d bytes downloaded, "
+            "the rest already on disk",
             bucket.url,
             len(states),
-            sum(s.seq for s in states.values()),
+            sum(len(s.chain) for s in states.values()),
             pieces,
             got,
         )

@@ -1,11 +1,14 @@
 """Ship a staging root's committed work to a bucket as segments (``remote/segments.py``).
 
-``SegmentShipper(root, bucket, states, interval)`` ships every ``worker_*`` directory under
-``root``: per pass, each directory's newly committed byte ranges (and whole files) as create-only
-objects, uploaded a few at once from a read-only memory map of the file, then the segment's
-manifest, the commit point. ``start()`` runs a pass every ``interval`` seconds on a thread,
-``stop()`` ends it after one last pass. The run on one node ships from the driver
-(``cli/bucket_run.py``), a Ray actor from its node (``remote/actor_shipping.py``).
+``SegmentShipper(root, bucket, states, interval, epoch=E)`` ships every ``worker_*`` directory
+under ``root`` and the root's ``labels.jsonl`` (or the chains named by ``chains``): per pass,
+each one's newly committed byte ranges (and whole files) as create-only objects, uploaded a few
+at once from a read-only memory map of the file, then the segment's manifest (carrying the
+session's lease epoch, ``remote/epochs.py``), the commit point. ``start()`` runs a pass every
+``interval`` seconds on a thread, ``stop()`` ends it after one last pass. A chain is compacted
+every ``COMPACT_EVERY`` segments and when the shipper stops (``remote/compact.py``). The run on
+one node ships from the driver (``cli/bucket_run.py``), a Ray actor from its node
+(``remote/actor_shipping.py``).
 
 Exactly once: every object is create-only; a retried PUT whose first try landed meets 412 and is
 compared (same size and CRC-32C: kept; other bytes: :class:`ObjectExistsError`, as when another
@@ -27,6 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hallulog.contracts import layout
+from hallulog.remote import compact as compaction
 from hallulog.remote.client import (
     CHECKSUM_ATTRIBUTE,
     Bucket,
@@ -35,12 +39,14 @@ from hallulog.remote.client import (
     crc32c_hex,
 )
 from hallulog.remote.segments import (
+    ROOT_CHAIN,
     RUN_PREFIX,
-    SEGMENT_FORMAT,
     WorkerState,
     advance,
+    chain_dir,
     manifest_key,
     piece_key,
+    segment_doc,
 )
 
 __all__ = ["SegmentShipper", "crc_of"]
@@ -92,9 +98,15 @@ class SegmentShipper:
         states: dict[str, WorkerState],
         interval: float,
         guard: Callable[[], None] | None = None,
+        *,
+        epoch: int = 0,
+        chains: list[str] | None = None,
     ) -> None:
         self.root, self.bucket, self.states, self.interval = Path(root), bucket, states, interval
         self.guard = guard or (lambda: None)
+        self.epoch = epoch
+        self.chains = chains
+        """The chains shipped (None: every ``worker_*`` directory and the root's)."""
         self.nonce = uuid.uuid4().hex[:12]
         self.segments = 0
         self._manifest_shipped = False
@@ -126,29 +138,46 @@ class SegmentShipper:
                 return
 
     def stop(self) -> None:
-        """Stop the thread and ship what is committed now (raises what that last pass raised)."""
+        """Stop the thread, ship what is committed now and compact every chain that took
+        segments since its checkpoint (raises what that last pass raised)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.ship()
+        self.ship(compact_from=2)
 
-    def ship(self) -> int:
-        """One pass: a segment for each worker directory with newly committed bytes."""
+    def _names(self) -> list[str]:
+        if self.chains is not None:
+            return list(self.chains)
+        workers = [w.name for w in sorted(self.root.glob("worker_*")) if w.is_dir()]
+        return [*workers, ROOT_CHAIN]
+
+    def ship(self, compact_from: int | None = None) -> int:
+        """One pass: a segment for each chain with newly committed bytes; a chain that has
+        taken ``compact_from`` (``COMPACT_EVERY``) segments since its checkpoint is compacted."""
+        limit = compaction.COMPACT_EVERY if compact_from is None else compact_from
         with self._lock:
             self.guard()
             self._ship_manifest()
             written = 0
-            for wdir in sorted(self.root.glob("worker_*")):
-                if not wdir.is_dir():
-                    continue
-                st = self.states.setdefault(wdir.name, WorkerState(wdir.name))
+            for name in self._names():
+                wdir = chain_dir(self.root, name)
+                st = self.states.setdefault(name, WorkerState(name))
                 new, grown, whole, prompt_ids = advance(wdir, st)
-                if not grown and not whole:
-                    continue
-                self._ship_segment(wdir, st, new, grown, whole, prompt_ids)
-                new.seq = st.seq + 1
-                self.states[wdir.name] = new
-                written += 1
+                if grown or whole:
+                    doc = self._ship_segment(wdir, st, new, grown, whole, prompt_ids)
+                    new.seq = st.seq + 1
+                    new.chain.append(doc)
+                    self.states[name] = st = new
+                    written += 1
+                if st.since_checkpoint >= limit:
+                    self.states[name] = compaction.compact(
+                        self.bucket,
+                        self.root,
+                        st,
+                        epoch=self.epoch,
+                        nonce=self.nonce,
+                        guard=self.guard,
+                    )
             self.segments += written
             return written
 
@@ -177,13 +206,15 @@ class SegmentShipper:
                 "it (is another run writing to this prefix?)"
             )
 
-    def _ship_piece(self, wdir: Path, seq: int, rel: str, start: int, end: int | None) -> dict:
+    def _ship_piece(
+        self, wdir: Path, name: str, seq: int, rel: str, start: int, end: int | None
+    ) -> dict:
         """Upload one piece (``end`` None: the whole file) and describe it."""
         try:
             with _mapped(wdir / rel, start, end) as view:
                 stop = start + len(view)
                 crc = crc_of(view)
-                key = piece_key(wdir.name, seq, self.nonce, rel, start, stop, end is None)
+                key = piece_key(name, seq, self.nonce, rel, start, stop, end is None)
                 self._put(key, view, crc)
         except FileNotFoundError:
             raise ObjectStoreError(f"{wdir / rel}: committed, but missing") from None
@@ -200,27 +231,29 @@ class SegmentShipper:
         grown: dict[str, int],
         whole: set[str],
         prompt_ids: list[str],
-    ) -> None:
+    ) -> dict:
         jobs = [(rel, st.ends.get(rel, 0), end) for rel, end in sorted(grown.items())]
         jobs += [(rel, 0, None) for rel in sorted(whole)]
         with ThreadPoolExecutor(min(UPLOADS_AT_ONCE, len(jobs))) as pool:
-            pieces = list(pool.map(lambda job: self._ship_piece(wdir, st.seq, *job), jobs))
-        doc = {
-            "format": SEGMENT_FORMAT,
-            "schema_version": 1,
-            "worker": wdir.name,
-            "seq": st.seq,
-            "ends": dict(sorted(new.ends.items())),
-            "pieces": pieces,
-            "prompt_ids": prompt_ids,
-        }
+            pieces = list(pool.map(lambda job: self._ship_piece(wdir, st.name, st.seq, *job), jobs))
+        doc = segment_doc(
+            st.name,
+            st.seq,
+            self.epoch,
+            ends=dict(sorted(new.ends.items())),
+            pieces=pieces,
+            prompt_ids=prompt_ids,
+            lines=dict(sorted(new.lines.items())),
+        )
         body = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
-        key = manifest_key(wdir.name, st.seq)
+        key = manifest_key(st.name, st.seq)
         self.guard()  # the segment's commit point
         if not self.bucket.put_create(key, body, {CHECKSUM_ATTRIBUTE: crc_of(body)}):
             if self.bucket.get_bytes(key) != body:
                 raise ObjectExistsError(
                     f"{self.bucket.display(key)} was written by another writer of "
-                    f"{wdir.name}; refusing to overwrite it (a fence of a newer session, or "
+                    f"{st.name}; refusing to overwrite it (a fence of a newer session, or "
                     "two runs on one prefix)"
                 )
+        doc["key"] = key
+        return doc

@@ -1,4 +1,4 @@
-"""hallulog's embedded OpenAI-compatible inference server (``python -m serving``).
+"""hallulog's embedded OpenAI-compatible inference server (``hallulog serve``).
 
 Thin HTTP (``app``) over a batching engine (``engine``) on transformers, with vLLM-compatible
 hidden-state capture (``capture``). Other packages use ``default_model_dir()`` to get the plain

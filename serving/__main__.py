@@ -4,6 +4,7 @@ serve HTTP with uvicorn."""
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import sys
 import time
@@ -28,6 +29,10 @@ def build_server(config: ServerConfig):
     spool = layers = None
     if config.spool_dir:
         spool = SpoolWriter(config.spool_dir)
+        if os.environ.get("HALLULOG_CAPTURE_FAULTS"):  # fault tests only
+            from hallulog.serving.capture_faults import install_from_env
+
+            install_from_env(spool)
         layers = parse_layer_ids(config.capture_layers, num_layer_ids(loaded.model))
     metrics = ServingMetrics(config.model_name)
     engine = EnginePool(

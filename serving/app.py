@@ -13,6 +13,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from hallulog.contracts.errors import HallulogError
 from hallulog.serving import protocol as P
 from hallulog.serving.engine import Engine, SamplingParams, SequenceOutput
 from hallulog.serving.engine_pool import EnginePool
@@ -23,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 logger = logging.getLogger(__name__)
 
 
-class ApiError(Exception):
+class ApiError(HallulogError):
     """An error with an HTTP status, answered in the OpenAI envelope."""
 
     def __init__(self, status: int, message: str):

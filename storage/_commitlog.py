@@ -16,6 +16,8 @@ from hallulog.storage._io import write_all
 from hallulog.storage.errors import ManifestError, StorageError
 
 __all__ = [
+    "COMMIT_LOG",
+    "record_line_bytes",
     "append_records",
     "record_line",
     "tail_to_drop",
@@ -27,9 +29,32 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+COMMIT_LOG = "commit.log"
+"""The commit log's name in its store's directory (packed and zarr)."""
+
 
 def record_line(record: dict) -> bytes:
     return (json.dumps(record, sort_keys=True) + "\n").encode()
+
+
+def record_line_bytes(key_len: int, rows: float) -> int:
+    """Bytes of one sample's commit-log line (a key of ``key_len`` characters, ``rows`` rows,
+    offsets and checksums at their widest), for projections."""
+    n = max(1, round(rows))
+    return len(
+        record_line(
+            {
+                "key": "k" * key_len,
+                "shard": 0,
+                "offset": 10**9,
+                "seq_len": n,
+                "prompt_len": 1,
+                "response_len": n,
+                "label": 0,
+                "crc32": 10**9,
+            }
+        )
+    )
 
 
 def append_records(fd: int, lines: list[bytes]) -> list[int]:

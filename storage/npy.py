@@ -23,7 +23,7 @@ from hallulog.storage.errors import CorruptShardError, ManifestError, StorageErr
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NpyWriter", "NpyReader", "INDEX_FILE", "index_line"]
+__all__ = ["NpyWriter", "NpyReader", "INDEX_FILE", "index_line", "sample_bytes"]
 
 INDEX_FILE = layout.ACTIVATION_INDEX
 #: index fields the reader needs (docs/formats/npy.md, table "required index fields")
@@ -44,6 +44,22 @@ OPTIONAL_FIELDS = (
 )
 #: keys of the dict NpyWriter.write returns (table "writer location fields")
 LOCATION_FIELDS = ("file_path", "shape", "dtype", "size_bytes")
+
+
+def sample_bytes(
+    *, layers: int, rows: float, hidden_size: int, itemsize: int, key_len: int
+) -> float:
+    """Bytes one stored sample costs (a projection): its array and the ``.npy`` header."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header,
+        {
+            "descr": np.lib.format.dtype_to_descr(np.dtype(f"f{itemsize}")),
+            "fortran_order": False,
+            "shape": (layers, max(1, round(rows)), hidden_size),
+        },
+    )
+    return layers * rows * hidden_size * itemsize + len(header.getvalue())
 
 
 class NpyWriter(ActivationWriter):

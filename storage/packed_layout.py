@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import google_crc32c
 import numpy as np
+from hallulog.storage._commitlog import COMMIT_LOG, record_line_bytes
 
 __all__ = [
     "FORMAT",
@@ -30,13 +31,13 @@ __all__ = [
     "shard_name",
     "hash_content",
     "hashed_head",
+    "sample_bytes",
 ]
 
 FORMAT = "hallulog.packed"
 #: 2: the ``checksum`` field (``crc32c`` for new stores); 1: no such field, zlib's ``crc32``
 SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
-COMMIT_LOG = "commit.log"
 DEFAULT_SHARD_BYTES = 2 << 30
 
 #: the per-sample checksum's name -> the function of a sample's bytes. crc32c: CRC-32 with the
@@ -133,3 +134,13 @@ def hashed_head(m: dict) -> dict:
         "shards",
     ) + (ADDED_IN_SCHEMA_2 if m["schema_version"] >= 2 else ())
     return {k: m[k] for k in keys}
+
+
+def sample_bytes(
+    *, layers: int, rows: float, hidden_size: int, itemsize: int, key_len: int
+) -> float:
+    """Bytes one stored sample costs (a projection): its rows in a shard, its commit-log line,
+    its entries in the index arrays and its key."""
+    data = layers * rows * hidden_size * itemsize
+    index = sum(np.dtype(d).itemsize for name, d in INDEX_ARRAYS.items() if name != "sample_key")
+    return data + record_line_bytes(key_len, rows) + index + key_len

@@ -1,6 +1,9 @@
 """The activation store formats, in one registry: their names (``FORMATS``, the ``StorageFormat``
 type a config's field is annotated with), their writers (``open_writer``), their readers
-(``open_store``) and how each is recognised on disk (``detect_format``).
+(``open_store``), how each is recognised on disk or in a bucket (``detect_format``,
+``detect_at``), and what the rest of hallulog needs to know of each (``format_info``: whether
+each activation is a file of its own, the store's commit record, what a sample costs, which
+files hold a committed sample). No module outside ``storage/`` branches on a format's name.
 
 A format is one :class:`Format` entry of ``_REGISTRY``; ``multi`` (a manifest over several
 stores, written by ``write_multi_manifest``) is read and detected like the others but has no
@@ -15,9 +18,10 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Protocol, get_args
 
 from hallulog.contracts import layout
+from hallulog.storage._commitlog import COMMIT_LOG
 from hallulog.storage.base import ActivationReader, ActivationWriter
 from hallulog.storage.errors import ManifestError, StoreNotFoundError, UnknownFormatError
 
@@ -25,9 +29,15 @@ __all__ = [
     "FORMATS",
     "StorageFormat",
     "Format",
+    "Location",
+    "format_info",
+    "commit_records",
+    "sample_bytes",
+    "committed_files",
     "open_writer",
     "open_store",
     "detect_format",
+    "detect_at",
     "store_dir",
     "write_multi_manifest",
 ]
@@ -40,6 +50,32 @@ ACTIVATIONS_DIR = layout.ACTIVATIONS
 def store_dir(root) -> str:
     """Where a writer opened on ``root`` (a worker directory) keeps its data."""
     return os.path.join(os.fspath(root), ACTIVATIONS_DIR)
+
+
+class Location(Protocol):
+    """A directory a store may be in: on disk (:class:`_Dir`), or a prefix of a bucket
+    (``hallulog.remote.bucket_store``). Detection reads it through these three calls only."""
+
+    def exists(self, name: str) -> bool: ...
+
+    def child(self, name: str) -> Location: ...
+
+    def manifest_format(self) -> str | None:
+        """The ``format`` of its ``manifest.json``; None without one."""
+
+
+@dataclass(frozen=True)
+class _Dir:
+    path: str
+
+    def exists(self, name: str) -> bool:
+        return os.path.exists(os.path.join(self.path, name))
+
+    def child(self, name: str) -> _Dir:
+        return _Dir(os.path.join(self.path, name))
+
+    def manifest_format(self) -> str | None:
+        return _manifest_format(self.path)
 
 
 def _manifest_format(path: str) -> str | None:
@@ -59,20 +95,35 @@ class Format:
     """One store format.
 
     ``writer``/``reader``: ``"module:Class"`` in this package, imported on first use (zarr and
-    its codecs load only for zarr stores). ``detect(cand, manifest_format)``: the store's path
-    when ``cand`` (the path given, then its ``activations/``) holds this format, else None;
-    ``manifest_format`` is the ``format`` of ``cand/manifest.json`` (None without one).
-    ``fallback``: detected only on the path given, after every other format had its try on
-    both candidates (npy: its ``activation_index.jsonl`` sits beside other formats' stores).
-    ``reader_options``: whether ``open_store``'s options go to the reader.
+    its codecs load only for zarr stores). ``detect(cand, manifest_format)``: the store's
+    location when ``cand`` (the location given, then its ``activations/``) holds this format,
+    else None; ``manifest_format`` is the ``format`` of ``cand/manifest.json`` (None without
+    one). ``fallback``: detected only on the location given, after every other format had its
+    try on both candidates (npy: its ``activation_index.jsonl`` sits beside other formats'
+    stores). ``reader_options``: whether ``open_store``'s options go to the reader.
     """
 
     name: str
-    detect: Callable[[str, str | None], str | None]
+    detect: Callable[[Location, str | None], Location | None]
     reader: str
     writer: str | None = None
     fallback: bool = False
     reader_options: bool = False
+    file_per_activation: bool = False
+    """Each activation is a file of its own, named by its activation index line's
+    ``file_path`` (npy): consolidation hard-links the files, validation checks each, a key
+    can be written again (``retry`` redoes a committed prompt's missing activations). Else the
+    samples live in append-only stores (packed, zarr): consolidation writes a manifest over
+    the worker stores (or merges them), and a committed key is never written again."""
+    commit_record: str | None = None
+    """The store's commit record, relative to its directory: appended per committed sample,
+    shipped with the samples it commits (packed, zarr: the commit log)."""
+    sample_bytes: str | None = None
+    """``"module:function"``: the bytes one stored sample costs (``estimate``'s projection;
+    keyword arguments ``layers``, ``rows``, ``hidden_size``, ``itemsize``, ``key_len``)."""
+    sample_files: str | None = None
+    """``"module:function"``: for a store whose samples are files of an array (zarr), the files
+    holding given committed samples and the metadata files (``committed_files``)."""
 
     def writer_class(self) -> type[ActivationWriter]:
         return _load(self.writer)  # type: ignore[arg-type]
@@ -86,33 +137,31 @@ def _load(spec: str) -> Any:
     return getattr(importlib.import_module(f".{module}", __package__), name)
 
 
-def _packed(cand: str, manifest_format: str | None) -> str | None:
+def _packed(cand: Location, manifest_format: str | None) -> Location | None:
     if manifest_format == "hallulog.packed":
         return cand
     if (
         manifest_format != "hallulog.multi"
-        and os.path.exists(os.path.join(cand, "commit.log"))
-        and os.path.exists(os.path.join(cand, "shard_000000.bin"))
+        and cand.exists(COMMIT_LOG)
+        and cand.exists("shard_000000.bin")
     ):
         return cand  # unfinalized: the reader says how to recover
     return None
 
 
-def _multi(cand: str, manifest_format: str | None) -> str | None:
+def _multi(cand: Location, manifest_format: str | None) -> Location | None:
     return cand if manifest_format == "hallulog.multi" else None
 
 
-def _zarr(cand: str, manifest_format: str | None) -> str | None:  # noqa: ARG001
-    for z in (cand, os.path.join(cand, "activations.zarr")):
-        if os.path.exists(os.path.join(z, ".zgroup")) or os.path.exists(
-            os.path.join(z, "zarr.json")
-        ):
+def _zarr(cand: Location, manifest_format: str | None) -> Location | None:  # noqa: ARG001
+    for z in (cand, cand.child("activations.zarr")):
+        if z.exists(".zgroup") or z.exists("zarr.json"):
             return z
     return None
 
 
-def _npy(cand: str, manifest_format: str | None) -> str | None:  # noqa: ARG001
-    return cand if os.path.exists(os.path.join(cand, layout.ACTIVATION_INDEX)) else None
+def _npy(cand: Location, manifest_format: str | None) -> Location | None:  # noqa: ARG001
+    return cand if cand.exists(layout.ACTIVATION_INDEX) else None
 
 
 _REGISTRY: dict[str, Format] = {
@@ -124,10 +173,28 @@ _REGISTRY: dict[str, Format] = {
             reader="packed:PackedReader",
             writer="packed:PackedWriter",
             reader_options=True,
+            commit_record=COMMIT_LOG,
+            sample_bytes="packed_layout:sample_bytes",
         ),
         Format("multi", _multi, reader="multi:MultiReader"),
-        Format("zarr", _zarr, reader="zarr_store:ZarrReader", writer="zarr_store:ZarrWriter"),
-        Format("npy", _npy, reader="npy:NpyReader", writer="npy:NpyWriter", fallback=True),
+        Format(
+            "zarr",
+            _zarr,
+            reader="zarr_store:ZarrReader",
+            writer="zarr_store:ZarrWriter",
+            commit_record=COMMIT_LOG,
+            sample_bytes="zarr_store:sample_bytes",
+            sample_files="zarr_store:sample_files",
+        ),
+        Format(
+            "npy",
+            _npy,
+            reader="npy:NpyReader",
+            writer="npy:NpyWriter",
+            fallback=True,
+            file_per_activation=True,
+            sample_bytes="npy:sample_bytes",
+        ),
     )
 }
 
@@ -138,6 +205,45 @@ if set(FORMATS) != set(get_args(StorageFormat)):  # one list: the registry is th
         f"hallulog.storage.registry: StorageFormat {get_args(StorageFormat)} != the "
         f"registry's writable formats {FORMATS}"
     )
+
+
+def format_info(fmt: str) -> Format:
+    """The registry's entry of format ``fmt`` (a run manifest's ``storage_format``);
+    :class:`UnknownFormatError` naming the choices when there is none."""
+    entry = _REGISTRY.get(fmt)
+    if entry is None:
+        raise UnknownFormatError(f"unknown storage format {fmt!r}; choose one of {FORMATS}")
+    return entry
+
+
+def commit_records() -> tuple[str, ...]:
+    """The commit records of every format with one (relative to a store's directory), each
+    name once."""
+    return tuple(dict.fromkeys(f.commit_record for f in _REGISTRY.values() if f.commit_record))
+
+
+def sample_bytes(
+    fmt: str, *, layers: int, rows: float, hidden_size: int, itemsize: int, key_len: int = 18
+) -> float:
+    """Bytes one stored sample of ``layers`` x ``rows`` x ``hidden_size`` costs in ``fmt``: its
+    data and the format's per-sample overhead (a projection: nothing is read)."""
+    entry = format_info(fmt)
+    if entry.sample_bytes is None:
+        raise UnknownFormatError(f"storage format {fmt!r} is not written by a run")
+    return _load(entry.sample_bytes)(
+        layers=layers, rows=rows, hidden_size=hidden_size, itemsize=itemsize, key_len=key_len
+    )
+
+
+def committed_files(root, samples) -> tuple[list[str], list[str]]:
+    """For a writer's store on ``root`` (a worker directory) whose samples are files of an
+    array: the files holding the committed ``samples`` (their index in the array), written
+    once, and its metadata files, rewritten in place; ``([], [])`` for the other formats."""
+    where = store_dir(root)
+    for entry in _REGISTRY.values():
+        if entry.sample_files and entry.detect(_Dir(where), None) is not None:
+            return _load(entry.sample_files)(where, samples)
+    return [], []
 
 
 def open_writer(
@@ -159,17 +265,26 @@ def open_writer(
     )
 
 
-def detect_format(path) -> tuple[str, str]:
-    """``(format, store path)`` for a store, a worker directory or a consolidated directory."""
-    path = os.fspath(path)
-    for cand in (path, store_dir(path)):
-        manifest_format = _manifest_format(cand)
+def detect_at(location: Location) -> tuple[str, Location] | None:
+    """``(format, the store's location)`` for a store, a worker directory or a consolidated
+    directory at ``location`` (on disk or in a bucket); None when none is there."""
+    for cand in (location, location.child(ACTIVATIONS_DIR)):
+        manifest_format = cand.manifest_format()
         for entry in _REGISTRY.values():
             if not entry.fallback and (where := entry.detect(cand, manifest_format)) is not None:
                 return entry.name, where
     for entry in _REGISTRY.values():
-        if entry.fallback and (where := entry.detect(path, None)) is not None:
+        if entry.fallback and (where := entry.detect(location, None)) is not None:
             return entry.name, where
+    return None
+
+
+def detect_format(path) -> tuple[str, str]:
+    """``(format, store path)`` for a store, a worker directory or a consolidated directory."""
+    path = os.fspath(path)
+    found = detect_at(_Dir(path))
+    if found is not None:
+        return found[0], found[1].path  # type: ignore[attr-defined]
     if not os.path.exists(path):
         raise StoreNotFoundError("no such file or directory", path)
     raise UnknownFormatError("no packed, zarr or npy activation store here", path)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -27,8 +28,8 @@ import warnings
 
 import numpy as np
 
-from hallulog.storage._commitlog import (CommitLogWriter, cut_uncommitted, read_commit_log,
-                                         tail_to_drop)
+from hallulog.storage._commitlog import (COMMIT_LOG, CommitLogWriter, cut_uncommitted,
+                                         read_commit_log, record_line_bytes, tail_to_drop)
 from hallulog.storage._io import (atomic_write_bytes, fsync_dir, fsync_file as _fsync_file,
                                   fsync_tree as _fsync_tree, fsync_tree_meta as _fsync_tree_meta,
                                   malformed_is_manifest_error)
@@ -39,12 +40,12 @@ from hallulog.storage.errors import CorruptShardError, ManifestError, StorageErr
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ZarrWriter", "ZarrReader", "STORE_NAME", "FORMAT", "SCHEMA_VERSION"]
+__all__ = ["ZarrWriter", "ZarrReader", "STORE_NAME", "FORMAT", "SCHEMA_VERSION", "sample_bytes",
+           "sample_files"]
 
 FORMAT = "hallulog.zarr"
 SCHEMA_VERSION = 1
 STORE_NAME = "activations.zarr"
-COMMIT_LOG = "commit.log"
 TARGET_CHUNK_BYTES = 512 << 10
 MAX_T_CHUNK = 1024
 
@@ -75,6 +76,33 @@ def choose_t_chunk(hidden_size: int, itemsize: int, target: int = TARGET_CHUNK_B
     """Largest power of two of tokens (1..MAX_T_CHUNK) with a chunk of at most ``target`` bytes."""
     t = min(MAX_T_CHUNK, max(1, target // max(1, hidden_size * itemsize)))
     return 1 << (t.bit_length() - 1)
+
+
+def sample_bytes(*, layers: int, rows: float, hidden_size: int, itemsize: int, key_len: int) -> float:
+    """Bytes one stored sample costs (a projection): whole chunks of ``T_chunk`` rows per layer,
+    and its commit-log line."""
+    t = choose_t_chunk(hidden_size, itemsize)
+    return layers * math.ceil(max(rows, 1) / t) * t * hidden_size * itemsize \
+        + record_line_bytes(key_len, rows)
+
+
+_METADATA = (".zgroup", ".zattrs", ".zarray", "zarr.json")
+
+
+def sample_files(store_dir: str, samples) -> tuple[list[str], list[str]]:
+    """The files of a writer's store under ``store_dir`` (its ``activations/``) holding the
+    chunks of the committed ``samples`` (their ``zarr_index``), each written once, and the
+    store's metadata files, rewritten in place as the array grows (existing files only)."""
+    store = os.path.join(store_dir, STORE_NAME)
+    acts = os.path.join(store, "arrays", "activations")
+    chunks = os.path.join(acts, "c") if os.path.exists(os.path.join(acts, "zarr.json")) else acts
+    data = []
+    for i in sorted(samples):
+        for folder, _, names in os.walk(os.path.join(chunks, str(i))):
+            data += [os.path.join(folder, n) for n in names]
+    metadata = [os.path.join(folder, n) for folder in (store, os.path.join(store, "arrays"), acts)
+                for n in _METADATA if os.path.isfile(os.path.join(folder, n))]
+    return data, metadata
 
 
 def _quiet():

@@ -28,7 +28,8 @@ __all__ = ["TABLE_COLUMNS", "CellScores", "open_cell_scores", "cell_rows", "FIXE
 
 log = logging.getLogger(__name__)
 
-#: the scores file's columns that are not methods
+#: the scores file's columns that are not methods (besides the guard columns its metadata names,
+#: ``leaked`` and ``label_<grader>``; a file whose metadata lists ``methods`` is read by that list)
 FIXED_COLUMNS = ("prompt_id", "label", "fold", "test")
 
 #: table.parquet's columns: name -> (Arrow type, meaning); docs/formats/study.md
@@ -113,7 +114,8 @@ def open_cell_scores(cell: CellRef) -> CellScores:
     return CellScores(
         name=cell.name,
         path=path,
-        methods=[c for c in schema.names if c not in FIXED_COLUMNS],
+        methods=meta.get("methods")
+        or [c for c in schema.names if c not in {*FIXED_COLUMNS, *meta.get("guards", [])}],
         probability=set(meta.get("probability", [])),
         seed=int(meta.get("seed", 0)),
         n_boot=int(meta.get("bootstrap", 1000)),

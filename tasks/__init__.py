@@ -7,6 +7,7 @@ data = load_task("triviaqa", "unfiltered-web-dev.json", limit=1000)
 data.groups, data.source, data.prompt_template, data.malformed
 stream = open_task("triviaqa", "train.jsonl")  # the same file read lazily, as often as needed
 for group in stream.groups(): ...
+stream = open_task_spec(TaskSpec("nq_open", "nq.jsonl", limit=100))   # a run's (its plan's)
 ```
 
 Formats, fields and id rules: docs/tasks.md.
@@ -14,17 +15,25 @@ Formats, fields and id rules: docs/tasks.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hallulog.contracts.prompt_group import PromptGroup
 from hallulog.tasks import hallulens, triviaqa
-from hallulog.tasks.base import DatasetFormatError, MalformedCollector, MalformedLine, TaskData
+from hallulog.tasks.base import (
+    DatasetFormatError,
+    FileKindError,
+    MalformedCollector,
+    MalformedLine,
+    TaskData,
+)
+from hallulog.tasks.layout_hints import layout_hint
 from hallulog.tasks.presets import PRESETS
 from hallulog.tasks.prompting import PromptSpec
 from hallulog.tasks.shards import ShardSpec, parse_shard, select_shard
+from hallulog.tasks.spec import TaskSpec
 from hallulog.tasks.study import (
     QA_TASK,
     STUDY_TASKS,
@@ -38,11 +47,13 @@ from hallulog.tasks.study import (
 __all__ = [
     "load_task",
     "open_task",
-    "open_config_task",
+    "open_task_spec",
+    "TaskSpec",
     "TaskStream",
     "TaskData",
     "MalformedLine",
     "DatasetFormatError",
+    "FileKindError",
     "TASKS",
     "BUNDLED_SAMPLES",
     "bundled_path",
@@ -68,6 +79,8 @@ _LOADERS: dict[str, tuple[Callable[..., Iterator[PromptGroup]], str]] = {
 BUNDLED_SAMPLES.update({name: preset.bundled_sample for name, preset in PRESETS.items()})
 
 TASKS: tuple[str, ...] = (*_LOADERS, *STUDY_TASKS)
+#: tasks whose --task-path may be a directory (a ``save_to_disk`` dataset, MMLU's data/)
+DIRECTORY_TASKS: tuple[str, ...] = ("triviaqa", *STUDY_TASKS)
 
 
 def bundled_path(name: str) -> Path:
@@ -111,10 +124,18 @@ class TaskStream:
     def groups(self, collector: MalformedCollector | None = None) -> Iterator[PromptGroup]:
         """The groups in file order (``limit``, then ``shard`` applied). Malformed lines go
         to ``collector`` (default: logged as warnings); a file that gives no group raises
-        :class:`DatasetFormatError` once it is read to the end."""
+        :class:`DatasetFormatError` once it is read to the end. A file of another kind than
+        the task reads (:class:`FileKindError`) says, in its one line, what the task reads and
+        the ``--task qa`` flags that map another layout."""
         if collector is None:
             collector = MalformedCollector(str(self.source), self.strict)
-        yield from select_shard(self._groups(collector), self.shard)
+        try:
+            yield from select_shard(self._groups(collector), self.shard)
+        except FileKindError as exc:
+            hint = layout_hint(self.name)
+            if hint is None:
+                raise
+            raise FileKindError(exc.file, exc.line, f"{exc.what}. {hint}") from None
         collector.finish()
 
     def _groups(self, collector: MalformedCollector) -> Iterator[PromptGroup]:
@@ -156,7 +177,7 @@ def open_task(
     if split is not None and (not isinstance(split, str) or not split.strip()):
         raise ValueError(f"split must be a non-empty string, got {split!r}")
     source = Path(path) if path is not None else bundled_path(name)
-    if not (source.is_file() or (source.is_dir() and name in STUDY_TASKS)):
+    if not (source.is_file() or (source.is_dir() and name in DIRECTORY_TASKS)):
         raise FileNotFoundError(f"{source}: no such dataset file for task {name!r}")
     if study is None and name in STUDY_TASKS:
         study = Study()
@@ -180,17 +201,10 @@ def open_task(
     )
 
 
-def open_config_task(
-    values: Mapping[str, Any], *, shard: ShardSpec | str | None = None
-) -> TaskStream:
-    """The task of a run config (``RunConfig.to_dict()`` or a manifest's recorded ``config``)."""
+def open_task_spec(spec: TaskSpec) -> TaskStream:
+    """The task a :class:`TaskSpec` names (a run's: its plan opens it once)."""
     return open_task(
-        values.get("task") or "triviaqa",
-        values.get("task_path"),
-        split=values.get("split"),
-        limit=values.get("limit"),
-        shard=shard if shard is not None else values.get("shard"),
-        study=Study.from_values(values),
+        spec.name, spec.path, split=spec.split, limit=spec.limit, shard=spec.shard, study=spec.study
     )
 
 

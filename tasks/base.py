@@ -18,6 +18,7 @@ __all__ = [
     "TaskData",
     "MalformedLine",
     "DatasetFormatError",
+    "FileKindError",
     "MalformedCollector",
     "read_text",
     "iter_text_lines",
@@ -41,6 +42,13 @@ class DatasetFormatError(HallulogError, ValueError):
         self.line = int(line)
         self.what = what
         super().__init__(f"{self.file}:{self.line}: {what}")
+
+
+class FileKindError(DatasetFormatError):
+    """A file that is not of a kind its reader reads: bytes that are not UTF-8 text, not
+    Parquet, not a ``datasets`` directory, an extension that names no format, or no record in
+    the layout expected. A task that knows its layouts adds what it reads and which flags map
+    another layout (``tasks.layout_hint``)."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +121,7 @@ def read_text(path: str | Path) -> str:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise DatasetFormatError(
+        raise FileKindError(
             path, line, f"not valid UTF-8 ({exc.reason} at byte {exc.start})"
         ) from None
 
@@ -131,7 +139,7 @@ def iter_text_lines(path: str | Path) -> Iterator[tuple[int, str]]:
             try:
                 line = raw[start:].decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise DatasetFormatError(
+                raise FileKindError(
                     path,
                     lineno,
                     f"not valid UTF-8 ({exc.reason} at byte {offset + start + exc.start})",
@@ -219,11 +227,11 @@ class GroupCounter:
             return
         if self.collector.items:
             first = self.collector.items[0]
-            raise DatasetFormatError(
+            raise FileKindError(
                 path,
                 first.line,
                 f"no valid {what} in the file "
                 f"({len(self.collector.items)} malformed line(s); "
                 f"first: {first.message})",
             )
-        raise DatasetFormatError(path, 1, f"the file holds no {what}s")
+        raise FileKindError(path, 1, f"the file holds no {what}s")

@@ -12,7 +12,8 @@ for at in iter_records("saved_dataset/", split="validation", collector=collector
 get_field({"answers": {"text": ["x"]}}, "answers.text.0")          # -> "x"
 ```
 
-Formats (``fmt``; ``"auto"`` goes by the extension, a directory is ``hf``):
+Formats (``fmt``; ``"auto"`` goes by the extension, a directory is ``hf``, and a ``.json`` file
+that holds one JSON object per line is ``jsonl``):
 
 * ``jsonl`` (``.jsonl``, ``.ndjson``): one JSON object a line, streamed (``base.iter_jsonl``);
   ``line`` is the line.
@@ -49,13 +50,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from hallulog.tasks.base import DatasetFormatError, MalformedCollector, iter_jsonl
+from hallulog.tasks.base import DatasetFormatError, FileKindError, MalformedCollector, iter_jsonl
 from hallulog.tasks.records_json import JsonDocument
 
 __all__ = [
     "RecordAt",
     "FORMATS",
     "detect_format",
+    "holds_json_lines",
     "iter_records",
     "iter_delimited",
     "iter_json",
@@ -145,6 +147,27 @@ def get_field(record: Any, dotted_key: str, default: Any = MISSING) -> Any:
     return value
 
 
+def holds_json_lines(path: str | Path) -> bool:
+    """Whether a ``.json`` file holds JSON Lines (HaluEval's ``qa_data.json``): its first
+    non-blank line is a JSON object on its own and another non-blank line follows. A JSON
+    document never is (one value: nothing may follow it), whether it spans lines or fits on
+    one; only the first two non-blank lines are read."""
+    first = None
+    with open(path, "rb") as f:
+        for raw in f:
+            if not raw.strip():
+                continue
+            if first is not None:
+                return True
+            first = raw.removeprefix(b"\xef\xbb\xbf")
+            try:
+                if not isinstance(json.loads(first), dict):
+                    return False
+            except ValueError:  # a line of a document that spans lines (or not UTF-8)
+                return False
+    return False
+
+
 def detect_format(path: str | Path, fmt: str = "auto") -> str:
     """The format of ``path``: ``fmt`` when given, else by extension (a directory: ``hf``)."""
     if fmt not in FORMATS:
@@ -157,10 +180,15 @@ def detect_format(path: str | Path, fmt: str = "auto") -> str:
             return "hf"
         fmt = _EXTENSIONS.get(p.suffix.lower(), "")
         if not fmt:
-            raise ValueError(
-                f"{p}: cannot tell the format from the extension {p.suffix!r} "
-                f"(known: {', '.join(_EXTENSIONS)}); give the format explicitly"
+            raise FileKindError(
+                p,
+                1,
+                f"cannot tell the format from the extension {p.suffix!r} "
+                f"(known: {', '.join(_EXTENSIONS)}); give the format explicitly",
             )
+        if fmt == "json" and holds_json_lines(p):
+            log.info("%s: one JSON object per line: read as JSON Lines", p)
+            return "jsonl"
         return fmt
     if (fmt == "hf") != p.is_dir():
         raise ValueError(
@@ -213,7 +241,7 @@ def iter_delimited(
         try:
             yield from _rows(reader, path_s, collector, fieldnames)
         except UnicodeDecodeError as exc:
-            raise DatasetFormatError(
+            raise FileKindError(
                 path_s, reader.line_num + 1, f"not valid UTF-8 ({exc.reason})"
             ) from None
 
@@ -229,7 +257,7 @@ def _rows(
                 path, reader.line_num or 1, f"unreadable header: {exc}"
             ) from None
         if not header or not any(h.strip() for h in header):
-            raise DatasetFormatError(path, 1, "empty file or missing header row")
+            raise FileKindError(path, 1, "empty file or missing header row")
         names = [h.strip() for h in header]
     else:
         names = list(fieldnames)
@@ -267,7 +295,7 @@ def iter_parquet(path: str | Path, batch_size: int = _PARQUET_BATCH) -> Iterator
         # (memory grew with the file: docs/performance.md, "Reading task files")
         pf = pq.ParquetFile(str(path), pre_buffer=False)
     except (pa.ArrowException, OSError) as exc:
-        raise DatasetFormatError(path, 1, f"not a readable Parquet file: {exc}") from None
+        raise FileKindError(path, 1, f"not a readable Parquet file: {exc}") from None
     index = 0
     with pf:
         batches = pf.iter_batches(batch_size=batch_size, use_threads=False)
@@ -299,12 +327,12 @@ def hf_split_dir(path: str | Path, split: str | None) -> Path:
             split = splits[0]
         if split not in splits:
             what = "choose a split" if split is None else f"no split {split!r}"
-            raise DatasetFormatError(
+            raise FileKindError(
                 p, 1, f"a DatasetDict directory: {what} (available: {', '.join(map(str, splits))})"
             )
         p = p / split
     if not (p / "state.json").is_file():
-        raise DatasetFormatError(
+        raise FileKindError(
             p,
             1,
             "not a Hugging Face datasets directory (no state.json "

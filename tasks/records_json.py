@@ -19,9 +19,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hallulog.tasks.base import DatasetFormatError, LineCounter, read_text, skip_ws
+from hallulog.tasks.base import DatasetFormatError, FileKindError, LineCounter, read_text, skip_ws
 
-__all__ = ["JsonDocument"]
+__all__ = ["JsonDocument", "AFTER_DOCUMENT"]
+
+AFTER_DOCUMENT = (
+    "unexpected data after the JSON document (one JSON value per line is JSON Lines: "
+    "name the file .jsonl, or give --task-format jsonl)"
+)
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +127,7 @@ class JsonDocument:
     def root(self) -> int:
         pos = skip_ws(self.text, 0)
         if pos >= len(self.text):
-            raise DatasetFormatError(self.path, 1, "empty file")
+            raise FileKindError(self.path, 1, "empty file")
         return pos
 
     def locate(self, records_key: str | None = None) -> int:
@@ -131,7 +136,11 @@ class JsonDocument:
         root = self.root()
         first = self.text[root]
         if first not in "[{":
-            raise self.fail(root, "expected a JSON list of records or an object holding one")
+            raise FileKindError(
+                self.path,
+                self.line_at(root),
+                "expected a JSON list of records or an object holding one",
+            )
         members: list[tuple[str, int]] = []
         if first == "[":
             end = self.skip(root)
@@ -139,7 +148,7 @@ class JsonDocument:
             members, end = self.members(root)
         rest = skip_ws(self.text, end)
         if rest < len(self.text):
-            raise self.fail(rest, "unexpected data after the JSON document")
+            raise FileKindError(self.path, self.line_at(rest), AFTER_DOCUMENT)
         if records_key is None:
             if first == "[":
                 return root

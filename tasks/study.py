@@ -6,8 +6,8 @@ The four original tasks (triviaqa and the HalluLens ones) have loaders of their 
 by a Jinja2 template, a system prompt, few-shot examples and the chat template on or off
 (``hallulog.tasks.prompting``)::
 
-    study = Study.from_values(config.to_dict())      # or a run manifest's recorded config
-    spec = study.prompt_spec("nq_open", default_template, fewshot_records)
+    study = Study(fewshot_k=2, fewshot_path="train.jsonl")   # a run's: RunConfig.task_spec()
+    spec = study.prompt_spec("nq_open", fewshot_records)
     groups = study_groups("nq_open", path, study, spec, split="dev", limit=None, collector=c)
 """
 
@@ -32,7 +32,7 @@ from hallulog.tasks.qa import FieldMapping, QAOptions, QARecord, iter_qa_records
 
 __all__ = [
     "Study",
-    "check_study_fields",
+    "check_study",
     "study_groups",
     "rerender",
     "QA_TASK",
@@ -79,7 +79,10 @@ def default_answer_kind(task: str) -> str:
 
 @dataclass(frozen=True)
 class Study:
-    """The dataset and prompt fields of a run config (``RunConfig``'s study fields)."""
+    """How a task's records become prompts: the field mapping, the answer kind, the template,
+    few-shot examples, chat or completion. Each field is the value of the flag of the same name
+    (a run's study is made from its config, ``RunConfig.task_spec``); the defaults are the
+    task's own prompt."""
 
     task_format: str = "auto"
     records_key: str | None = None
@@ -98,13 +101,6 @@ class Study:
     fewshot_k: int = 0
     chat: bool = True
     seed: int = 0
-
-    @classmethod
-    def from_values(cls, values: Mapping[str, Any]) -> Study:
-        """The study fields of a config dict (``RunConfig.to_dict()`` or a manifest's
-        ``config``); absent keys keep their defaults."""
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in values.items() if k in names and v is not None})
 
     @property
     def custom_prompt(self) -> bool:
@@ -296,23 +292,18 @@ def _render(
     return spec.render(fields, where=(label, where))
 
 
-def check_study_fields(config: Any) -> None:
-    """A run config's dataset and prompt flags fit its task (checked before any file is
-    read); :class:`~hallulog.contracts.errors.ConfigError` naming the flag otherwise."""
-    from dataclasses import fields
-
+def check_study(task: str, task_path: str | None, study: Study) -> None:
+    """A task's dataset and prompt choices fit it (checked before any file is read);
+    :class:`~hallulog.contracts.errors.ConfigError` naming the flag otherwise."""
     from hallulog.contracts.errors import ConfigError
 
-    if config.task == QA_TASK and config.task_path is None:
+    if task == QA_TASK and task_path is None:
         raise ConfigError(
             "--task qa has no bundled sample: pass --task-path (and the field "
             "mapping flags, docs/tasks.md)"
         )
-    study = Study.from_values(
-        {f.name: getattr(config, f.name) for f in fields(Study) if hasattr(config, f.name)}
-    )
     try:
-        study.check_for(config.task)
-        study.default_template(config.task)
+        study.check_for(task)
+        study.default_template(task)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -1,10 +1,22 @@
-"""TriviaQA loader: the released ``*-dev.json`` files, or one question object per JSONL line.
+"""TriviaQA loader: the released ``*-dev.json`` files, one question object per JSONL line, or
+the Hugging Face layout (``mandarjoshi/trivia_qa``, any config: Parquet, a ``save_to_disk``
+directory, or its rows as JSON Lines).
 
 Released file (e.g. ``unfiltered-web-dev.json``)::
 
     {"Data": [{"Question": ..., "QuestionId": ..., "Answer": {"Value": ..., "Aliases": [...],
                "NormalizedAliases": [...], ...}, ...}, ...],
      "Domain": ..., "Split": "dev", "Version": 1.0, "VerifiedEval": false}
+
+Hugging Face row (``rc.nocontext``; the other configs add context)::
+
+    {"question": ..., "question_id": ..., "question_source": ...,
+     "answer": {"value": ..., "aliases": [...], "normalized_aliases": [...], "type": ..., ...},
+     "entity_pages": {...}, "search_results": {...}}
+
+A row is read as the released item it was made from (``question_id`` → ``QuestionId``,
+``answer.value`` → ``Answer.Value``, ...), so the same question gets the same prompt id and
+reference from either layout (the split named in the ids is ``--split``, default ``dev``).
 
 The JSON document is scanned item by item (``json.JSONDecoder.raw_decode``) so that every error
 names the line where the offending item starts, not just "somewhere in the file".
@@ -22,6 +34,7 @@ from hallulog.contracts.answer_match import normalize_answer
 from hallulog.contracts.prompt_group import PromptGroup
 from hallulog.tasks.base import (
     DatasetFormatError,
+    FileKindError,
     GroupCounter,
     LineCounter,
     MalformedCollector,
@@ -29,6 +42,8 @@ from hallulog.tasks.base import (
     read_text,
     skip_ws,
 )
+from hallulog.tasks.records import detect_format, iter_records, record_number
+from hallulog.tasks.records_json import AFTER_DOCUMENT
 from hallulog.tasks.verdict import ALIAS_GRADER, Verdict, detect_abstention, reference_of
 
 __all__ = ["PROMPT_TEMPLATE", "DEFAULT_SPLIT", "iter_groups", "build_prompt", "AliasGrader"]
@@ -57,6 +72,47 @@ def _dedup(values: list[str]) -> list[str]:
 
 def _str_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+#: names in the checks' messages → the Hugging Face row's
+_HF_NAMES = {
+    '"QuestionId"': '"question_id"',
+    '"Question"': '"question"',
+    '"Answer.Value"': '"answer.value"',
+    '"Answer.Aliases"': '"answer.aliases"',
+    '"Answer.NormalizedAliases"': '"answer.normalized_aliases"',
+    '"Answer" object': '"answer" object',
+}
+
+
+def _hf_row_as_item(row: dict[str, Any]) -> dict[str, Any]:
+    """A Hugging Face ``trivia_qa`` row as the released item (HumanAnswers and Difficulty,
+    which the row lacks, stay absent)."""
+    item: dict[str, Any] = {"QuestionId": row.get("question_id"), "Question": row.get("question")}
+    answer = row.get("answer")
+    if isinstance(answer, dict):
+        item["Answer"] = {
+            "Value": answer.get("value"),
+            "Aliases": answer.get("aliases"),
+            "NormalizedAliases": answer.get("normalized_aliases"),
+        }
+        if isinstance(answer.get("type"), str) and answer["type"]:
+            item["Answer"]["Type"] = answer["type"]
+    if isinstance(row.get("question_source"), str) and row["question_source"]:
+        item["QuestionSource"] = row["question_source"]
+    return item
+
+
+def _check_record(record: Any) -> tuple[str, str, dict[str, Any], dict[str, Any]] | str:
+    """:func:`_check_item` of a released item or of a Hugging Face row (messages name the
+    row's fields)."""
+    if not isinstance(record, dict) or "QuestionId" in record or "question_id" not in record:
+        return _check_item(record)
+    checked = _check_item(_hf_row_as_item(record))
+    if isinstance(checked, str):
+        for released, hf in _HF_NAMES.items():
+            checked = checked.replace(released, hf)
+    return checked
 
 
 def _check_item(item: Any) -> tuple[str, str, dict[str, Any], dict[str, Any]] | str:
@@ -151,7 +207,7 @@ def _scan_document(text: str, path: str) -> tuple[dict[str, Any], list[tuple[int
     lines = LineCounter(text)
     pos = skip_ws(text, 0)
     if pos >= len(text):
-        raise DatasetFormatError(path, 1, "empty file")
+        raise FileKindError(path, 1, "empty file")
     header: dict[str, Any] = {}
     items: list[tuple[int, int]] = []
     if text[pos] == "[":
@@ -181,7 +237,7 @@ def _scan_document(text: str, path: str) -> tuple[dict[str, Any], list[tuple[int
                 pos = _expect(text, pos, "}", path, lines, "',' or '}' in the top-level object")
                 break
         if not found_data:
-            raise DatasetFormatError(
+            raise FileKindError(
                 path,
                 1,
                 'no "Data" list in the top-level object '
@@ -189,13 +245,11 @@ def _scan_document(text: str, path: str) -> tuple[dict[str, Any], list[tuple[int
             )
         pos = skip_ws(text, pos)
     else:
-        raise DatasetFormatError(
+        raise FileKindError(
             path, lines.line_at(pos), 'expected a JSON object with a "Data" list or a JSON list'
         )
     if pos < len(text):
-        raise DatasetFormatError(
-            path, lines.line_at(pos), "unexpected data after the JSON document"
-        )
+        raise FileKindError(path, lines.line_at(pos), AFTER_DOCUMENT)
     return header, items
 
 
@@ -216,17 +270,25 @@ def _resolve_split(split: str | None, declared: Any, path: str) -> str:
 def iter_groups(
     path: str | Path, *, split: str | None, limit: int | None, collector: MalformedCollector
 ) -> Iterator[PromptGroup]:
-    """The prompt groups of a TriviaQA file, read lazily (a JSONL file line by line; a JSON
-    document is held as text, its items decoded one at a time)."""
+    """The prompt groups of a TriviaQA file, read lazily (a JSONL file line by line; Parquet
+    and ``save_to_disk`` directories batch by batch, ``split`` picking a DatasetDict's split; a
+    JSON document is held as text, its items decoded one at a time)."""
     path_s = str(path)
     counter = GroupCounter(collector, limit, "QuestionId")
-    if Path(path_s).suffix.lower() in (".jsonl", ".ndjson"):
+    kind = detect_format(path_s)
+    if kind in ("csv", "tsv"):
+        raise FileKindError(path_s, 1, f"a {kind.upper()} file, no TriviaQA layout")
+    if kind != "json":
         the_split = split or DEFAULT_SPLIT
-        for lineno, _index, obj in iter_jsonl(path, collector):
-            checked = _check_item(obj)
+        if kind == "jsonl":
+            records = ((line, obj) for line, _index, obj in iter_jsonl(path, collector))
+        else:
+            records = _numbered(iter_records(path_s, split=split, collector=collector))
+        for line, obj in records:
+            checked = _check_record(obj)
             if isinstance(checked, str):
-                collector.add(lineno, checked)
-            elif counter.admit(lineno, checked[0]):
+                collector.add(line, checked if kind == "jsonl" else f"record {line}: {checked}")
+            elif counter.admit(line, checked[0]):
                 yield _group(the_split, checked)
                 if counter.full:
                     break
@@ -245,6 +307,13 @@ def iter_groups(
         if limit is None or counter.count <= limit:
             yield _group(the_split, checked)
     counter.check_some(path_s, "question")
+
+
+def _numbered(records) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(record number, record)`` of a file without lines (Parquet, a datasets directory);
+    the collector's messages then start ``record N:``."""
+    for at in records:
+        yield record_number(at.line, at.index), at.record
 
 
 def _group(split: str, checked: tuple[str, str, dict[str, Any], dict[str, Any]]) -> PromptGroup:

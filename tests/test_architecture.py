@@ -35,8 +35,8 @@ ALLOWED: dict[str, set[str]] = {
     # studies and compare: reads run roots' evaluations and stores, runs nothing
     "study": {"contracts", "storage", "evaluation"},
     "tasks": {"contracts", "workers"},
-    "config": {"contracts", "storage", "remote", "tasks"},
-    "backends": {"contracts", "config"},
+    "backends": {"contracts"},
+    "config": {"contracts", "storage", "remote", "tasks", "backends"},
     "estimate": {"contracts", "storage", "tasks", "config", "backends"},
     "postrun": {"contracts", "storage", "exports", "tasks", "config"},
     "orchestrator": {
@@ -52,6 +52,9 @@ ALLOWED: dict[str, set[str]] = {
         "estimate",
         "postrun",
     },
+    # the results explorer: reads a finished run's tables (contracts, storage), scores with the
+    # evaluation's own metric code, serves under the status API's token rules (api)
+    "view": {"contracts", "storage", "evaluation", "api"},
     "cli": set(ROOMS) - {"cli"},
     FACE: {"contracts", "storage", "exports", "evaluation", "cli"},
     PLUGIN: set(),
@@ -405,3 +408,27 @@ def test_the_jsonl_scan_finds_a_line_loop():
     )
     loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.ListComp))]
     assert [_loop_parses_its_lines(n) for n in loops] == [True, True]
+
+
+def _rooms_table() -> dict[str, set[str]]:
+    """Room → the rooms its row in docs/architecture.md ("Rooms") says it imports."""
+    doc = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = doc.split("\n## Rooms\n", 1)[1].split("\n## ", 1)[0]
+    by_folder = {folder: room for room, folder in ROOMS.items()} | {FACE: FACE, PLUGIN: PLUGIN}
+    rows: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        match = re.fullmatch(r"`(\w+)/`", cells[0])
+        if len(cells) != 3 or match is None:
+            continue
+        room, imports = by_folder.get(match.group(1), match.group(1)), cells[2]
+        if imports == "every other room":
+            rows[room] = set(ROOMS) - {room}
+        else:
+            rows[room] = set() if imports == "none" else {x.strip() for x in imports.split(",")}
+    return rows
+
+
+def test_the_rooms_table_is_the_rule():
+    """docs/architecture.md's rooms table says what ALLOWED enforces, room by room."""
+    assert _rooms_table() == ALLOWED

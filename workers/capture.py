@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
+from hallulog.contracts.capture_rows import CAPTURE_ROWS, capture_span
 from hallulog.workers.capture_file import (
     CaptureError,
     CaptureFile,
@@ -60,7 +61,9 @@ def select_rows(
     layer_index: list[int] | None,
     dtype: str,
 ) -> CapturedRows:
-    """Slice ``(num_tokens, num_layer_ids, hidden)`` by sequence mode → ``(L, rows, H)``.
+    """Slice ``(num_tokens, num_layer_ids, hidden)`` by sequence mode → ``(L, rows, H)``: the
+    rows of the one row-slicing rule, ``contracts/capture_rows.py`` ``capture_span`` (a
+    sequence mode is the capture-rows value of the same name).
 
     ``layer_index`` picks columns of the file's layer axis (None: all). ``num_tokens`` is
     ``prompt_len + response_len - 1`` (generation capture) or ``prompt_len + response_len``.
@@ -74,16 +77,9 @@ def select_rows(
             f"capture holds {num_tokens} positions for prompt {prompt_len} + "
             f"response {response_len} tokens"
         )
-    if sequence_mode == "all":
-        start, stop = 0, num_tokens
-    elif sequence_mode == "prompt":
-        start, stop = 0, prompt_len
-    elif sequence_mode == "response":
-        start, stop = prompt_len - 1, num_tokens
-    elif sequence_mode == "last":
-        start, stop = num_tokens - 1, num_tokens
-    else:
+    if sequence_mode not in CAPTURE_ROWS:
         raise CaptureError(f"unknown sequence mode {sequence_mode!r}")
+    start, stop = capture_span(sequence_mode, prompt_len=prompt_len, num_tokens=num_tokens)
     acts = transpose_cast(hidden[start:stop], layer_index, dtype)
     prompt_rows = max(0, min(stop, prompt_len) - start)
     return CapturedRows(

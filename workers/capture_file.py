@@ -20,6 +20,7 @@ import ml_dtypes
 import numpy as np
 import orjson
 from hallulog.contracts.capture_rows import row0_metadata
+from hallulog.contracts.errors import HallulogError
 
 __all__ = [
     "CaptureError",
@@ -31,7 +32,7 @@ __all__ = [
 ]
 
 
-class CaptureError(RuntimeError):
+class CaptureError(HallulogError, RuntimeError):
     """A capture file is missing or disagrees with the generation it belongs to."""
 
 

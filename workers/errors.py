@@ -35,8 +35,9 @@ def error_record(
     server_url: str,
 ) -> dict[str, Any]:
     """One ``errors.jsonl`` row for ``exc`` (``kind``: ``generation_failed``,
-    ``capture_failed``, ``storage_full`` …)."""
-    return {
+    ``capture_failed``, ``storage_full`` …); an exception with a ``reason`` (a capture whose
+    rows failed the check: ``capture_zeros`` …) adds it as ``reason``."""
+    row = {
         "timestamp": utc_now(),
         "error_type": kind,
         "prompt_id": prompt_id,
@@ -46,6 +47,10 @@ def error_record(
         "worker_id": worker_id,
         "server_url": server_url,
     }
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, str):
+        row["reason"] = reason
+    return row
 
 
 def utc_now() -> str:

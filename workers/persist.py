@@ -1,6 +1,6 @@
 """Persisting prompt groups into a worker directory, and rolling back after a crash.
 
-Commit order (DESIGN.md): activations written and fsynced → ``generations.jsonl`` and
+Commit order (docs/architecture.md, "The commit protocol"): activations written and fsynced → ``generations.jsonl`` and
 ``activation_index.jsonl`` lines appended and fsynced (both at once, while the store makes its
 own commit point durable) → the group's ``prompt_index.jsonl`` line appended and fsynced (the
 commit marker, once the store and both files are durable) → done reported. Groups that finish
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hallulog.contracts import layout
+from hallulog.contracts.errors import HallulogError
 from hallulog.contracts.jsonl import JsonlAppender, cut_torn_tail, encode, iter_lines, truncate_to
 from hallulog.contracts.writer_lock import fence_writer, hold_writer
 
@@ -34,7 +35,7 @@ __all__ = ["WorkerDir", "GenerationRecord", "PersistBroken", "recover_worker_dir
 log = logging.getLogger(__name__)
 
 
-class PersistBroken(OSError):
+class PersistBroken(HallulogError, OSError):
     """A group failed and could not be rolled back: stop appending to this worker directory.
 
     The directory is consistent again once :func:`recover_worker_dir` has run (next run).

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from hallulog.contracts.errors import HallulogError
 from hallulog.contracts.process import die_with_parent
 from hallulog.contracts.prompt_group import PromptGroup
 from hallulog.remote.actor_shipping import ActorShipping
@@ -60,7 +61,7 @@ PROBE_NAME = ".hallulog-shared-fs-probe"
 """File the driver writes into the artifact root; every actor must read back the same text."""
 
 
-class SharedFsError(RuntimeError):
+class SharedFsError(HallulogError, RuntimeError):
     """The artifact root is not the driver's: it is not on a filesystem shared by the nodes."""
 
 

@@ -31,6 +31,7 @@ from hallulog.contracts.ids import activation_key, sample_seed
 from hallulog.contracts.prompt_group import PromptGroup
 from hallulog.workers.capture import (CaptureError, CapturedRows, discard_capture, open_capture,
                                       select_rows)
+from hallulog.workers.capture_check import capture_reasons, check_captured
 from hallulog.workers.client import BackendClient, Completion, is_retryable
 from hallulog.workers.group_commit import GroupCommitter
 from hallulog.workers.positions import (PositionRows, exact_answer_spans, index_fields,
@@ -76,6 +77,9 @@ class WorkerSpec:
     positions: tuple[str, ...] | None = None
     """Token positions by name (``--positions``, contracts/positions.py); None: the rows of
     ``sequence_mode``."""
+    check_captures: bool = True
+    """Fail a capture whose rows are all zeros, non-finite or repeated across different tokens
+    (workers/capture_check.py); false: store the rows as they come."""
     driver_pid: int | None = None
     """The pid of the process that starts this worker: a worker whose parent is another one
     when it comes up (the driver died while it started) exits at once."""
@@ -254,7 +258,7 @@ class GroupWorker:
         tokens = sum(len(c.token_ids) for c in completions)
         event = {"event": "done", "worker_id": spec.worker_id, "prompt_id": group.prompt_id,
                  "generations": len(completions), "tokens": tokens,
-                 "capture_errors": len(errors)}
+                 "capture_errors": len(errors), "capture_reasons": capture_reasons(errors)}
         if spec.positions:
             event["positions_missing"] = missing_positions(records)
         self.channel.send(event)
@@ -354,14 +358,19 @@ class GroupWorker:
                                    f"{hidden.shape[2]}, expected {len(spec.layer_ids)} x "
                                    f"{spec.hidden_size}")
             if spec.positions:
-                return select_positions(hidden, prompt_len=len(prompt_ids),
+                rows = select_positions(hidden, prompt_len=len(prompt_ids),
                                         response_len=len(response_ids),
                                         capture_mode=spec.capture_mode, names=spec.positions,
                                         exact_answer_span=span, layer_index=None,
                                         dtype=spec.dtype)
-            return select_rows(hidden, prompt_len=len(prompt_ids),
-                               response_len=len(response_ids), sequence_mode=spec.sequence_mode,
-                               layer_index=None, dtype=spec.dtype)
+            else:
+                rows = select_rows(hidden, prompt_len=len(prompt_ids),
+                                   response_len=len(response_ids),
+                                   sequence_mode=spec.sequence_mode, layer_index=None,
+                                   dtype=spec.dtype)
+        if spec.check_captures:  # the rows as they would be stored (docs/alignment.md)
+            check_captured(rows, token_ids=expected, layer_ids=spec.layer_ids)
+        return rows
 
     def _attach(self, record: GenerationRecord, group: PromptGroup, sample_id: int,
                 comp: Completion, rows: CapturedRows) -> None:

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from hallulog.config.plan import RunPlan
 from hallulog.config.run_config import RunConfig
 from hallulog.contracts.errors import HallulogError
 
@@ -88,16 +89,7 @@ class StorageMeter:
             raise StorageCapReached(self.stored, self.cap_gb)
 
 
-def preflight(
-    config: RunConfig,
-    root: Path,
-    *,
-    num_hidden_layers: int,
-    hidden_size: int,
-    layer_ids: Sequence[int],
-    model_dir: Path | None,
-    pending: int,
-) -> StorageMeter | None:
+def preflight(config: RunConfig, plan: RunPlan, root: Path, *, pending: int) -> StorageMeter | None:
     """Check the budget of the ``pending`` prompts before servers start; the meter of
     ``--max-storage-gb`` (None without a cap)."""
     meter = None
@@ -109,29 +101,12 @@ def preflight(
             raise StorageCapReached(stored, config.max_storage_gb)
         room = meter.cap_bytes - stored
     if config.check_free_space:
-        _check_free_space(
-            config,
-            root,
-            num_hidden_layers=num_hidden_layers,
-            hidden_size=hidden_size,
-            layer_ids=layer_ids,
-            model_dir=model_dir,
-            pending=pending,
-            room=room,
-        )
+        _check_free_space(config, plan, root, pending=pending, room=room)
     return meter
 
 
 def _check_free_space(
-    config: RunConfig,
-    root: Path,
-    *,
-    num_hidden_layers: int,
-    hidden_size: int,
-    layer_ids: Sequence[int],
-    model_dir: Path | None,
-    pending: int,
-    room: float | None,
+    config: RunConfig, plan: RunPlan, root: Path, *, pending: int, room: float | None
 ) -> None:
     from hallulog.estimate.measure import (
         Lengths,
@@ -140,22 +115,24 @@ def _check_free_space(
         pilot_lengths,
         task_prompts,
     )
-    from hallulog.estimate.projection import human_bytes, project, selection_for
+    from hallulog.estimate.projection import Selection, human_bytes, project
 
-    selection = selection_for(config, num_hidden_layers, layer_ids)
+    selection = Selection.of(plan.stored)
     measured = measure_run(root, with_metadata=False)
     lengths = pilot_lengths(measured) if measured is not None else Lengths()
     if selection.needs_prompt_length and measured is None:
-        _, lengths = task_prompts(config, tokenizer_dir=model_dir, lengths=True)
+        _, lengths = task_prompts(
+            plan.task.stream, chat=config.chat, tokenizer_dir=plan.model.path, lengths=True
+        )
     est = project(
         selection,
-        hidden_size=hidden_size,
-        storage_format=config.storage_format,
+        hidden_size=plan.model.hidden_size,
+        storage_format=plan.storage_format,
         max_tokens=config.max_tokens,
         k_samples=config.k_samples,
         prompts=pending,
         lengths=lengths,
-        num_hidden_layers=num_hidden_layers,
+        num_hidden_layers=plan.model.num_hidden_layers,
     )
     needed = est.projected_bytes if room is None else min(est.projected_bytes, room)
     free = free_bytes(root)

@@ -144,12 +144,19 @@ class Drive:
             self._batch.append(pid)
             self.result.done += 1
             self.result.capture_errors += capture_errors
+            reasons = event.get("capture_reasons") or {}
+            for reason, n in reasons.items():
+                total = self.result.capture_reasons
+                total[reason] = total.get(reason, 0) + int(n)
             for name, n in (event.get("positions_missing") or {}).items():
                 missing = self.result.positions_missing
                 missing[name] = missing.get(name, 0) + int(n)
             board.group_done(wid, pid, generations=generations, tokens=tokens)
             self.progress.advance(
-                generations=generations, tokens=tokens, capture_errors=capture_errors
+                generations=generations,
+                tokens=tokens,
+                capture_errors=capture_errors,
+                capture_reasons=reasons,
             )
             if self.fleet is not None:
                 self.fleet.progressed(self.pool.workers[wid].spec.server_url)

@@ -1,11 +1,14 @@
-"""The run's lifecycle: prepare → servers → workers → drain the queue → consolidate.
+"""The run's lifecycle: plan → servers → workers → drain the queue → consolidate.
 
-One function, ``run(config)``, drives it; the pieces live in their own modules (config,
-manifest, checkpoint, servers, fleet, pool, dispatch, status).
+One function, ``run(config)``, drives it: it resolves the config into a run plan once
+(``config/plan.py``: the task and its prompt ids, what is stored, the servers, the manifest) and
+from then on reads the plan; the pieces live in their own modules (checkpoint, servers, fleet,
+pool, dispatch, status).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import signal
@@ -18,27 +21,27 @@ from typing import Any
 
 from hallulog.orchestrator.run.checkpoint import (CheckpointWriter, CompletionLog, load_completed,
                                                   read_completion_log, write_completed)
-from hallulog.config.run_config import ConfigError, RunConfig
+from hallulog.config.plan import RunPlan, plan_run, plan_task
+from hallulog.config.run_config import RunConfig
 from hallulog.contracts import layout
 from hallulog.contracts.jsonl import truncate_to
 from hallulog.contracts.layout import worker_dir, worker_dirs
 from hallulog.contracts.prompt_group import PromptGroup
 from hallulog.contracts.root_lock import holds_root
-from hallulog.contracts.errors import HallulogError
+from hallulog.contracts.errors import ConfigError, HallulogError
+from hallulog.contracts.run_manifest import RunManifest, check_resumable
 from hallulog.postrun.labels import label_counts, label_with_judge, unlabeled_prompts
 from hallulog.evaluation import report_path
-from hallulog.config.manifest import (build_manifest, check_resumable, load_manifest,
-                                      update_manifest, write_manifest)
 from hallulog.orchestrator.run.budget import preflight
 from hallulog.orchestrator.run.dispatch import Drive
 from hallulog.orchestrator.run.pool import WorkerPool
 from hallulog.orchestrator.run.progress import Progress
-from hallulog.backends.models import ModelInfo, hallulog_cache_dir, remote_model, resolve_model
+from hallulog.backends.models import hallulog_cache_dir, remote_model, resolve_model
 from hallulog.backends.servers import ServerProcess, remove_spools, start_servers
 from hallulog.orchestrator.run.status import StatusBoard
 from hallulog.orchestrator.run.supervision import Supervision
 from hallulog.postrun.finish import finish
-from hallulog.tasks import TaskStream, open_config_task
+from hallulog.tasks import TaskStream
 from hallulog.tasks.base import MalformedCollector
 from hallulog.tasks.grading import needs_judge_for
 from hallulog.workers.persist import recover_worker_dir
@@ -60,6 +63,8 @@ class RunResult:
     failed: list[str] = field(default_factory=list)
     capture_errors: int = 0
     """Samples of committed groups whose activations could not be captured."""
+    capture_reasons: dict[str, int] = field(default_factory=dict)
+    """Of those, the ones whose rows failed the check, per reason (``capture_zeros`` …)."""
     wall_seconds: float = 0.0
     labels: dict[str, int] = field(default_factory=dict)
     judge: dict[str, Any] | None = None
@@ -99,25 +104,19 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
     root.mkdir(parents=True, exist_ok=True)
     cache_dir = hallulog_cache_dir(config.cache_dir)
 
-    stream = open_config_task(config.to_dict())
-    answer_kind = stream.answer_kind
-    all_ids, split = _prompt_ids(stream)  # the groups themselves are read again as dispatched
-    if not all_ids:
-        raise HallulogError(f"task {config.task} ({stream.source}) has no prompts")
-
+    task = plan_task(config)  # the groups themselves are read again as dispatched
+    if not task.prompt_ids:
+        raise HallulogError(f"task {config.task} ({task.stream.source}) has no prompts")
     model = resolve_model(config.model, cache_dir) if config.manage_servers \
-        else remote_model(config)
+        else remote_model(config.server_urls[0], config.model, cache_dir)
     try:  # --layers is checked against the model here, before any server starts
-        layer_ids = config.layer_ids(model.num_hidden_layers)
+        plan = plan_run(config, model, task)
     except ConfigError as exc:
         raise HallulogError(str(exc)) from None
-    fresh = build_manifest(config, run_id=None, model_name=model.name, model_path=str(model.path),
-                           layer_ids=layer_ids, hidden_size=model.hidden_size,
-                           num_hidden_layers=model.num_hidden_layers, dataset=config.task,
-                           split=split, prompt_template=stream.prompt_template,
-                           worker_count=config.worker_count, total_prompts=len(all_ids),
-                           answer_kind=answer_kind, prompt_fingerprinted=stream.spec is not None)
-    existing = load_manifest(root)
+    # from here on the plan holds every derived value: nothing calls back into the config
+    stream, answer_kind, all_ids = task.stream, task.answer_kind, task.prompt_ids
+    fresh = copy.deepcopy(dict(plan.manifest))
+    existing = RunManifest.load(root)
     if existing is not None:
         if not config.resume:
             raise HallulogError(f"{root} already holds run {existing.get('run_id')}; "
@@ -126,10 +125,10 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
         fresh["run_id"] = existing["run_id"]
         fresh["timestamp"] = existing.get("timestamp", fresh["timestamp"])
         fresh["resumed_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    write_manifest(root, fresh)
+    RunManifest(fresh).dump(root)
     run_id = fresh["run_id"]
 
-    completed = _reconcile(root, config, layer_ids, model.hidden_size, run_id)
+    completed = _reconcile(root, plan, run_id)
     completed -= redo or set()
     def wanted(prompt_id: str) -> bool:
         return prompt_id not in completed and (only is None or prompt_id in only)
@@ -139,11 +138,9 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
     total = len(all_ids)
     result = RunResult(artifact_root=root, total=total, done_before=done_before)
     # the storage budget of the pending prompts, before any server starts (run.budget)
-    meter = preflight(config, root, num_hidden_layers=model.num_hidden_layers,
-                      hidden_size=model.hidden_size, layer_ids=layer_ids,
-                      model_dir=model.path, pending=pending) if pending else None
+    meter = preflight(config, plan, root, pending=pending) if pending else None
 
-    board = StatusBoard(run_id=run_id, config_summary=_summary(config, model, layer_ids),
+    board = StatusBoard(run_id=run_id, config_summary=_summary(config, plan),
                         fingerprint=fresh["config_fingerprint"], artifact_root=str(root),
                         total_prompts=total, skipped=done_before,
                         k_samples=config.k_samples)
@@ -171,15 +168,15 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
                                                                       or pending)
             if (pending or judge) and config.executor == "local":
                 board.set_phase("starting")
-                started_servers, urls = start_servers(config, model, layer_ids, root, cache_dir,
-                                                      board, wait=not pending)
+                started_servers, urls = start_servers(plan.servers, root, cache_dir, board,
+                                                      wait=not pending)
                 servers.extend(started_servers)
             if pending:
                 if config.executor == "ray":  # slots on Ray actors, each with its own server
-                    pool = _ray_pool(config, model, layer_ids, root, cache_dir, remote)
+                    pool = _ray_pool(config, plan, root, cache_dir, remote)
                 else:
-                    pool = WorkerPool(_worker_specs(config, model, layer_ids, root, urls),
-                                      committed_in=_committed_in(root, config, layer_ids, model),
+                    pool = WorkerPool(_worker_specs(config, plan, root, urls),
+                                      committed_in=_committed_in(root, plan),
                                       hang_seconds=_hang_seconds(config))
                 supervision = Supervision(servers, pool, config, board)
                 stack.callback(supervision.close, timeout=30)  # after the pool's kill, below
@@ -206,13 +203,14 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
                 urls = supervision.healthy_urls() or urls
             close_checkpoint()
             completions.reset()
-            update_manifest(root, completed_prompt_ids=sorted(completed),
-                            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            RunManifest.require(root).replace(
+                completed_prompt_ids=sorted(completed),
+                finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")).dump(root)
             if judge:
                 board.set_phase("labeling")
                 result.judge = label_with_judge(root, task=config.task,
                                                 judge_url=config.judge_url or urls[0],
-                                                judge_model=config.judge_model or model.name)
+                                                judge_model=config.judge_model or plan.model.name)
             _stop_servers(servers)
             if config.consolidate and result.complete and remote is None:  # else remote_run's
                 done = finish(root, expected_prompt_ids=all_ids, on_step=board.set_phase)
@@ -249,15 +247,12 @@ def _stop_servers(servers: list[ServerProcess]) -> None:
         server.stop()
 
 
-def _reconcile(root: Path, config: RunConfig, layer_ids: list[int], hidden_size: int,
-               run_id: str) -> set[str]:
+def _reconcile(root: Path, plan: RunPlan, run_id: str) -> set[str]:
     """Roll worker dirs back to their last commit; the data wins over the checkpoint
     (``completed_prompts.json`` and ``completions.log``), which is then rewritten from it."""
     from_data: set[str] = set()
     for wdir in worker_dirs(root):
-        from_data |= recover_worker_dir(wdir, storage_format=config.storage_format,
-                                        layer_ids=layer_ids, hidden_size=hidden_size,
-                                        dtype=config.profile.dtype)
+        from_data |= _recover(wdir, plan)
     recorded = load_completed(root) | read_completion_log(root)
     if recorded != from_data:
         log.warning("the checkpoint lists %d prompt(s), the worker data %d: "
@@ -272,11 +267,15 @@ def _reconcile(root: Path, config: RunConfig, layer_ids: list[int], hidden_size:
     return from_data
 
 
-def _committed_in(root: Path, config: RunConfig, layer_ids: list[int], model: ModelInfo):
+def _recover(wdir: Path, plan: RunPlan) -> set[str]:
+    return recover_worker_dir(wdir, storage_format=plan.storage_format,
+                              layer_ids=list(plan.stored.layer_ids),
+                              hidden_size=plan.model.hidden_size, dtype=plan.stored.dtype)
+
+
+def _committed_in(root: Path, plan: RunPlan):
     def committed_in(worker_id: int) -> set[str]:
-        return recover_worker_dir(worker_dir(root, worker_id), storage_format=config.storage_format,
-                                  layer_ids=layer_ids, hidden_size=model.hidden_size,
-                                  dtype=config.profile.dtype)
+        return _recover(worker_dir(root, worker_id), plan)
     return committed_in
 
 
@@ -286,46 +285,35 @@ def _hang_seconds(config: RunConfig) -> float:
     return 6 * config.request_timeout + 60.0
 
 
-def _worker_specs(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: Path,
-                  urls: list[str]) -> list[WorkerSpec]:
-    profile = config.profile
+def _worker_specs(config: RunConfig, plan: RunPlan, root: Path, urls: list[str]
+                  ) -> list[WorkerSpec]:
+    stored = plan.stored
     return [WorkerSpec(
-        worker_id=i, server_url=urls[i % len(urls)], model_name=model.name,
-        worker_dir=str(worker_dir(root, i)), storage_format=config.storage_format,
-        layer_ids=tuple(layer_ids), hidden_size=model.hidden_size,
-        sequence_mode=profile.sequence_mode, dtype=profile.dtype, positions=profile.positions,
-        capture_mode=config.capture_mode, k_samples=config.k_samples,
+        worker_id=i, server_url=urls[i % len(urls)], model_name=plan.model.name,
+        worker_dir=str(worker_dir(root, i)), storage_format=plan.storage_format,
+        layer_ids=stored.layer_ids, hidden_size=plan.model.hidden_size,
+        sequence_mode=stored.sequence_mode, dtype=stored.dtype, positions=stored.positions,
+        capture_mode=stored.capture_mode, k_samples=config.k_samples,
         primary_temperature=config.primary_temperature,
         sample_temperature=config.sample_temperature, sample_top_p=config.sample_top_p,
-        max_tokens=config.max_tokens, seed=config.seed, groups_in_flight=config.groups_in_flight,
+        max_tokens=config.max_tokens, seed=config.seed, groups_in_flight=plan.groups_in_flight,
         request_timeout=config.request_timeout, commit_interval_ms=config.commit_interval_ms,
-        driver_pid=os.getpid(),
-    ) for i in range(config.worker_count)]
+        check_captures=config.check_captures, driver_pid=os.getpid(),
+    ) for i in range(plan.worker_count)]
 
 
-def _ray_pool(config: RunConfig, model: ModelInfo, layer_ids: list[int], root: Path,
-              cache_dir: Path, remote: Any = None):
+def _ray_pool(config: RunConfig, plan: RunPlan, root: Path, cache_dir: Path, remote: Any = None):
     """The pool of ``--executor ray``: slots on Ray actors, each with its own server."""
     from dataclasses import replace
 
     from hallulog.orchestrator.run.ray_executor import ray_pool
 
-    template = _worker_specs(config, model, layer_ids, root, [""])[0]
-    return ray_pool(config, model, layer_ids, root, cache_dir,
+    template = _worker_specs(config, plan, root, [""])[0]
+    return ray_pool(config, plan, root, cache_dir,
                    worker_spec=lambda i: replace(template, worker_id=i, server_url=f"ray:slot-{i}",
                                                  worker_dir=str(worker_dir(root, i))),
-                   committed_in=_committed_in(root, config, layer_ids, model),
+                   committed_in=_committed_in(root, plan),
                    hang_seconds=_hang_seconds(config), remote=remote)
-
-
-def _prompt_ids(stream: TaskStream) -> tuple[set[str], str]:
-    """Every prompt id of the task, and its split (the file is read once, group by group)."""
-    ids: set[str] = set()
-    split = ""
-    for group in stream.groups():
-        ids.add(group.prompt_id)
-        split = split or group.split
-    return ids, split
 
 
 def _pending_groups(stream: TaskStream, ids: set[str], wanted: Callable[[str], bool]
@@ -342,14 +330,14 @@ def _pending_groups(stream: TaskStream, ids: set[str], wanted: Callable[[str], b
             yield group
 
 
-def _summary(config: RunConfig, model: ModelInfo, layer_ids: list[int]) -> dict[str, Any]:
-    profile = config.profile
-    return {"task": config.task, "model": model.name, "backend": config.backend,
-            "k_samples": config.k_samples, "logging_profile": profile.name,
-            "target_layers": profile.target_layers, "sequence_mode": profile.sequence_mode,
-            "dtype": profile.dtype, "num_layer_ids": len(layer_ids),
-            **({"positions": list(profile.positions)} if profile.positions else {}),
-            "storage_format": config.storage_format, "num_workers": config.worker_count,
+def _summary(config: RunConfig, plan: RunPlan) -> dict[str, Any]:
+    manifest, stored = plan.manifest, plan.stored
+    return {"task": config.task, "model": plan.model.name, "backend": plan.servers.backend.name,
+            "k_samples": config.k_samples, "logging_profile": manifest["logging_profile"],
+            "target_layers": manifest["target_layers"], "sequence_mode": stored.sequence_mode,
+            "dtype": stored.dtype, "num_layer_ids": len(stored.layer_ids),
+            **({"positions": list(stored.positions)} if stored.positions else {}),
+            "storage_format": plan.storage_format, "num_workers": plan.worker_count,
             "max_tokens": config.max_tokens}
 
 

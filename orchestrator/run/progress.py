@@ -9,7 +9,7 @@ import time
 
 from tqdm import tqdm
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "describe_capture_failures"]
 
 
 class Progress:
@@ -30,10 +30,21 @@ class Progress:
         self.tokens = 0
         self.failed = 0
         self.capture_errors = 0
+        self.capture_reasons: dict[str, int] = {}
 
-    def advance(self, *, generations: int, tokens: int, capture_errors: int = 0) -> None:
-        """One prompt group done (``capture_errors``: its samples without activations)."""
+    def advance(
+        self,
+        *,
+        generations: int,
+        tokens: int,
+        capture_errors: int = 0,
+        capture_reasons: dict[str, int] | None = None,
+    ) -> None:
+        """One prompt group done (``capture_errors``: its samples without activations;
+        ``capture_reasons``: those whose rows failed the check, per reason)."""
         self.capture_errors += capture_errors
+        for reason, n in (capture_reasons or {}).items():
+            self.capture_reasons[reason] = self.capture_reasons.get(reason, 0) + n
         self.generations += generations
         self.tokens += tokens
         self._bar.update(1)
@@ -51,10 +62,21 @@ class Progress:
                 "gen/s": f"{self.generations / elapsed:.2f}",
                 "tok/s": f"{self.tokens / elapsed:.1f}",
                 "failed": self.failed,
-                "capture_failed": self.capture_errors,
+                "capture_failed": describe_capture_failures(
+                    self.capture_errors, self.capture_reasons
+                ),
             },
             refresh=True,
         )
 
     def close(self) -> None:
         self._bar.close()
+
+
+def describe_capture_failures(count: int, reasons: dict[str, int]) -> str:
+    """``"3"``, or ``"3 (2 capture_zeros, 1 capture_nonfinite)"`` when some captures failed the
+    row check."""
+    if not any(reasons.values()):
+        return str(count)
+    named = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()) if n)
+    return f"{count} ({named})"

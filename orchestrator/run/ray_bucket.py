@@ -4,7 +4,9 @@ The driver writes a session object every actor must read back (the shared-filesy
 bucket root), puts the run's manifest in the bucket before any actor starts, and answers the
 pool's ``committed_in`` for a lost slot from its segment chain once fenced
 (``remote/restore.py``): whatever the lost actor still ships cannot count, and each
-segment is read once per session. The actors' side: ``remote/actor_shipping.py``.
+manifest is read once per session. Every prompt of the chain counts (a checkpoint restates the
+ones before it): the lost actor's in-flight groups were never committed before this session.
+The actors' side: ``remote/actor_shipping.py``.
 """
 
 from __future__ import annotations
@@ -33,23 +35,57 @@ class BucketSlots:
         self.bucket.put_create(session_key(session), session.encode())
         manifest = (root / layout.MANIFEST).read_bytes()  # the first session's stays
         self.bucket.put_create(f"{RUN_PREFIX}/{layout.MANIFEST}", manifest)
-        self.actor_options = {"url": remote.url, "ship_gap": remote.ship_gap, "session": session}
-        self._read: dict[str, tuple[int, set[str]]] = {
-            worker: (seq, set()) for worker, seq in remote.since.items()
+        self.actor_options = {
+            "url": remote.url,
+            "ship_gap": remote.ship_gap,
+            "session": session,
+            "epoch": remote.epoch,
         }
+        self._epoch = remote.epoch
+        self._read: dict[str, dict] = {}  # manifest key -> doc: each read once per session
 
     def committed_in(self, wid: int) -> set[str]:
-        from hallulog.remote.restore import fence_chain
+        from hallulog.remote.epochs import EpochRule
+        from hallulog.remote.restore import (
+            chain_prompt_ids,
+            fence_chain,
+            read_chain,
+            segment_chains,
+        )
 
         worker = f"worker_{wid}"
-        start, ids = self._read.get(worker, (0, set()))
-        seq, new = fence_chain(self.bucket, worker, f"slot {wid} lost", since=start)
-        ids |= new
-        self._read[worker] = (seq + 1, ids)
+        seq = fence_chain(self.bucket, worker, f"slot {wid} lost", self._epoch)
+        by_seq = segment_chains(self.bucket, worker).get(worker, {})
+        docs, _ = read_chain(self.bucket, worker, by_seq, EpochRule.read(self.bucket), self._read)
+        ids = chain_prompt_ids(docs)
         log.warning(
-            "ray executor: %s fenced at segment %d; %d prompt(s) committed there this session",
+            "ray executor: %s fenced at segment %d; %d prompt(s) committed in its chain",
             worker,
             seq,
             len(ids),
         )
         return ids
+
+    def drop_node_staging(self, timeout: float = 30.0) -> None:
+        """Every actor stopped: remove the slots' staging roots on every live node (a lost
+        actor's node included), one task per node pinned to it."""
+        import ray
+        from hallulog.remote.actor_shipping import drop_node_staging
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        task = ray.remote(num_cpus=0)(drop_node_staging)
+        refs = [
+            task.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+            ).remote(self.actor_options["url"])
+            for node in ray.nodes()
+            if node.get("Alive")
+        ]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        removed = 0
+        for ref in done:
+            try:
+                removed += len(ray.get(ref))
+            except Exception as exc:  # a node that went away meanwhile: its cache stays
+                log.warning("ray executor: a node's staging directories not removed: %s", exc)
+        log.info("ray executor: %d node staging director(ies) removed", removed)

@@ -41,11 +41,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hallulog.backends.models import ModelInfo
-from hallulog.config.manifest import update_manifest
+from hallulog.config.plan import RunPlan
 from hallulog.config.run_config import RunConfig
 from hallulog.contracts.errors import HallulogError
 from hallulog.contracts.extras import require
+from hallulog.contracts.run_manifest import RunManifest
 from hallulog.orchestrator.run.pool import WorkerPool
 from hallulog.orchestrator.run.ray_bucket import BucketSlots
 from hallulog.orchestrator.run.ray_plan import (
@@ -114,8 +114,7 @@ def connect(address: str, *, num_cpus: int | None = None) -> bool:
 
 def ray_pool(
     config: RunConfig,
-    model: ModelInfo,
-    layer_ids: list[int],
+    plan: RunPlan,
     root: Path,
     cache_dir: Path,
     *,
@@ -132,13 +131,12 @@ def ray_pool(
     It connects to the cluster and checks that it can hold the actors.
     """
     ray = require("ray", "--executor ray")
-    owns_ray = connect(config.ray_address, num_cpus=config.ray_actors or config.worker_count)
+    owns_ray = connect(config.ray_address, num_cpus=config.ray_actors or plan.worker_count)
     try:
-        count, gpus = plan_actors(config, ray.cluster_resources())
+        count, gpus = plan_actors(config, plan, ray.cluster_resources())
         slots = ActorSlots(
             config,
-            model,
-            layer_ids,
+            plan,
             root,
             cache_dir,
             gpu=gpus > 0,
@@ -172,8 +170,7 @@ class ActorSlots:
     def __init__(
         self,
         config: RunConfig,
-        model: ModelInfo,
-        layer_ids: list[int],
+        plan: RunPlan,
         root: Path,
         cache_dir: Path,
         *,
@@ -201,14 +198,14 @@ class ActorSlots:
         self._remote = BucketSlots(remote, self.root, self._probe) if remote else None
         if self._remote is None:
             (self.root / PROBE_NAME).write_text(self._probe, encoding="utf-8")
-        self._launch = server_launch(config, model, layer_ids, cache_dir, gpu=gpu)
+        self._launch = server_launch(plan, cache_dir, gpu=gpu)
         self._recover = dict(
-            storage_format=config.storage_format,
-            layer_ids=layer_ids,
-            hidden_size=model.hidden_size,
-            dtype=config.profile.dtype,
+            storage_format=plan.storage_format,
+            layer_ids=list(plan.stored.layer_ids),
+            hidden_size=plan.model.hidden_size,
+            dtype=plan.stored.dtype,
         )
-        self._actor_cls = ray.remote(SlotActor).options(**actor_options(config, gpu=gpu))
+        self._actor_cls = ray.remote(SlotActor).options(**actor_options(config, plan, gpu=gpu))
 
     def spawn(self, slot: WorkerSlot) -> bool:
         """Create the slot's actor; it takes groups once its ``start`` call has returned."""
@@ -332,17 +329,18 @@ class ActorSlots:
         if stops:
             ray.wait(stops, num_returns=len(stops), timeout=timeout)
         try:
-            update_manifest(
-                self.root,
+            RunManifest.require(self.root).replace(
                 executor={
                     "kind": "ray",
                     "address": self.config.ray_address,
                     "nodes": {str(k): v for k, v in self.nodes.items()},
                     **self.stats,
                 },
-            )
+            ).dump(self.root)
         except HallulogError:
             log.exception("could not record the executor's figures in the manifest")
+        if self._remote is not None:  # what the actors staged is in the bucket now
+            self._remote.drop_node_staging()
         self.kill_all(slots)
 
     def kill_all(self, slots: dict[int, WorkerSlot]) -> None:

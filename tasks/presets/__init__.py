@@ -25,8 +25,9 @@ for rec in iter_preset_records("squad", "dev-v2.0.json", split=None, limit=100,
 A SQuAD v2 ``is_impossible`` question (or, in the HF export, one without answer texts) gets
 ``{"kind": "aliases", "value": None, "aliases": [], "unanswerable": True}``: it counts as correct
 only when the model abstains (the grader's rule). BioASQ questions other than ``factoid`` are
-skipped without a warning (they are counted in the record index). Where the set has a Hugging Face
-export (parquet, jsonl or a ``save_to_disk`` directory, the same field names), it is read too.
+skipped without a warning (they are counted in the record index). Each set's Hugging Face layout
+(Parquet, JSON Lines or a ``save_to_disk`` directory, the hub's column names and nesting:
+docs/tasks.md) is read too, to the same groups as the released file.
 ``with_context`` says whether the prompt shows the context (it picks ``context_template``);
 ``fields["context"]`` holds the context either way, ``meta`` keeps it only with
 ``with_context``. The bundled samples (``tasks/data/``) were

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from hallulog.contracts.errors import HallulogError
 from hallulog.tasks.base import MalformedCollector
 from hallulog.tasks.qa import QAParts
 from hallulog.tasks.records import MISSING, RecordAt, iter_records
@@ -60,7 +61,7 @@ def generic_records(
     return iter_records(path, fmt=fmt, records_key=records_key, split=split, collector=collector)
 
 
-class Bad(Exception):
+class Bad(HallulogError, ValueError):
     """A malformed record (its message is the collector's)."""
 
 

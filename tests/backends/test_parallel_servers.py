@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 from hallulog.backends import servers as servers_mod
+from hallulog.backends.engine import gpu_groups
 from hallulog.backends.models import ModelInfo
 from hallulog.backends.ports import release_port
 from hallulog.backends.servers import server_command, start_servers
-from hallulog.backends.vllm import cpu_thread_binding, vllm_server_env
-from hallulog.config.engine_options import gpu_groups
+from hallulog.backends.vllm import VllmBackend, cpu_thread_binding, vllm_server_env
 from hallulog.config.manifest import build_manifest
+from hallulog.config.plan import plan_run, server_spec
 from hallulog.config.run_config import ConfigError, RunConfig
 from hallulog.contracts.config_cli import int_list
 from hallulog.orchestrator.run.ray_executor import (
@@ -49,14 +50,18 @@ def spawned(monkeypatch, tmp_path):
     """start_servers with the processes not started: returns the ServerProcess objects."""
     monkeypatch.setattr(servers_mod.ServerProcess, "start", lambda self: None)
     # the command lines are built for vLLM, which this fast test does not need installed
-    monkeypatch.setattr(servers_mod, "require_installed", lambda module, purpose: None)
+    monkeypatch.setattr(VllmBackend, "require", lambda self: None)
 
     started: list = []
 
     def run(**kw) -> list:
         config = RunConfig(artifact_root=tmp_path / "run", **kw)
         servers, urls = start_servers(
-            config, MODEL, LAYERS, config.artifact_root, tmp_path / "cache", _Board(), wait=False
+            server_spec(config, MODEL, LAYERS),
+            config.artifact_root,
+            tmp_path / "cache",
+            _Board(),
+            wait=False,
         )
         assert urls == [s.url for s in servers]
         started.extend(servers)
@@ -226,7 +231,8 @@ def test_every_engine_option_reaches_the_vllm_command():
         trust_remote_code=True,
         engine_args="--kv-cache-dtype fp8 --swap-space 8 --override-generation-config '{\"a\": 1}'",
     )
-    argv = server_command(config, MODEL, LAYERS, host="127.0.0.1", port=8100, spool_dir="/spool")
+    spec = server_spec(config, MODEL, LAYERS)
+    argv = server_command(spec, host="127.0.0.1", port=8100, spool_dir="/spool")
     assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert _flag(argv, "--max-model-len") == "8192"
     assert _flag(argv, "--gpu-memory-utilization") == "0.85"
@@ -309,7 +315,7 @@ def test_unmanaged_servers_are_not_changed_and_say_so(caplog):
     )
     with caplog.at_level("INFO", logger="orchestrator.startup"):
         servers, urls = start_servers(
-            config, MODEL, LAYERS, Path("/nonexistent"), Path("/c"), _Board()
+            server_spec(config, MODEL, LAYERS), Path("/nonexistent"), Path("/c"), _Board()
         )
     assert (servers, urls) == ([], ["http://h:1"])
     assert "--tensor-parallel-size, --quantization only recorded" in caplog.text
@@ -326,13 +332,14 @@ def test_ray_actors_ask_for_tensor_x_pipeline_gpus():
         pipeline_parallel_size=2,
         ray_cpus_per_actor=4,
     )
-    assert plan_actors(config, {"GPU": 16, "CPU": 64}) == (2, 16)
-    options = actor_options(config, gpu=True)
+    plan = plan_run(config, MODEL)
+    assert plan_actors(config, plan, {"GPU": 16, "CPU": 64}) == (2, 16)
+    options = actor_options(config, plan, gpu=True)
     assert options["num_gpus"] == 8 and options["num_cpus"] == 4
-    assert actor_options(config, gpu=False)["num_gpus"] == 0
+    assert actor_options(config, plan, gpu=False)["num_gpus"] == 0
     one = RunConfig(backend="vllm", executor="ray")
-    assert actor_options(one, gpu=True)["num_gpus"] == 1
-    assert plan_actors(one, {"GPU": 8, "CPU": 8}) == (8, 8)
+    assert actor_options(one, plan_run(one, MODEL), gpu=True)["num_gpus"] == 1
+    assert plan_actors(one, plan_run(one, MODEL), {"GPU": 8, "CPU": 8}) == (8, 8)
 
 
 def test_ray_plan_refuses_clusters_too_small_for_one_server():
@@ -342,10 +349,10 @@ def test_ray_plan_refuses_clusters_too_small_for_one_server():
         match="--tensor-parallel-size 4 x "
         "--pipeline-parallel-size 1 needs 4 GPUs per actor; .* has 2",
     ):
-        plan_actors(config, {"GPU": 2, "CPU": 8})
+        plan_actors(config, plan_run(config, MODEL), {"GPU": 2, "CPU": 8})
     many = RunConfig(backend="vllm", executor="ray", tensor_parallel_size=2, ray_actors=3)
     with pytest.raises(RayExecutorError, match="--ray-actors 3 needs 6 GPUs .*has 4"):
-        plan_actors(many, {"GPU": 4, "CPU": 8})
+        plan_actors(many, plan_run(many, MODEL), {"GPU": 4, "CPU": 8})
 
 
 def test_ray_server_launch_carries_the_engine_flags(tmp_path):
@@ -356,7 +363,8 @@ def test_ray_server_launch_carries_the_engine_flags(tmp_path):
         max_model_len=4096,
         engine_args="--swap-space 4",
     )
-    launch = server_launch(config, MODEL, LAYERS, tmp_path, gpu=True)
+    plan = plan_run(config, MODEL)
+    launch = server_launch(plan, tmp_path, gpu=True)
     argv = launch["command"]
     assert argv[0] == "{python}" and _flag(argv, "--port") == "{port}"
     assert _flag(argv, "--tensor-parallel-size") == "2"
@@ -367,7 +375,7 @@ def test_ray_server_launch_carries_the_engine_flags(tmp_path):
     filled = [_fill(a, {"{python}": "/py", "{port}": "7", "{spool_dir}": "/tmp/s"}) for a in argv]
     assert '"shared_storage_path":"/tmp/s"' in _flag(filled, "--kv-transfer-config")
     assert filled[0] == "/py" and _flag(filled, "--port") == "7"
-    cpu = server_launch(config, MODEL, LAYERS, tmp_path, gpu=False)
+    cpu = server_launch(plan, tmp_path, gpu=False)
     assert cpu["gpus"] == 0 and cpu["env"]["CUDA_VISIBLE_DEVICES"] == ""
     assert cpu["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"  # the node is not known here
 

@@ -1,4 +1,4 @@
-"""Ports a run chooses itself are reserved for its life (run/ports.py): two runs choosing at
+"""Ports a run chooses itself are reserved for its life (backends/ports.py): two runs choosing at
 the same instant never get the same port; a killed holder's reservation ends with it."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from hallulog.contracts.errors import BackendStartError
 REPO = Path(__file__).resolve().parents[2]
 HOLD = """
 import sys, time
-sys.path.insert(0, {repo!r})
 from hallulog.backends.ports import choose_ports
 print(",".join(map(str, choose_ports({count}, None))), flush=True)
 time.sleep(600)
@@ -31,7 +30,7 @@ def port_dir(tmp_path, monkeypatch):
 
 def _holder(count: int) -> tuple[subprocess.Popen, list[int]]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLD.format(repo=str(REPO), count=count)],
+        [sys.executable, "-c", HOLD.format(count=count)],
         stdout=subprocess.PIPE,
         text=True,
         env=os.environ.copy(),

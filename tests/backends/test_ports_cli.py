@@ -173,7 +173,7 @@ def test_servers_left_by_a_sigkilled_run_are_stopped_by_the_rerun(tmp_path, fore
     from hallulog.backends.servers import kill_stale_servers
 
     port = _free_in_range(9380)
-    # stands in for `python -m serving ...` (the name kill_stale_servers checks)
+    # stands in for `python -m hallulog.serving ...` (the name kill_stale_servers checks)
     left = subprocess.Popen(
         [sys.executable, "-c", FOREIGN, str(port), "serving"], start_new_session=True
     )

@@ -1,4 +1,4 @@
-"""Shared memory left by SIGKILLed processes is removed; a live process's is kept (run/shm.py).
+"""Shared memory left by SIGKILLed processes is removed; a live process's is kept (backends/shm.py).
 
 Real processes create real POSIX shared memory (``psm_*``, Python's shared_memory, as vLLM's
 message queues do; ``sem.loky-*``, loky's semaphores) and are killed with their whole process

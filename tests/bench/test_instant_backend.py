@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -17,44 +13,10 @@ from hallulog.workers.client import BackendClient
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def backend(tmp_path_factory):
+def backend(tmp_path_factory, instant_backend_module):
     spool = tmp_path_factory.mktemp("spool")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(REPO / "bench" / "instant_backend.py"),
-            "--port",
-            str(port),
-            "--spool-dir",
-            str(spool),
-            "--num-layer-ids",
-            "3",
-            "--hidden-size",
-            "16",
-            "--served-model-name",
-            "m",
-        ]
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline and proc.poll() is None, "backend did not start"
-            time.sleep(0.1)
-    yield url, spool
-    proc.terminate()
-    proc.wait(timeout=10)
+    return instant_backend_module(spool, num_layer_ids=3, hidden_size=16), spool
 
 
 def test_generation_capture_and_prefill_through_the_worker_client(backend):

@@ -103,6 +103,17 @@ def test_validate_consolidate_evaluate_on_a_bucket_root(cli, s3, tmp_path):
     assert "holds the run's segments; the finished root was not pushed" in done.stderr
     assert not any(k.endswith(".hallulog-tree.json") for k in _keys(s3, "postrun"))
 
+    # status reads the bucket's small objects: the segments' line counts, nobody holding it
+    status = cli("status", url, "--json", node="node-s")
+    assert status.returncode == 0, status.stderr
+    snap = json.loads(status.stdout)
+    assert snap["source"] == "bucket" and snap["phase"] == "stopped" and snap["lease"] is None
+    assert snap["prompts"]["done"] == snap["prompts"]["total"] == 12
+    assert snap["generations"] == 12 * (K + 1)
+    text = cli("status", "--artifact-root", url, node="node-s")
+    assert text.returncode == 0 and "done 12" in text.stdout, text.stdout + text.stderr
+    assert "is held by no live command" in text.stdout
+
     # only segments: validate reports the root unconsolidated, naming the URL's repair
     checked = cli("validate", "--artifact-root", url, node="node-b")
     assert checked.returncode == 1, checked.stdout + checked.stderr
@@ -116,6 +127,11 @@ def test_validate_consolidate_evaluate_on_a_bucket_root(cli, s3, tmp_path):
         "Validation", "validation"
     )
     assert "study/.hallulog-tree.json" in _keys(s3, "postrun")
+
+    snap = json.loads(cli("status", url, "--json", node="node-s").stdout)
+    assert snap["phase"] == "done" and snap["prompts"]["done"] == 12
+    assert snap["generations"] == 12 * (K + 1)
+    assert not [k for k in _keys(s3, "postrun") if "/segments/" in k]  # in the root now
 
     # the finished root is written once: consolidate and retry leave it alone
     again = cli("consolidate", "--artifact-root", url, node="node-d")

@@ -243,9 +243,14 @@ def test_run_into_a_bucket_then_sigkill_and_resume_on_a_new_node(tmp_path, s3, m
         assert "bucket: s3://remote-run/small" in done.stdout
         keys = _keys(s3, "remote-run")
         assert f"small/{TREE_LIST}" in keys
-        assert any(key.startswith("small/.hallulog-run/segments/worker_0/") for key in keys)
-        # the default staging directory: one per URL under $HALLULOG_CACHE_DIR/staging
-        assert len(list((tmp_path / "cache" / "staging").iterdir())) == 1
+        # the finished root holds every byte of the segments: they are removed once it is in
+        versions = s3.client().list_object_versions(Bucket="remote-run", Prefix="small/")
+        shipped_keys = {v["Key"] for v in versions.get("Versions", [])}
+        assert any(key.startswith("small/.hallulog-run/segments/worker_0/") for key in shipped_keys)
+        assert not any("/.hallulog-run/segments/" in key for key in keys)
+        # the default staging directory (one per URL under $HALLULOG_CACHE_DIR/staging) is
+        # removed once the finished root is pushed: every byte of it is in the bucket
+        assert list((tmp_path / "cache" / "staging").iterdir()) == []
         pull_root("s3://remote-run/small", tmp_path / "pulled")
         _check_exact(tmp_path / "pulled", prompts=6, k=k)
         again = subprocess.run(
@@ -282,14 +287,9 @@ def test_run_into_a_bucket_then_sigkill_and_resume_on_a_new_node(tmp_path, s3, m
             start_new_session=True,
         )
         deadline = time.monotonic() + 120
-        while (
-            sum(
-                key.endswith(".json") and "/segments/" in key
-                for key in _keys(s3, "remote-run")
-                if key.startswith("big/")
-            )
-            < 2
-        ):
+        # two segments after the session's fence (number 0)
+        second = "big/.hallulog-run/segments/worker_0/00000002.json"
+        while second not in _keys(s3, "remote-run"):
             assert proc.poll() is None, proc.stderr.read().decode()
             assert time.monotonic() < deadline, "no segment shipped in 120 s"
             time.sleep(0.05)
@@ -324,7 +324,7 @@ def test_run_into_a_bucket_then_sigkill_and_resume_on_a_new_node(tmp_path, s3, m
         )
         # exactly the prompts the bucket held were restored: the rest were redone
         assert f"({400 - len(shipped)} this session, {len(shipped)} before)" in before_line
-        _check_exact(tmp_path / "node-b", prompts=400, k=k)
+        assert not (tmp_path / "node-b").exists()  # pushed: the staging directory is removed
         pull_root("s3://remote-run/big", tmp_path / "pulled-big")
         _check_exact(tmp_path / "pulled-big", prompts=400, k=k)
         # create-only throughout: one version of every key, retried and resumed uploads included
@@ -346,3 +346,86 @@ def test_run_into_a_bucket_then_sigkill_and_resume_on_a_new_node(tmp_path, s3, m
             str(big),
         )
         assert validate.returncode == 0, validate.stdout + validate.stderr
+
+
+@pytest.mark.slow
+def test_the_bucket_is_the_truth_a_stale_staging_directory_is_set_aside(tmp_path, s3, monkeypatch):
+    """The staging directory is a cache of one run id. A run to s3://b/p finishes and its
+    staging directory is removed; a run that stopped before its push keeps one; the prefix is
+    emptied and a run with other flags starts on it: the stale staging directory is set aside
+    in one line (the default one removed, a --staging-dir moved aside), never a refusal."""
+    s3.create_bucket("truth")
+    task = tmp_path / "task.jsonl"
+    write_task(task, 6)
+    cache = tmp_path / "cache"
+    with InstantFleet(tmp_path / "fleet", servers=1) as fleet:
+        env = {
+            **fleet.env,
+            **s3.env,
+            "HOME": str(tmp_path / "home"),
+            "HALLULOG_CACHE_DIR": str(cache),
+        }
+
+        def run(k: int, *extra: str) -> subprocess.CompletedProcess:
+            return subprocess.run(
+                fleet.command("s3://truth/p", task, k=k, extra=list(extra)),
+                env=env,
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+
+        def empty_prefix() -> None:
+            for key in _keys(s3, "truth"):
+                s3.client().delete_object(Bucket="truth", Key=key)
+
+        # a finished run: pushed, and its staging directory (the default one) removed
+        first = run(2)
+        assert first.returncode == 0, first.stderr
+        assert "bucket: s3://truth/p (" in first.stdout
+        assert "artifacts: s3://truth/p" in first.stdout
+        assert list((cache / "staging").iterdir()) == []
+
+        # a run that stops before its push keeps its staging directory: a cache of its run id
+        empty_prefix()
+        kept = run(2, "--consolidate", "false")
+        assert kept.returncode == 0, kept.stderr
+        (staging,) = list((cache / "staging").iterdir())
+        old_id = json.loads((staging / "run_manifest.json").read_text())["run_id"]
+
+        # the prefix is emptied; a run with other flags starts and says what it set aside
+        empty_prefix()
+        other = run(3)
+        assert other.returncode == 0, other.stderr
+        said = [line for line in other.stderr.splitlines() if "staging directory" in line]
+        assert len(said) == 1, other.stderr
+        assert (
+            f"s3://truth/p holds no run: the staging directory {staging} held run {old_id}, removed"
+            in said[0]
+        )
+        assert "different config" not in other.stderr
+        pulled = tmp_path / "pulled"
+        from hallulog.cli.push_pull import pull_root
+
+        for name, value in s3.env.items():
+            monkeypatch.setenv(name, value)
+        pull_root("s3://truth/p", pulled)
+        _check_exact(pulled, prompts=6, k=3)
+        assert json.loads((pulled / "run_manifest.json").read_text())["run_id"] != old_id
+
+        # another run id in the bucket than in a --staging-dir: moved aside, never deleted
+        mine = tmp_path / "mine"
+        empty_prefix()
+        stopped = run(2, "--consolidate", "false", "--staging-dir", str(mine))
+        assert stopped.returncode == 0, stopped.stderr
+        mine_id = json.loads((mine / "run_manifest.json").read_text())["run_id"]
+        (mine / "notes.txt").write_text("the user's own file")
+        empty_prefix()
+        again = run(3, "--staging-dir", str(mine))
+        assert again.returncode == 0, again.stderr
+        aside = tmp_path / f"mine.set-aside-{mine_id[:16]}"
+        assert f"held run {mine_id}, moved aside to {aside}" in again.stderr
+        assert (aside / "notes.txt").read_text() == "the user's own file"
+        assert (aside / "run_manifest.json").is_file()
+        assert not mine.exists()  # pushed: the staging directory it used is removed

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hallulog.config.plan import stored_of
 from hallulog.config.run_config import PROFILES, ConfigError, RunConfig, select_layer_ids
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +30,7 @@ def test_the_default_config_is_unchanged():
     fields = config.fingerprint_fields()
     assert "positions" not in fields and "layers" not in fields
     assert fields["sequence_mode"] == "response" and fields["target_layers"] == "all"
-    assert config.layer_ids(30) == list(range(31))
+    assert list(stored_of(config, 30).layer_ids) == list(range(31))
 
 
 def test_the_probes_profile():
@@ -37,7 +38,7 @@ def test_the_probes_profile():
     profile = config.profile
     assert profile.positions == ("tbg", "slt", "exact_answer", "last")
     assert profile.sequence_mode == "positions" and profile.dtype == "float16"
-    assert config.layer_ids(30) == [15, 20]
+    assert list(stored_of(config, 30).layer_ids) == [15, 20]
     assert select_layer_ids("spread", 32) == [16, 21]
     assert config.fingerprint_fields()["positions"] == "tbg,slt,exact_answer,last"
     # a sequence mode given replaces the profile's positions
@@ -46,13 +47,13 @@ def test_the_probes_profile():
 
 def test_layers_override_the_profile_and_are_checked_against_the_model():
     config = RunConfig(layers="0,15,-1", target_layers="first_half")
-    assert config.layer_ids(30) == [0, 15, 30]
+    assert list(stored_of(config, 30).layer_ids) == [0, 15, 30]
     with pytest.raises(
         ConfigError,
         match=r"--layers: layer 40 is out of range for a model "
         r"with 30 layers \(ids 0\.\.30\)",
     ):
-        RunConfig(layers="0,40").layer_ids(30)
+        list(stored_of(RunConfig(layers="0,40"), 30).layer_ids)
     with pytest.raises(ConfigError, match="--layers: cannot read"):
         RunConfig(layers="0,x")
 

@@ -14,8 +14,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 from hallulog.cli.app import build_parser
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -58,6 +61,11 @@ def test_dockerfiles(name, base):
         assert ns.backend == "vllm"
         assert "--no-deps" in run and "torch" in run  # keeps the image's CUDA torch
         assert "ray" in run  # --executor ray needs Ray in the image
+        # the image's vLLM is a checked one: a tag in the vllm extra's range, checked at build
+        assert "scripts/vllm_api_check.py check" in run
+        extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+        (spec,) = extra["optional-dependencies"]["vllm"]
+        assert Version(image.rpartition(":v")[2]) in Requirement(spec).specifier
     else:
         assert "scripts/setup.sh" in run and "default_model_dir" in run
 

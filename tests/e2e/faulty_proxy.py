@@ -3,8 +3,9 @@
 Used to inject server failures into a run (``--manage-servers false --server-urls <proxy>``):
 requests whose body contains ``fail_substring`` get a 500. With ``fault`` (a callable of the
 method, the path and the body) any request can instead get a 500 (``"500"``), a 503
-(``"503"``), a response delayed by S seconds (``("slow", S)``) or a connection dropped half-way
-through the response body (``"drop"``); every method is forwarded, headers and bytes as they
+(``"503"``), a response delayed by S seconds (``("slow", S)``), a request held until a
+``threading.Event`` is set (``("hold", event)``), or a connection dropped half-way through the
+response body (``"drop"``); every method is forwarded, headers and bytes as they
 are (the S3 tests put it in front of a moto server).
 """
 
@@ -47,6 +48,7 @@ class FaultyProxy:
         self.fault = fault
         self.failed = 0
         self.injected: list[tuple[str, str, str]] = []  # (fault, method, path)
+        self.answered: list[tuple[str, str, str, int]] = []  # ... and the upstream's status
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -84,6 +86,8 @@ class FaultyProxy:
                 )
             if kind == "slow":
                 await asyncio.sleep(float(action[1]))
+            if kind == "hold":  # until the test lets it go (a threading.Event)
+                await asyncio.to_thread(action[1].wait)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
         headers["host"] = request.headers.get("host", "")
         target = f"{self.upstream}{path}"
@@ -91,6 +95,8 @@ class FaultyProxy:
             target += f"?{request.url.query}"
         async with httpx.AsyncClient(timeout=300) as client:
             upstream = await client.request(request.method, target, content=body, headers=headers)
+        if action is not None:
+            self.answered.append((kind, request.method, path, upstream.status_code))
         out_headers = {
             k: v
             for k, v in upstream.headers.items()

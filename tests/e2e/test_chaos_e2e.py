@@ -5,19 +5,18 @@ nothing left behind."""
 
 from __future__ import annotations
 
-import sys
 import time
 import uuid
 
 import pytest
+from hallulog.backends.shm import orphaned, shm_names
 
-from tests.e2e.conftest import REPO
+from bench.bench_chaos import Soak, check, tagged_processes
 
-sys.path.insert(0, str(REPO / "bench"))
-from bench_chaos import Soak, check, tagged_processes  # noqa: E402
-from hallulog.backends.shm import orphaned, shm_names  # noqa: E402
-
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.alone,
+]  # SIGKILL loops: shm and process checks of the whole machine
 
 
 def test_small_soak_is_exactly_once_and_leaves_nothing(tmp_path):

@@ -7,7 +7,8 @@ An actor's process is SIGKILLed mid-run, then the whole driver; the rerun comple
 root pulled from the bucket holds every prompt exactly once (one commit over all worker
 directories, K+1 generations each, none twice), validates clean, and every key of the versioned
 bucket has one version. The actors staged on their own nodes: the driver's staging root holds
-nothing an actor wrote.
+nothing an actor wrote; once the root is pushed no node keeps a staging directory (the lost
+actor's included), nor the driver.
 """
 
 from __future__ import annotations
@@ -59,13 +60,23 @@ def cluster(s3, tmp_path_factory):
     c.shutdown()
 
 
-def _manifests(s3) -> list[dict]:
+def _manifests(s3, history: bool = False) -> list[dict]:
+    """The segment manifests in the bucket (``history``: every one ever written, those removed
+    once the finished root was pushed included: the bucket is versioned)."""
     client = s3.client()
-    pages = client.get_paginator("list_objects_v2").paginate(Bucket="ray-bucket")
-    keys = [o["Key"] for p in pages for o in p.get("Contents", [])]
+    if history:
+        pages = client.get_paginator("list_object_versions").paginate(Bucket="ray-bucket")
+        keys = [(v["Key"], v["VersionId"]) for p in pages for v in p.get("Versions", [])]
+    else:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket="ray-bucket")
+        keys = [(o["Key"], None) for p in pages for o in p.get("Contents", [])]
     return [
-        json.loads(client.get_object(Bucket="ray-bucket", Key=k)["Body"].read())
-        for k in keys
+        json.loads(
+            client.get_object(Bucket="ray-bucket", Key=k, **({"VersionId": v} if v else {}))[
+                "Body"
+            ].read()
+        )
+        for k, v in keys
         if "/segments/" in k and k.endswith(".json")
     ]
 
@@ -153,6 +164,11 @@ def test_ray_actors_share_only_the_bucket_and_survive_sigkills(cluster, s3, tmp_
             driver,
         )
         assert len(_shipped(s3)) < LIMIT, "the run finished before the driver could be killed"
+        # nothing shared but the bucket: each actor stages under its own node's cache
+        staged = sorted(p.name for c in cluster.node_caches for p in c.glob("staging/*/worker_*"))
+        assert staged and set(staged) <= {"worker_0", "worker_1"}
+        assert not (tmp_path / "driver" / "servers").exists()  # actors' server logs: their nodes
+        assert not list((tmp_path / "driver").glob("worker_*"))
         os.killpg(driver.pid, signal.SIGKILL)  # then the driver: its actors go with its job
         driver.wait()
     finally:
@@ -183,9 +199,10 @@ def test_ray_actors_share_only_the_bucket_and_survive_sigkills(cluster, s3, tmp_
         for g in read_jsonl(pulled / "consolidated" / "generations.jsonl")
     )
     assert set(gens.values()) == {1} and len(gens) == LIMIT * (K + 1)
-    fences = [doc for doc in _manifests(s3) if doc.get("fence")]
+    fences = [doc for doc in _manifests(s3, history=True) if doc.get("fence")]
     assert any(d["fence"].startswith("slot") for d in fences)  # the lost actor's chain
-    assert any(d["fence"] == "new driver session" for d in fences)  # the second session's
+    assert any(d["fence"] == "run, epoch 2" for d in fences)  # the second session's
+    assert not [d for d in _manifests(s3)]  # the segments go once the root is pushed
     pages = s3.client().get_paginator("list_object_versions").paginate(Bucket="ray-bucket")
     versions = Counter(
         v["Key"]
@@ -195,8 +212,6 @@ def test_ray_actors_share_only_the_bucket_and_survive_sigkills(cluster, s3, tmp_
     )
     assert set(versions.values()) == {1}, [k for k, n in versions.items() if n > 1]
 
-    # nothing shared but the bucket: each actor staged under its own node's cache
-    staged = sorted(p.name for c in cluster.node_caches for p in c.glob("staging/*/worker_*"))
-    assert staged and set(staged) <= {"worker_0", "worker_1"}
-    assert not (tmp_path / "driver" / "servers").exists()  # actors' server logs: their nodes
-    assert not list((tmp_path / "driver").glob("*slot*"))
+    # the run pushed: no node keeps a staging directory (a lost actor's included), nor the driver
+    assert not [p for c in cluster.node_caches for p in c.glob("staging/*")]
+    assert not (tmp_path / "driver").exists()

@@ -1,4 +1,4 @@
-"""A burst of server faults costs time, not prompts (run/dispatch.py re-queues).
+"""A burst of server faults costs time, not prompts (orchestrator/run/dispatch.py re-queues).
 
 A real run (the orchestrator against an instant backend behind tests/e2e/faulty_proxy.py)
 meets 503s on every generation request for 8 s — longer than the worker client's own three
@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 
 import pytest
 
+from bench.instant_run import InstantFleet, write_task
 from tests.e2e.conftest import REPO, worker_rows
 from tests.e2e.faulty_proxy import FaultyProxy
-
-sys.path.insert(0, str(REPO / "bench"))
-from instant_run import InstantFleet, write_task  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 

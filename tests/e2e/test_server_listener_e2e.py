@@ -9,8 +9,9 @@ import socket
 import sys
 
 import pytest
+from hallulog.backends.embedded import embedded_server_command
 from hallulog.backends.ports import listen_on_ports, port_free
-from hallulog.backends.servers import ServerProcess, embedded_server_command
+from hallulog.backends.servers import ServerProcess
 from hallulog.serving.model_loader import default_model_dir
 
 pytestmark = pytest.mark.e2e

@@ -10,11 +10,6 @@ import collections
 import json
 import logging
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -28,59 +23,23 @@ NUM_LAYERS, HIDDEN = 4, 512
 ANSWER_TOKENS = 12  # the instant backend's canned answer length (max_tokens below is more)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def backends(tmp_path_factory):
+def backends(instant_backend_module):
     """``backend(num_layer_ids)`` → URL of an instant backend capturing that many layers."""
-    started: dict[int, tuple[subprocess.Popen, str]] = {}
-    base = tmp_path_factory.mktemp("backends")
+    started: dict[int, str] = {}
 
     def backend(num_layer_ids: int) -> str:
         if num_layer_ids not in started:
-            port = _free_port()
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(REPO / "bench" / "instant_backend.py"),
-                    "--port",
-                    str(port),
-                    "--spool-dir",
-                    str(base / f"spool{num_layer_ids}"),
-                    "--num-layer-ids",
-                    str(num_layer_ids),
-                    "--hidden-size",
-                    str(HIDDEN),
-                    "--answer-tokens",
-                    str(ANSWER_TOKENS),
-                    "--served-model-name",
-                    "fake-model",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+            started[num_layer_ids] = instant_backend_module(
+                num_layer_ids=num_layer_ids,
+                hidden_size=HIDDEN,
+                answer_tokens=ANSWER_TOKENS,
+                served_model_name="fake-model",
+                quiet=True,
             )
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    urllib.request.urlopen(f"{url}/health", timeout=1).close()
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline and proc.poll() is None, (
-                        "instant backend did not start"
-                    )
-                    time.sleep(0.1)
-            started[num_layer_ids] = (proc, url)
-        return started[num_layer_ids][1]
+        return started[num_layer_ids]
 
-    yield backend
-    for proc, _ in started.values():
-        proc.terminate()
-        proc.wait(timeout=10)
+    return backend
 
 
 @pytest.fixture(scope="module")

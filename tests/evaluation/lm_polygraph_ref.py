@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["ue_metric", "estimator"]
+__all__ = ["ue_metric", "estimator", "stat_calculator"]
 
-_SUBPACKAGES = ("ue_metrics", "estimators", "utils")
+_SUBPACKAGES = ("ue_metrics", "estimators", "utils", "stat_calculators")
 
 
 def _root() -> Path:
@@ -60,3 +60,9 @@ def estimator(module: str):
     """``lm_polygraph.estimators.<module>`` (imports transformers through the base class)."""
     _register()
     return importlib.import_module(f"lm_polygraph.estimators.{module}")
+
+
+def stat_calculator(module: str):
+    """``lm_polygraph.stat_calculators.<module>`` (imports transformers and torch)."""
+    _register()
+    return importlib.import_module(f"lm_polygraph.stat_calculators.{module}")

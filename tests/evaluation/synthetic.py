@@ -49,7 +49,10 @@ def make_run(
 
     ``dtype``: the store's (float16, float32 or bfloat16).
     ``plant``: ``("shift", index)`` stores prompt ``index``'s primary rows one position late;
-    ``("swap", i, j)`` stores the primaries of prompts i and j under each other's keys.
+    ``("swap", i, j)`` stores the primaries of prompts i and j under each other's keys;
+    ``("zeros", i)`` stores prompt i's primary as zeros (every layer), ``("nan0", i)`` with a NaN
+    in hidden dimension 0 of every row and layer, ``("constant", i)`` with each layer's first
+    row repeated in every row.
     ``dataset``: the prompt ids' dataset (runs of one dataset share prompt ids).
     """
     rng = np.random.default_rng(seed)
@@ -156,6 +159,13 @@ def make_run(
         for li, lid in enumerate(layers):
             noise = rng.standard_normal((rows, HIDDEN)).astype(np.float32)
             out[li] = base if lid == 0 else base + lid * (y - 0.5) * direction + noise
+        if plant and plant[0] in ("zeros", "nan0", "constant") and kk == f"{_pid(plant[1])}_0":
+            if plant[0] == "zeros":
+                out[:] = 0.0
+            elif plant[0] == "nan0":
+                out[:, :, 0] = np.nan
+            else:
+                out[:] = out[:, :1]
         pr = int(max(0, min(pos[-1] + 1, P) - pos[0]))
         writer.write(kk, out.astype(store_dtype(dtype)), SampleMeta(pr, rows - pr, y))
     writer.close()

@@ -92,3 +92,33 @@ def test_recompute_fallback_when_layer0_is_not_stored(tmp_path):
     assert result["checked"] == 12 and result["max_rel_error"] < 0.01
     bad = audit_alignment(_tiny_model_run(tmp_path / "bad", shift=True), sample=12)
     assert [m["activation_key"] for m in bad["mismatches"]] == [f"{_pid(3)}_0"]
+
+
+def test_clean_run_has_no_bad_rows(tmp_path, capsys):
+    result = run_deep_audit(make_run(tmp_path / "run", n=6))
+    check = result["capture_check"]
+    assert check["ok"] and check["activations"] == 6 * 4
+    assert all(e["activations"] == 0 for e in check["reasons"].values())
+    assert "capture check: 24 activations" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "plant, reason, aligned",
+    [
+        # NaN in hidden dimension 0 of every row and layer: the layer-0 comparison cannot see it
+        ("nan0", "capture_nonfinite", True),
+        ("zeros", "capture_zeros", False),
+        ("constant", "capture_constant", False),
+    ],
+)
+def test_planted_bad_rows_are_counted(tmp_path, capsys, plant, reason, aligned):
+    root = make_run(tmp_path / "run", n=6, plant=(plant, 2))
+    result = run_deep_audit(root)
+    assert not result["ok"] and result["aligned"] is aligned
+    check = result["capture_check"]
+    found = {r: e["activations"] for r, e in check["reasons"].items() if e["activations"]}
+    assert found == {reason: 1}
+    first = check["reasons"][reason]["first_keys"][0]
+    assert first["activation_key"] == f"{_pid(2)}_0"
+    out = capsys.readouterr().out
+    assert f"1 {reason}" in out and f"{_pid(2)}_0" in out

@@ -269,6 +269,8 @@ def test_embedding_methods_run_in_a_child_process(tmp_path, capsys):
                 "semantic_energy_embedding",
                 "sep_tbg",
                 "graph",
+                "consistency",
+                "text_similarity",
             ]
         )
         == 0

@@ -39,9 +39,13 @@ def evaluated(tmp_path_factory):
 
 
 def test_the_report_is_recomputed_from_the_parquet_alone(evaluated):
-    table = pq.read_table(evaluated / "evaluation" / "scores.parquet").to_pydict()
+    t = pq.read_table(evaluated / "evaluation" / "scores.parquet")
+    table = t.to_pydict()
+    meta = json.loads(t.schema.metadata[b"hallulog.scores"])
     report = json.loads((evaluated / "evaluation" / "report.json").read_text())
-    assert set(table) - {"prompt_id", "label", "fold", "test"} == set(report["methods"])
+    fixed = {"prompt_id", "label", "fold", "test", *meta["guards"]}
+    assert set(table) - fixed == set(report["methods"]) == set(meta["methods"])
+    assert "leaked" in meta["guards"]
     y_all = np.array(table["label"])
     test = np.array(table["test"], bool)
     assert (
@@ -68,7 +72,15 @@ def test_the_report_is_recomputed_from_the_parquet_alone(evaluated):
 def test_folds_and_probabilities_are_recorded(evaluated):
     t = pq.read_table(evaluated / "evaluation" / "scores.parquet")
     meta = json.loads(t.schema.metadata[b"hallulog.scores"])
-    assert set(meta["probability"]) == {"got_logistic_last", "lkm_exact_answer", "saplma_last"}
+    assert set(meta["probability"]) == {
+        "got_logistic_last",
+        "lkm_exact_answer",
+        "saplma_last",
+        "layer_transition_last",
+        "question_logistic_tbg",
+        "question_mlp_tbg",
+        "icr_probe",
+    }
     folds = t.column("fold").to_numpy()
     assert sorted(set(folds.tolist())) == [0, 1, 2, 3, 4]
     report = json.loads((evaluated / "evaluation" / "report.json").read_text())

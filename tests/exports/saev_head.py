@@ -16,6 +16,7 @@ Set ``HALLULOG_SAEV_SRC`` to the checkout's ``src`` directory (and put orjson on
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import multiprocessing.queues as mpq
 import os
 import sys
@@ -30,9 +31,14 @@ def load_saev_head(src: str | None = None) -> types.SimpleNamespace:
     # Python 3.11 shim: saev annotates with ``multiprocessing.queues.Queue[...]``, subscriptable from 3.12
     if not hasattr(mpq.Queue, "__class_getitem__"):
         mpq.Queue.__class_getitem__ = classmethod(types.GenericAlias)
-    if src not in sys.path:
-        sys.path.insert(0, src)
-    importlib.import_module("saev")
+    if "saev" not in sys.modules:  # the package from the checkout, by its location
+        init = os.path.join(src, "saev", "__init__.py")
+        spec = importlib.util.spec_from_file_location(
+            "saev", init, submodule_search_locations=[os.path.dirname(init)]
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["saev"] = module
+        spec.loader.exec_module(module)
     if "saev.data" not in sys.modules:
         pkg = types.ModuleType("saev.data")
         pkg.__path__ = [os.path.join(src, "saev", "data")]

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hallulog.backends.models import ModelInfo
+from hallulog.config.plan import plan_run, plan_task
 from hallulog.config.run_config import ConfigError, RunConfig
 from hallulog.contracts.errors import HallulogError
 from hallulog.orchestrator.run.checkpoint import (
@@ -17,11 +19,10 @@ from hallulog.orchestrator.run.checkpoint import (
     write_completed,
 )
 from hallulog.orchestrator.run.dispatch import Drive
-from hallulog.orchestrator.run.loop import RunResult, _pending_groups, _prompt_ids, _reconcile
+from hallulog.orchestrator.run.loop import RunResult, _pending_groups, _reconcile
 from hallulog.orchestrator.run.pool import WorkerPool
 from hallulog.orchestrator.run.progress import Progress
 from hallulog.orchestrator.run.status import StatusBoard
-from hallulog.tasks import open_task
 
 from tests.orchestrator.fake_worker import FakeSpec, committed, fake_worker
 from tests.orchestrator.test_pool import _groups
@@ -116,8 +117,9 @@ def test_completion_log_ignores_a_torn_tail_and_appends_after_it(tmp_path):
 def test_reconcile_reads_log_and_snapshot_but_the_data_wins(tmp_path, caplog):
     write_completed(tmp_path, {"a"}, "r")
     (tmp_path / "completions.log").write_text("b\n")
-    config = RunConfig(artifact_root=tmp_path)
-    assert _reconcile(tmp_path, config, [0], 8, "r") == set()  # no worker data at all
+    model = ModelInfo(path=tmp_path / "model", num_hidden_layers=1, hidden_size=8, name="m")
+    plan = plan_run(RunConfig(artifact_root=tmp_path), model)
+    assert _reconcile(tmp_path, plan, "r") == set()  # no worker data at all
     assert "the checkpoint lists 2 prompt(s), the worker data 0" in caplog.text
     assert load_completed(tmp_path) == set()
     assert read_completion_log(tmp_path) == set()
@@ -171,9 +173,9 @@ def test_the_task_is_read_twice_and_a_changed_file_is_refused(tmp_path):
     path = tmp_path / "qa.jsonl"
     row = '{"QuestionId": "%s", "Question": "Q %s?", "Answer": {"Value": "a", "Aliases": ["a"]}}\n'
     path.write_text("".join(row % (i, i) for i in range(6)))
-    stream = open_task("triviaqa", path)
-    ids, split = _prompt_ids(stream)
-    assert len(ids) == 6 and split == "dev"
+    task = plan_task(RunConfig(artifact_root=tmp_path / "run", task_path=str(path)))
+    stream, ids = task.stream, set(task.prompt_ids)
+    assert len(ids) == 6 and task.split == "dev"
     done = set(sorted(ids)[:4])
     todo = [g.prompt_id for g in _pending_groups(stream, ids, lambda pid: pid not in done)]
     assert sorted(todo) == sorted(ids - done)

@@ -113,7 +113,8 @@ BROKEN = PromptGroup.create(
 
 class FakeBackend:
     """``BackendClient`` stand-in: real capture files; TRIVIA's sample 1 gets a capture whose
-    token ids disagree (capture_failed), BROKEN's requests raise (generation_failed)."""
+    token ids disagree (capture_failed), JUDGED's sample 1 an all-zero one (capture_failed,
+    reason capture_zeros), BROKEN's requests raise (generation_failed)."""
 
     def __init__(self, spool: Path) -> None:
         self.spool = spool
@@ -131,11 +132,12 @@ class FakeBackend:
         if prompt == TRIVIA.prompt_text and temperature > 0:
             captured = [9] * len(captured)
         rng = np.random.default_rng(seed)
+        hidden = rng.standard_normal((len(captured), len(LAYERS), HIDDEN)).astype(np.float32)
+        if prompt == JUDGED.prompt_text and temperature > 0:
+            hidden[:] = 0.0  # a backend's zeroed capture: capture_failed, reason capture_zeros
         save_file(
             {
-                "hidden_states": rng.standard_normal((len(captured), len(LAYERS), HIDDEN)).astype(
-                    np.float32
-                ),
+                "hidden_states": hidden,
                 "token_ids": np.array(captured, dtype=np.int64),
             },
             str(path),

@@ -76,6 +76,14 @@ def _files(wdir) -> dict[str, bytes]:
     }
 
 
+def _chain_ids(bucket, worker: str = "worker_0") -> set[str]:
+    from hallulog.remote.epochs import EpochRule
+    from hallulog.remote.restore import chain_prompt_ids, read_chain, segment_chains
+
+    by_seq = segment_chains(bucket, worker)[worker]
+    return chain_prompt_ids(read_chain(bucket, worker, by_seq, EpochRule.read(bucket))[0])
+
+
 def _versions(s3, bucket) -> set[int]:
     from collections import Counter
 
@@ -123,7 +131,8 @@ def test_a_fence_stops_the_earlier_writer_and_the_chain_continues_after_it(tmp_p
     wd.persist_group(*_group("p1"))
     shipper = SegmentShipper(old, bucket, {}, interval=60)
     shipper.ship()
-    assert fence_chain(bucket, "worker_0", "test") == (1, {"p1"})
+    assert fence_chain(bucket, "worker_0", "test", 0) == 1
+    assert _chain_ids(bucket) == {"p1"}
     wd.persist_group(*_group("p2"))  # the writer that was given up goes on...
     with pytest.raises(ObjectExistsError, match="another writer of worker_0"):
         shipper.ship()  # ...but cannot ship after the fence
@@ -136,7 +145,8 @@ def test_a_fence_stops_the_earlier_writer_and_the_chain_continues_after_it(tmp_p
     wd.persist_group(*_group("p3"))
     SegmentShipper(new, bucket, states, interval=60).ship()
     wd.close()
-    assert fence_chain(bucket, "worker_0", "test", since=2) == (3, {"p3"})
+    assert fence_chain(bucket, "worker_0", "test", 0) == 3
+    assert _chain_ids(bucket) == {"p1", "p3"}
     third = tmp_path / "third"
     restore_staging(third, bucket)
     assert _recover(third) == {"p1", "p3"}
@@ -161,7 +171,7 @@ def test_pieces_without_their_manifest_are_ignored(tmp_path, bucket):
     _, grown, _, ids = advance(root / "worker_0", st)
     assert ids == ["p2"]
     for rel, end in grown.items():  # the pieces land, the node goes before the manifest
-        shipper._ship_piece(root / "worker_0", st.seq, rel, st.ends.get(rel, 0), end)
+        shipper._ship_piece(root / "worker_0", "worker_0", st.seq, rel, st.ends.get(rel, 0), end)
 
     new = tmp_path / "new"
     states = restore_staging(new, bucket)

@@ -7,7 +7,6 @@ ranges in flight; the bytes must equal the local store's, and the latency must o
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -16,9 +15,9 @@ import pytest
 from hallulog.storage import ActivationPairsDataset, SampleMeta, open_store, open_writer
 from hallulog.storage._ranged import ReadPolicy, is_remote
 
+from bench import latency_fs
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
-import latency_fs  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 

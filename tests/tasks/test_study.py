@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from hallulog.config.manifest import build_manifest
 from hallulog.config.run_config import ConfigError, RunConfig
+from hallulog.config.specs import task_spec
 from hallulog.contracts.ids import fingerprint
-from hallulog.tasks import DatasetFormatError, load_task, open_config_task
+from hallulog.tasks import DatasetFormatError, load_task, open_task_spec
 from hallulog.tasks.triviaqa import PROMPT_TEMPLATE
 
 
@@ -29,7 +30,7 @@ def test_flags_that_do_not_fit_the_task_are_refused_up_front(fields, flag):
 
 def test_default_triviaqa_prompt_and_fingerprint_are_unchanged():
     config = RunConfig()
-    stream = open_config_task(config.to_dict())
+    stream = open_task_spec(task_spec(config))
     assert stream.spec is None and stream.prompt_template == PROMPT_TEMPLATE
     assert stream.answer_kind == "aliases"
     manifest = _manifest(config, stream)
@@ -39,7 +40,7 @@ def test_default_triviaqa_prompt_and_fingerprint_are_unchanged():
 
 def test_a_system_prompt_on_triviaqa_keeps_ids_and_enters_the_fingerprint():
     config = RunConfig(system_prompt="Be brief.", limit=3)
-    stream = open_config_task(config.to_dict())
+    stream = open_task_spec(task_spec(config))
     groups = list(stream.groups())
     plain = load_task("triviaqa", limit=3).groups
     assert [g.prompt_id for g in groups] == [g.prompt_id for g in plain]
@@ -49,14 +50,14 @@ def test_a_system_prompt_on_triviaqa_keeps_ids_and_enters_the_fingerprint():
     assert manifest["fingerprint_fields"]["prompt_template_hash"] == stream.spec.hash
     other = RunConfig(system_prompt="Be terse.", limit=3)
     assert (
-        _manifest(other, open_config_task(other.to_dict()))["config_fingerprint"]
+        _manifest(other, open_task_spec(task_spec(other)))["config_fingerprint"]
         != manifest["config_fingerprint"]
     )
 
 
 def test_preset_stream_records_kind_template_and_completion_prompts():
     config = RunConfig(task="gsm8k", chat=False, limit=2)
-    stream = open_config_task(config.to_dict())
+    stream = open_task_spec(task_spec(config))
     assert stream.answer_kind == "numeric"
     groups = list(stream.groups())
     assert len(groups) == 2 and all(g.messages == [] and g.prompt for g in groups)
@@ -71,7 +72,7 @@ def test_a_template_field_the_records_lack_stops_before_the_run(tmp_path):
         task="qa", task_path=str(data), prompt_template="{{ passage }} {{ question }}"
     )
     with pytest.raises(DatasetFormatError, match=r"qa\.jsonl:1: .*passage"):
-        list(open_config_task(config.to_dict()).groups())
+        list(open_task_spec(task_spec(config)).groups())
 
 
 def _manifest(config: RunConfig, stream) -> dict:

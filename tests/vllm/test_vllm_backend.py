@@ -1,4 +1,4 @@
-"""Unit tests of orchestrator/vllm_backend.py (pure functions; vLLM not needed)."""
+"""Unit tests of backends/vllm.py (pure functions; vLLM not needed)."""
 
 from __future__ import annotations
 
@@ -164,3 +164,27 @@ def test_engine_child_pids_finds_grandchildren():
 
 def test_engine_child_pids_of_unknown_pid_is_empty():
     assert engine_child_pids(2**22 + 12345) == []
+
+
+def test_a_run_hands_vllm_its_listening_socket(tmp_path):
+    """With ``inherited_socket`` the server is ``hallulog_vllm.serve``: vLLM's own server on the
+    socket the run bound, given as ``--fd N`` (anywhere on the line); the rest is vLLM's."""
+    from hallulog_vllm.serve import split_fd
+
+    argv = vllm_server_command(
+        tmp_path / "model",
+        host="127.0.0.1",
+        port=8123,
+        layer_ids=None,
+        spool_dir=None,
+        dtype="float32",
+        served_model_name="smol",
+        python="/venv/bin/python",
+        inherited_socket=True,
+    )
+    assert argv[:3] == ["/venv/bin/python", "-m", "hallulog_vllm.serve"]
+    fd, rest = split_fd([*argv[3:], "--fd", "7"])
+    assert fd == 7 and rest == argv[3:]
+    assert split_fd(["--fd=9", "--port", "1"]) == (9, ["--port", "1"])
+    with pytest.raises(SystemExit, match="--fd N"):
+        split_fd(["--port", "1"])

@@ -6,10 +6,6 @@ capture of every position."""
 from __future__ import annotations
 
 import re
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -24,35 +20,16 @@ REPO = Path(__file__).resolve().parents[2]
 LAYERS, HIDDEN, ANSWER_TOKENS, MAX_PROMPT = 3, 8, 6, 48
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def instant(tmp_path_factory):
-    spool = tmp_path_factory.mktemp("spool")
-    port = _free_port()
-    argv = [sys.executable, str(REPO / "bench" / "instant_backend.py"), "--port", str(port)]
-    argv += ["--spool-dir", str(spool), "--num-layer-ids", str(LAYERS), "--hidden-size"]
-    argv += [str(HIDDEN), "--answer-tokens", str(ANSWER_TOKENS), "--max-prompt-tokens"]
-    argv += [str(MAX_PROMPT), "--served-model-name", "m", "--vary-rows"]
-    proc = subprocess.Popen(argv)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    try:
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "no backend"
-                time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+def instant(tmp_path_factory, instant_backend_module):
+    return instant_backend_module(
+        tmp_path_factory.mktemp("spool"),
+        num_layer_ids=LAYERS,
+        hidden_size=HIDDEN,
+        answer_tokens=ANSWER_TOKENS,
+        max_prompt_tokens=MAX_PROMPT,
+        extra=("--vary-rows",),
+    )
 
 
 def _capture_bytes(url: str) -> float:

@@ -9,12 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import subprocess
-import sys
 import threading
-import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -168,48 +163,11 @@ def test_complete_without_capture_and_without_logprobs(server):
 # ---- a worker with a text-prompt group, against the instant backend -----------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
-def instant(tmp_path):
+def instant(tmp_path, instant_backend):
     spool = layout.spool_dir(tmp_path, 0)
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(REPO / "bench" / "instant_backend.py"),
-            "--port",
-            str(port),
-            "--spool-dir",
-            str(spool),
-            "--num-layer-ids",
-            "2",
-            "--hidden-size",
-            "8",
-            "--answer-tokens",
-            "4",
-            "--served-model-name",
-            "m",
-        ]
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    try:
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "no backend"
-                time.sleep(0.1)
-        yield url, tmp_path
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    url = instant_backend(spool, num_layer_ids=2, hidden_size=8, answer_tokens=4)
+    return url, tmp_path
 
 
 def test_a_worker_sends_a_text_prompt_group_to_completions(instant):

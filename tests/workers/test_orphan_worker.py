@@ -15,52 +15,19 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from hallulog.contracts import layout
 from hallulog.contracts.process import pid_alive
 
-from tests.bench.test_instant_backend import _free_port
-
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def instant_backend(tmp_path):
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(REPO / "bench" / "instant_backend.py"),
-            "--port",
-            str(port),
-            "--spool-dir",
-            str(tmp_path / "spool"),
-            "--num-layer-ids",
-            "3",
-            "--hidden-size",
-            "16",
-            "--served-model-name",
-            "m",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline and proc.poll() is None, "backend did not start"
-            time.sleep(0.1)
-    yield url
-    proc.kill()
-    proc.wait()
+def backend_url(tmp_path, instant_backend):
+    return instant_backend(tmp_path / "spool", num_layer_ids=3, hidden_size=16, quiet=True)
 
 
 DRIVER = """
@@ -106,11 +73,11 @@ def _orphan_commits(tmp_path: Path, url: str, *, guarded: bool) -> int:
     return len(index.read_text().splitlines()) if index.exists() else 0
 
 
-def test_an_orphaned_worker_commits_nothing(tmp_path, instant_backend):
-    assert _orphan_commits(tmp_path, instant_backend, guarded=True) == 0
+def test_an_orphaned_worker_commits_nothing(tmp_path, backend_url):
+    assert _orphan_commits(tmp_path, backend_url, guarded=True) == 0
 
 
-def test_without_the_parent_check_the_orphan_commits(tmp_path, instant_backend):
+def test_without_the_parent_check_the_orphan_commits(tmp_path, backend_url):
     """The scenario is real: a worker that does not check its parent commits the groups of
     its pipe after its driver died (what the check above prevents)."""
-    assert _orphan_commits(tmp_path, instant_backend, guarded=False) == 4
+    assert _orphan_commits(tmp_path, backend_url, guarded=False) == 4

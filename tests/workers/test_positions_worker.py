@@ -4,10 +4,6 @@ named positions of the capture, and the activation index says which row is which
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -25,14 +21,6 @@ LAYERS, HIDDEN, ANSWER_TOKENS, MAX_PROMPT = 3, 8, 6, 48
 NAMES = ("tbg", "slt", "exact_answer", "last")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _pool() -> np.ndarray:
     """The instant backend's capture rows: row p is the hidden state at position p."""
     rng = np.random.default_rng(0)
@@ -40,43 +28,16 @@ def _pool() -> np.ndarray:
 
 
 @pytest.fixture
-def instant(tmp_path):
+def instant(tmp_path, instant_backend):
     spool = layout.spool_dir(tmp_path, 0)
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(REPO / "bench" / "instant_backend.py"),
-            "--port",
-            str(port),
-            "--spool-dir",
-            str(spool),
-            "--num-layer-ids",
-            str(LAYERS),
-            "--hidden-size",
-            str(HIDDEN),
-            "--answer-tokens",
-            str(ANSWER_TOKENS),
-            "--max-prompt-tokens",
-            str(MAX_PROMPT),
-            "--served-model-name",
-            "m",
-        ]
+    url = instant_backend(
+        spool,
+        num_layer_ids=LAYERS,
+        hidden_size=HIDDEN,
+        answer_tokens=ANSWER_TOKENS,
+        max_prompt_tokens=MAX_PROMPT,
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    try:
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "no backend"
-                time.sleep(0.1)
-        yield url, tmp_path
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    return url, tmp_path
 
 
 def _run(
