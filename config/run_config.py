@@ -17,6 +17,7 @@ from hallulog.contracts.run_manifest import DEFAULT_STORAGE_FORMAT
 from hallulog.backends.base import servers_problem
 from hallulog.backends.registry import BACKENDS, backend_for
 from hallulog.config.specs import engine_options, task_spec
+from hallulog.contracts.chat_options import template_kwargs
 from hallulog.contracts.errors import ConfigError
 from hallulog.contracts.config_cli import literal_problem
 from hallulog.config.fields import (SECRET_FIELDS, fingerprint_when_set, fingerprinted_values,
@@ -45,6 +46,7 @@ LayersOverride = Literal["all", "first_half", "second_half"]
 RowsOverride = Literal["all", "prompt", "response", "last"]
 StoredDtype = Literal["float16", "float32", "bfloat16"]
 Executor = Literal["local", "ray"]
+Thinking = Literal["auto", "on", "off"]
 if set(get_args(ProfileName)) != set(PROFILES):  # one list: the profiles are the type's source
     raise RuntimeError(f"ProfileName {get_args(ProfileName)} != PROFILES {tuple(PROFILES)}")
 if set(get_args(Backend)) != set(BACKENDS):  # one list: the backend registry is the type's source
@@ -116,6 +118,12 @@ class RunConfig:
     chat: bool = fingerprint_when_set(True)
     """Send the prompt through the model's chat template (``/v1/chat/completions``); false:
     the rendered text as is to ``/v1/completions``."""
+    chat_template_kwargs: str | None = fingerprint_when_set(None)
+    """The chat template's keyword arguments, a JSON object (``'{"enable_thinking": false}'``),
+    passed by the embedded server and by vLLM (docs/reasoning.md)."""
+    thinking: Thinking = fingerprint_when_set("auto")
+    """Thinking of reasoning models: on/off set the template's ``enable_thinking`` (refused when
+    --chat-template-kwargs says otherwise); auto: the template's default (docs/reasoning.md)."""
     split: str | None = None
     """Dataset split name recorded in ids (default: the file's own, else ``dev``)."""
     limit: int | None = outside_fingerprint(None)
@@ -291,10 +299,7 @@ class RunConfig:
                "give --positions or --sequence-mode, not both")
         _ = self.profile  # validates the overrides
         if self.layers is not None:  # the ids' range is checked once the model is known
-            try:
-                parse_layers(self.layers, 1 << 30)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
+            _checked(parse_layers, self.layers, 1 << 30)
         from hallulog.tasks import TASKS
 
         _check(self.task in TASKS, f"--task: unknown task {self.task!r}; choose one of "
@@ -313,6 +318,7 @@ class RunConfig:
         _check(self.prompt_template is None or self.prompt_template_file is None,
                "give --prompt-template or --prompt-template-file, not both")
         _check(self.max_tokens >= 1, "--max-tokens must be >= 1")
+        _checked(self.template_kwargs)
         _check(self.limit is None or self.limit >= 1, "--limit must be >= 1")
         _check(self.num_workers is None or self.num_workers >= self.server_count,
                f"--num-workers {self.num_workers} leaves servers without a worker: "
@@ -321,10 +327,7 @@ class RunConfig:
         if self.shard is not None:
             from hallulog.tasks.shards import parse_shard
 
-            try:
-                parse_shard(self.shard)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
+            _checked(parse_shard, self.shard)
         _check(self.ray_actors is None or self.ray_actors >= 1, "--ray-actors must be >= 1")
         _check(self.ray_cpus_per_actor > 0, "--ray-cpus-per-actor must be > 0")
         _check(self.ray_max_restarts >= 0, "--ray-max-restarts must be >= 0")
@@ -349,21 +352,19 @@ class RunConfig:
                "--server-base-port must be a TCP port")
         _check(self.status_port is None or 0 <= self.status_port <= 65535,
                "--status-port must be a TCP port")
-        if self.executor == "ray" and not self.manage_servers:
-            raise ConfigError("--executor ray starts a server in every actor: drop "
-                              "--manage-servers false / --server-urls")
+        _check(self.executor != "ray" or self.manage_servers, "--executor ray starts a server "
+               "in every actor: drop --manage-servers false / --server-urls")
         from hallulog.tasks.study import default_answer_kind
 
         if self.executor == "ray" and not self.judge_url \
                 and (self.answer_kind or default_answer_kind(self.task)) == "judge":
             raise ConfigError(f"--executor ray with --task {self.task} needs --judge-url (the "
                               "actors' servers are not reachable from the driver)")
-        if not self.manage_servers and not self.server_urls:
-            raise ConfigError("--manage-servers false needs --server-urls")
-        if self.status_port is not None and not _is_loopback(self.status_host) \
-                and not self.status_token:
-            raise ConfigError(f"--status-host {self.status_host} is not loopback: "
-                              "set --status-token to expose the status API")
+        _check(self.manage_servers or bool(self.server_urls),
+               "--manage-servers false needs --server-urls")
+        _check(self.status_port is None or _is_loopback(self.status_host)
+               or bool(self.status_token), f"--status-host {self.status_host} is not loopback: "
+               "set --status-token to expose the status API")
 
     @property
     def gpus_per_server(self) -> int:
@@ -391,7 +392,7 @@ class RunConfig:
         positions = base.positions
         sequence_mode = self.sequence_mode or base.sequence_mode
         if self.positions is not None:  # --positions overrides the sequence mode
-            positions, sequence_mode = _parse_positions(self.positions), "positions"
+            positions, sequence_mode = _checked(parse_positions, self.positions), "positions"
         elif self.sequence_mode is not None:
             positions = None
         return LoggingProfile(
@@ -401,6 +402,10 @@ class RunConfig:
             dtype=self.dtype or base.dtype,  # type: ignore[arg-type]
             positions=positions,
         )
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The chat template's kwargs (``hallulog.contracts.chat_options``); {} by default."""
+        return template_kwargs(self.chat_template_kwargs, self.thinking)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict of every field (paths as strings, tuples as lists), secrets left out:
@@ -426,9 +431,9 @@ class RunConfig:
         return d
 
 
-def _parse_positions(text: str) -> tuple[str, ...]:
+def _checked(fn: Any, *args: Any) -> Any:
     try:
-        return parse_positions(text)
+        return fn(*args)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -439,9 +444,7 @@ def _check(ok: bool, message: str) -> None:
 
 
 def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False

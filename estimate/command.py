@@ -84,7 +84,11 @@ def estimate(
     prompts = len(plan.task.prompt_ids)
     if tokenize:  # the bound always comes from the task itself
         _, task_lengths = task_prompts(
-            plan.task.stream, chat=config.chat, tokenizer_dir=model_dir, lengths=True
+            plan.task.stream,
+            chat=config.chat,
+            tokenizer_dir=model_dir,
+            lengths=True,
+            template_kwargs=config.template_kwargs(),
         )
         lengths = _merge(
             lengths, prompt_max=task_lengths.prompt_max, prompt_source=task_lengths.prompt_source

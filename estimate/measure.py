@@ -230,15 +230,20 @@ def tree_bytes(path: str | Path, *, skip: Iterable[Path] = ()) -> int:
 
 
 def task_prompts(
-    stream: Any, *, chat: bool, tokenizer_dir: Path | None, lengths: bool
+    stream: Any,
+    *,
+    chat: bool,
+    tokenizer_dir: Path | None,
+    lengths: bool,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[int, Lengths]:
     """The run's prompt count (its task stream, ``hallulog.tasks.TaskStream``, as the run reads
     it: --limit and --shard apply) and, with ``lengths``, the prompts' token lengths: tokenized
     with the model's tokenizer when ``tokenizer_dir`` has one (through its chat template when
-    ``chat``), else bounded by their bytes."""
+    ``chat``, with ``template_kwargs``), else bounded by their bytes."""
     if not lengths:
         return sum(1 for _ in stream.groups()), Lengths()
-    measure = _token_counter(tokenizer_dir, chat=chat)
+    measure = _token_counter(tokenizer_dir, chat=chat, template_kwargs=template_kwargs or {})
     source = "tokenizer" if measure is not None else "bytes"
     count, longest, total = 0, 0, 0
     for group in stream.groups():
@@ -260,7 +265,7 @@ def _byte_bound(group: Any) -> int:
     )
 
 
-def _token_counter(model_dir: Path | None, *, chat: bool):
+def _token_counter(model_dir: Path | None, *, chat: bool, template_kwargs: dict[str, Any]):
     """A function group → prompt tokens as the server counts them, or None (no tokenizer)."""
     if model_dir is None or not (Path(model_dir) / "tokenizer_config.json").exists():
         return None
@@ -278,7 +283,9 @@ def _token_counter(model_dir: Path | None, *, chat: bool):
     def count(group: Any) -> int:
         if group.prompt is not None or not chat:
             return len(tok(group.prompt_text)["input_ids"])
-        text = tok.apply_chat_template(group.messages, add_generation_prompt=True, tokenize=False)
+        text = tok.apply_chat_template(
+            group.messages, add_generation_prompt=True, tokenize=False, **template_kwargs
+        )
         return len(tok(text, add_special_tokens=False)["input_ids"])
 
     return count

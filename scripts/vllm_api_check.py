@@ -64,6 +64,7 @@ ITEMS: list[tuple[str, str | tuple[str, ...], str, str]] = [
     # workers/client.py: request and response fields
     ("client", CHAT, "symbol", "ChatCompletionRequest.return_token_ids"),
     ("client", CHAT, "symbol", "ChatCompletionRequest.kv_transfer_params"),
+    ("client", CHAT, "symbol", "ChatCompletionRequest.chat_template_kwargs"),
     ("client", CHAT, "symbol", "ChatCompletionResponse.prompt_token_ids"),
     ("client", CHAT, "symbol", "ChatCompletionResponse.kv_transfer_params"),
     ("client", COMPLETION, "symbol", "CompletionRequest.return_token_ids"),

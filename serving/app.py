@@ -94,7 +94,10 @@ def create_app(engine: Engine | EnginePool, model_name: str, metrics: ServingMet
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         try:
             text = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False
+                messages,
+                add_generation_prompt=True,
+                tokenize=False,
+                **(req.chat_template_kwargs or {}),
             )
         except Exception as exc:  # noqa: BLE001 - template errors are the caller's input
             raise ApiError(400, f"cannot apply the chat template: {exc}") from exc

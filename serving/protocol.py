@@ -80,6 +80,8 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     max_completion_tokens: int | None = Field(None, ge=1)
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Keyword arguments for the chat template (vLLM's field of the same name)."""
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:

@@ -130,12 +130,15 @@ class BackendClient:
         timeout: float = 300.0,
         attempts: int = 3,
         backoff_base: float = 1.0,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self._http = HTTPPool(self.base_url, timeout=timeout, keepalive_s=_KEEPALIVE_S)
         self._attempts = attempts
         self._backoff_base = backoff_base
+        #: the chat template's kwargs sent with every chat request (``chat_template_kwargs``)
+        self.template_kwargs = dict(template_kwargs or {})
 
     async def close(self) -> None:
         await self._http.close()
@@ -214,6 +217,8 @@ class BackendClient:
         }
         if capture:
             body["kv_transfer_params"] = _capture_params(True, capture_rows)
+        if self.template_kwargs:
+            body["chat_template_kwargs"] = self.template_kwargs
         start = time.perf_counter()
         reply = await self._post("/chat/completions", body)
         elapsed_ms = int((time.perf_counter() - start) * 1000)

@@ -75,8 +75,8 @@ class WorkerSpec:
     retry_backoff: float = 1.0
     commit_interval_ms: float = 20.0
     positions: tuple[str, ...] | None = None
-    """Token positions by name (``--positions``, contracts/positions.py); None: the rows of
-    ``sequence_mode``."""
+    """Token positions by name (contracts/positions.py); None: ``sequence_mode``'s rows."""
+    chat_template_kwargs: dict[str, Any] | None = None  # contracts/chat_options.py
     check_captures: bool = True
     """Fail a capture whose rows are all zeros, non-finite or repeated across different tokens
     (workers/capture_check.py); false: store the rows as they come."""
@@ -154,8 +154,8 @@ class GroupWorker:
         self.spec = spec
         self.channel = channel
         self.client = BackendClient(spec.server_url, spec.model_name,
-                                    timeout=spec.request_timeout,
-                                    backoff_base=spec.retry_backoff)
+                                    timeout=spec.request_timeout, backoff_base=spec.retry_backoff,
+                                    template_kwargs=spec.chat_template_kwargs)
         self.out = WorkerDir(Path(spec.worker_dir), worker_id=spec.worker_id,
                              storage_format=spec.storage_format, layer_ids=list(spec.layer_ids),
                              hidden_size=spec.hidden_size, dtype=spec.dtype)

@@ -122,7 +122,11 @@ def _check_free_space(
     lengths = pilot_lengths(measured) if measured is not None else Lengths()
     if selection.needs_prompt_length and measured is None:
         _, lengths = task_prompts(
-            plan.task.stream, chat=config.chat, tokenizer_dir=plan.model.path, lengths=True
+            plan.task.stream,
+            chat=config.chat,
+            tokenizer_dir=plan.model.path,
+            lengths=True,
+            template_kwargs=config.template_kwargs(),
         )
     est = project(
         selection,

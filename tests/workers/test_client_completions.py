@@ -209,3 +209,36 @@ def test_a_worker_sends_a_text_prompt_group_to_completions(instant):
     assert all(len(g["token_ids"]) == 4 and len(g["logprobs"]) == 4 for g in gens)
     assert all(len(t["top_logprobs"]) == 5 and "logit" in t for g in gens for t in g["logprobs"])
     assert len(list(iter_rows(wdir / layout.ACTIVATION_INDEX))) == 2
+
+
+def test_chat_sends_the_template_kwargs_only_when_given():
+    """The request body of a chat: ``chat_template_kwargs`` (vLLM's field) when the run has
+    some, absent otherwise (servers that reject unknown fields see no change)."""
+    import asyncio
+
+    from hallulog.workers.client import BackendClient
+
+    sent: list[dict] = []
+
+    async def run(kwargs):
+        client = BackendClient("http://127.0.0.1:9", "m", template_kwargs=kwargs)
+
+        async def post(path, body):
+            sent.append(body)
+            return {"choices": [{"message": {"content": "Paris"}, "finish_reason": "stop"}]}
+
+        client._post = post  # the HTTP exchange is the e2e tests' (tests/e2e/test_thinking_e2e.py)
+        await client.chat(
+            [{"role": "user", "content": "q"}],
+            temperature=0.0,
+            top_p=1.0,
+            max_tokens=4,
+            seed=0,
+            capture=False,
+        )
+        await client.close()
+
+    asyncio.run(run({"enable_thinking": False}))
+    asyncio.run(run(None))
+    assert sent[0]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert "chat_template_kwargs" not in sent[1]
