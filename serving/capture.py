@@ -1,8 +1,10 @@
 """Hidden-state capture: forward hooks on the residual stream and the safetensors spool writer.
 
-Layer id 0 is the output of the token embedding; layer id k (1..N) is the output of decoder layer
-k, i.e. the residual stream BEFORE the final norm. (transformers' ``output_hidden_states`` gives
-the same for ids 0..N-1, but its last entry is after the final norm.)
+Layer id 0 is the input of the first decoder layer (the token embedding, scaled where the model
+scales it, as Gemma does); layer id k (1..N) is the output of decoder layer k, i.e. the residual
+stream BEFORE the final norm. These are transformers' own definitions of ``output_hidden_states``
+for ids 0..N-1 (its last entry is after the final norm). The decoder layers are found on the
+model's base model (``model.model.layers``, ``model.gpt_neox.layers``, ``model.transformer.h``).
 
 The file format is the one of vLLM's ``ExampleHiddenStatesConnector`` (docs/contracts.md):
 ``hidden_states`` ``[num_tokens, num_layer_ids, hidden]`` in the model dtype and ``token_ids``
@@ -28,19 +30,19 @@ from hallulog.contracts.capture_rows import ROW0_KEY
 from safetensors.torch import save_file
 
 
-def decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.Module, Sequence[torch.nn.Module]]:
-    """The embedding module and the decoder layers of a causal LM (Llama-style layout)."""
-    base = getattr(model, "model", None) or getattr(model, "transformer", None) or model
-    embed = getattr(base, "embed_tokens", None) or getattr(base, "wte", None)
-    layers = getattr(base, "layers", None) or getattr(base, "h", None)
-    if embed is None or layers is None:
-        raise ValueError(f"cannot find the embedding and decoder layers of {type(model).__name__}")
-    return embed, layers
+def decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
+    """The decoder layers of a causal LM: ``layers`` or ``h`` of its base model."""
+    bases = [getattr(model, "base_model", None), getattr(model, "model", None), model]
+    for base in bases:
+        layers = getattr(base, "layers", None) or getattr(base, "h", None)
+        if isinstance(layers, torch.nn.ModuleList) and len(layers):
+            return layers
+    raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
 
 
 def num_layer_ids(model: torch.nn.Module) -> int:
-    """How many layer ids a capture has at most: the embedding plus every decoder layer."""
-    return len(decoder_layers(model)[1]) + 1
+    """How many layer ids a capture has at most: the first layer's input plus every layer."""
+    return len(decoder_layers(model)) + 1
 
 
 def parse_layer_ids(spec: str | None, total: int) -> list[int]:
@@ -67,14 +69,15 @@ class HiddenStateRecorder:
     """
 
     def __init__(self, model: torch.nn.Module, layer_ids: Sequence[int]):
-        embed, layers = decoder_layers(model)
-        modules = [embed, *layers]
+        layers = decoder_layers(model)
         self.layer_ids = list(layer_ids)
         self._slot = {layer_id: i for i, layer_id in enumerate(self.layer_ids)}
         self._outputs: list[torch.Tensor | None] = [None] * len(self.layer_ids)
         self._armed = False
         self._handles = [
-            modules[layer_id].register_forward_hook(self._hook(layer_id))
+            layers[0].register_forward_pre_hook(self._input_hook(), with_kwargs=True)
+            if layer_id == 0
+            else layers[layer_id - 1].register_forward_hook(self._hook(layer_id))
             for layer_id in self.layer_ids
         ]
 
@@ -84,6 +87,16 @@ class HiddenStateRecorder:
         def hook(_module, _inputs, output):
             if self._armed:
                 hidden = output[0] if isinstance(output, tuple) else output
+                self._outputs[slot] = hidden.detach()
+
+        return hook
+
+    def _input_hook(self):
+        slot = self._slot[0]
+
+        def hook(_module, args, kwargs):
+            if self._armed:
+                hidden = args[0] if args else kwargs["hidden_states"]
                 self._outputs[slot] = hidden.detach()
 
         return hook
