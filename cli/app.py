@@ -1,9 +1,9 @@
 """``hallulog`` (= ``python -m orchestrator``): the CLI as subcommands.
 
-``run | consolidate | validate | retry | merge | evaluate | import | compare | status | push |
-pull | estimate | view | export | serve``. The flags of the commands that take a run's config are
-derived from ``RunConfig``'s fields, docstrings and types (``contracts/config_cli.py``: a
-``Literal`` field's values are its choices). Every subcommand is one entry of
+``run | consolidate | validate | retry | merge | evaluate | import | compare | study | status |
+push | pull | estimate | view | export | serve``. The flags of the commands that take a run's
+config are derived from ``RunConfig``'s fields, docstrings and types (``contracts/config_cli.py``:
+a ``Literal`` field's values are its choices). Every subcommand is one entry of
 :data:`SUBCOMMANDS` (name, a function adding its parser to the subparsers, its handler); another
 package adds one with :func:`register_subcommand`.
 """
@@ -204,6 +204,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("evaluate", parsers.add_evaluate, _evaluate),
     Subcommand("import", _add_import, _import),
     Subcommand("compare", *_lazy("hallulog.study.cli", "add_compare_parser", "run_compare")),
+    Subcommand("study", *_lazy("hallulog.cli.study_cli", "add_study_parser", "run_study_command")),
     Subcommand("status", parsers.add_status, _status),
     Subcommand("push", *_lazy("hallulog.cli.push_pull", "add_push_parser", "run_push")),
     Subcommand("pull", *_lazy("hallulog.cli.push_pull", "add_pull_parser", "run_pull")),

@@ -32,6 +32,8 @@ __all__ = [
     "StudyFile",
     "StudyFileError",
     "load_study",
+    "read_file",
+    "file_values",
     "dump_study",
     "FILE_RELATIVE_FIELDS",
     "PROVENANCE_KEYS",
@@ -152,6 +154,14 @@ def load_study(
     Raises StudyFileError with one line naming the file and the key: an unknown key (with the
     closest field name), a value of the wrong type or outside the field's choices.
     """
+    path, data, doc = read_file(path)
+    sha = hashlib.sha256(data).hexdigest()
+    return StudyFile(path=path, sha256=sha, values=file_values(path, doc, sha, choices=choices))
+
+
+def read_file(path: str | os.PathLike[str]) -> tuple[Path, bytes, dict[str, Any]]:
+    """(path, bytes, document) of a TOML or YAML file holding a mapping; StudyFileError (one
+    line naming the file) when it cannot be read or parsed."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -162,6 +172,19 @@ def load_study(
         doc = {}  # an empty YAML file
     if not isinstance(doc, dict):
         raise _fail(path, "expected a mapping of RunConfig field names to values")
+    return path, data, doc
+
+
+def file_values(
+    path: Path,
+    doc: Mapping[str, Any],
+    sha: str,
+    *,
+    choices: Mapping[str, Sequence[Any]] | None = None,
+) -> dict[str, Any]:
+    """The RunConfig keyword arguments of the mapping ``doc`` read from ``path`` (its keys
+    checked as :func:`load_study` checks them; paths of :data:`FILE_RELATIVE_FIELDS` resolved
+    against ``path``'s directory; ``extra`` given the file's provenance)."""
     hints = typing.get_type_hints(RunConfig)
     fields = [f.name for f in dataclasses.fields(RunConfig) if f.name not in _NOT_IN_FILE]
     base = Path(os.path.abspath(path)).parent
@@ -188,13 +211,12 @@ def load_study(
         if key in FILE_RELATIVE_FIELDS and value is not None:
             value = os.path.abspath(base / Path(value).expanduser())  # absolute: kept
         values[key] = value
-    sha = hashlib.sha256(data).hexdigest()
     values["extra"] = {
         **values.get("extra", {}),
         "config_file": str(base / path.name),
         "config_file_sha256": sha,
     }
-    return StudyFile(path=path, sha256=sha, values=values)
+    return values
 
 
 # ---- writing ---------------------------------------------------------------------------------

@@ -63,6 +63,9 @@ __all__ = [
     "SCORES",
     "STUDY_MANIFEST",
     "STUDY_CELLS",
+    "STUDY_CONFIGS",
+    "STUDY_SLURM",
+    "STUDY_CELL_LIST",
     "COMPARE",
     "COMPARE_TABLE",
     "COMPARE_PAIRED",
@@ -139,6 +142,12 @@ STUDY_MANIFEST = "study.json"
 """A study root's manifest: its cells, their axis values and run roots (docs/formats/study.md)."""
 STUDY_CELLS = "cells"
 """A study root's directory of cell run roots (``cells/{name}/``)."""
+STUDY_CONFIGS = "configs"
+"""A study root's directory of cell run configs (``configs/{name}.toml``, ``run --config``)."""
+STUDY_SLURM = "slurm"
+"""A study root's directory of what ``study run --executor slurm`` submits (list, logs)."""
+STUDY_CELL_LIST = "cells.txt"
+"""``slurm/cells.txt``: one cell's config path per line, array task i runs line i + 1."""
 COMPARE = "compare"
 """The directory ``hallulog compare`` writes in a study root."""
 COMPARE_TABLE = "table.parquet"
@@ -165,6 +174,7 @@ ARTIFACT_FILE_NAMES = frozenset(
         REPORT_MD,
         SCORES,
         STUDY_MANIFEST,
+        STUDY_CELL_LIST,
         COMPARE_TABLE,
         COMPARE_PAIRED,
         COMPARE_TRANSFER,

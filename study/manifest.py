@@ -47,6 +47,7 @@ CELL_FIELDS = {
     "values": ("object", True),
     "root": ("string", True),
     "fingerprint": ("string or null", True),
+    "config": ("string", False),
 }
 
 
@@ -64,6 +65,9 @@ class Cell:
     root: str
     fingerprint: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    config: str | None = None
+    """The cell's run config file (TOML, ``run --config``), relative to the study root; None
+    for a study whose cells were not made by ``hallulog study run``."""
 
     def path(self, study_root: Path | str) -> Path:
         """The cell's run root on this machine."""
@@ -75,6 +79,7 @@ class Cell:
             "values": dict(self.values),
             "root": self.root,
             "fingerprint": self.fingerprint,
+            **({"config": self.config} if self.config is not None else {}),
             **{k: v for k, v in self.extra.items() if k not in CELL_FIELDS},
         }
 
@@ -96,14 +101,18 @@ class Study:
         raise StudyError(f"{manifest_path(self.root)}: no cell named {name!r}")
 
 
-def make_cell(values: Mapping[str, Any], fingerprint: str | None = None) -> Cell:
-    """The cell of these axis values: its name by the naming rule, its root ``cells/<name>``."""
+def make_cell(
+    values: Mapping[str, Any], fingerprint: str | None = None, *, config: bool = False
+) -> Cell:
+    """The cell of these axis values: its name by the naming rule, its root ``cells/<name>``
+    (and with ``config`` its run config file ``configs/<name>.toml``)."""
     name = cell_name(values)
     return Cell(
         name=name,
         values=dict(values),
         root=f"{layout.STUDY_CELLS}/{name}",
         fingerprint=fingerprint,
+        config=f"{layout.STUDY_CONFIGS}/{name}.toml" if config else None,
     )
 
 
@@ -111,8 +120,8 @@ def _check_cell(path: Path, i: int, raw: Any) -> Cell:
     where = f"{path}: cells[{i}]"
     if not isinstance(raw, dict):
         raise StudyError(f"{where} is not an object")
-    for key in CELL_FIELDS:
-        if key not in raw:
+    for key, (_, required) in CELL_FIELDS.items():
+        if required and key not in raw:
             raise StudyError(f"{where} lacks `{key}`")
     name, values, root, fp = raw["name"], raw["values"], raw["root"], raw["fingerprint"]
     if not isinstance(name, str) or not NAME_RE.match(name):
@@ -124,8 +133,12 @@ def _check_cell(path: Path, i: int, raw: Any) -> Cell:
         raise StudyError(f"{where}: root {root!r} must be a path inside the study root")
     if fp is not None and not isinstance(fp, str):
         raise StudyError(f"{where}: fingerprint must be a string or null")
+    config = raw.get("config")
+    crel = PurePosixPath(config) if isinstance(config, str) else None
+    if config is not None and (crel is None or crel.is_absolute() or ".." in crel.parts):
+        raise StudyError(f"{where}: config {config!r} must be a path inside the study root")
     extra = {k: v for k, v in raw.items() if k not in CELL_FIELDS}
-    return Cell(name, values, str(rel), fp, extra)
+    return Cell(name, values, str(rel), fp, extra, config)
 
 
 def load_study(study_root: Path | str) -> Study:

@@ -206,3 +206,26 @@ def test_kuberay_rayjob():
     for g in groups:  # one actor per GPU: one GPU per worker pod
         limits = g["template"]["spec"]["containers"][0]["resources"]["limits"]
         assert str(limits["nvidia.com/gpu"]) == "1"
+
+
+def test_slurm_study_script_runs_its_line_of_the_cell_list(tmp_path):
+    cells = tmp_path / "cells.txt"
+    cells.write_text("/s/configs/a.toml\n/s/configs/b.toml\n")
+    argv = _argv_of(
+        "study.sbatch", tmp_path, SLURM_ARRAY_TASK_ID="1", CELL_LIST=str(cells), BASE_PORT="9400"
+    )
+    i = argv.index("-m")
+    assert argv[i + 1] == "hallulog.orchestrator", argv  # the installed package, any directory
+    ns = build_parser().parse_args(argv[i + 2 :])
+    assert ns.command == "run" and ns.config == Path("/s/configs/b.toml")
+    assert ns.server_base_port == 9410 and ns.progress is False and ns.gpus is None
+    record = tmp_path / "argv"
+    record.unlink()
+    proc = subprocess.run(
+        ["bash", str(DEPLOY / "slurm" / "study.sbatch")],
+        env={"PATH": os.environ["PATH"], "SLURM_ARRAY_TASK_ID": "2", "CELL_LIST": str(cells)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2 and f"no line 3 in {cells}" in proc.stderr

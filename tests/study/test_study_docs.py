@@ -42,7 +42,8 @@ def test_compare_tables_match_the_code(table, columns):
 
 
 def test_a_written_manifest_has_the_documented_fields(tmp_path):
-    write_study(tmp_path, [make_cell({"seed": 1}, fingerprint="f")], source={"path": "s.toml"})
+    cell = make_cell({"seed": 1}, fingerprint="f", config=True)
+    write_study(tmp_path, [cell], source={"path": "s.toml"})
     doc = json.loads((tmp_path / "study.json").read_text())
     assert set(doc) <= set(STUDY_FIELDS) and list(doc["cells"][0]) == list(CELL_FIELDS)
 
