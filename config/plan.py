@@ -32,6 +32,7 @@ from hallulog.config.manifest import build_manifest, recorded_config
 from hallulog.config.profiles import select_layer_ids
 from hallulog.config.run_config import RunConfig
 from hallulog.config.specs import engine_options, task_spec
+from hallulog.contracts.chat_options import template_kwargs
 from hallulog.contracts.errors import ConfigError
 from hallulog.contracts.positions import parse_layers
 from hallulog.contracts.stored import Stored
@@ -82,6 +83,9 @@ class RunPlan:
     manifest: Mapping[str, Any]
     """The run manifest of a fresh run of this plan (a new run id; ``run`` keeps an existing
     run's id and start time)."""
+    chat_template_kwargs: Mapping[str, Any]
+    """The chat template's keyword arguments (``--chat-template-kwargs`` with ``--thinking``:
+    ``hallulog.contracts.chat_options``); empty by default."""
 
 
 def stored_of(config: RunConfig, num_hidden_layers: int) -> Stored:
@@ -179,4 +183,5 @@ def plan_run(config: RunConfig, model: ModelInfo, task: TaskPlan | None = None) 
         worker_count=config.worker_count,
         groups_in_flight=int(config.groups_in_flight),  # type: ignore[arg-type]
         manifest=manifest,
+        chat_template_kwargs=template_kwargs(config.chat_template_kwargs, config.thinking),
     )

@@ -321,7 +321,7 @@ class RunConfig:
         _check(self.prompt_template is None or self.prompt_template_file is None,
                "give --prompt-template or --prompt-template-file, not both")
         _check(self.max_tokens >= 1, "--max-tokens must be >= 1")
-        _checked(self.template_kwargs)
+        _checked(template_kwargs, self.chat_template_kwargs, self.thinking)
         _check(self.limit is None or self.limit >= 1, "--limit must be >= 1")
         _check(self.num_workers is None or self.num_workers >= self.server_count,
                f"--num-workers {self.num_workers} leaves servers without a worker: "
@@ -405,10 +405,6 @@ class RunConfig:
             dtype=self.dtype or base.dtype,  # type: ignore[arg-type]
             positions=positions,
         )
-
-    def template_kwargs(self) -> dict[str, Any]:
-        """The chat template's kwargs (``hallulog.contracts.chat_options``); {} by default."""
-        return template_kwargs(self.chat_template_kwargs, self.thinking)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict of every field (paths as strings, tuples as lists), secrets left out:

@@ -88,7 +88,7 @@ def estimate(
             chat=config.chat,
             tokenizer_dir=model_dir,
             lengths=True,
-            template_kwargs=config.template_kwargs(),
+            template_kwargs=dict(plan.chat_template_kwargs),
         )
         lengths = _merge(
             lengths, prompt_max=task_lengths.prompt_max, prompt_source=task_lengths.prompt_source

@@ -126,7 +126,7 @@ def _check_free_space(
             chat=config.chat,
             tokenizer_dir=plan.model.path,
             lengths=True,
-            template_kwargs=config.template_kwargs(),
+            template_kwargs=dict(plan.chat_template_kwargs),
         )
     est = project(
         selection,

@@ -46,4 +46,5 @@ def test_the_config_file_sets_them(tmp_path):
     path = tmp_path / "study.toml"
     path.write_text('thinking = "off"\nchat_template_kwargs = \'{"reasoning_effort": "low"}\'\n')
     config = RunConfig(**load_study(path).values)
-    assert config.template_kwargs() == {"reasoning_effort": "low", "enable_thinking": False}
+    kwargs = template_kwargs(config.chat_template_kwargs, config.thinking)
+    assert kwargs == {"reasoning_effort": "low", "enable_thinking": False}
