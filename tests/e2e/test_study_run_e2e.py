@@ -30,6 +30,7 @@ max_tokens = 8
 k_samples = {k}
 progress = false
 checkpoint_every = 1
+groups_in_flight = 1
 server_base_port = {port}
 
 [axes]
@@ -63,6 +64,8 @@ def _run_id(root: Path) -> str:
 
 
 def test_study_survives_a_sigkill_mid_cell(tmp_path: Path):
+    # One group in flight: the cell commits its prompts one by one, so the kill lands mid-cell
+    # on a fast machine too (the embedded default of 32 commits all six at once).
     spec = tmp_path / "study.toml"
     spec.write_text(STUDY.format(limit=LIMIT, k=K, port=free_port_block(1)))
     study = tmp_path / "S"
