@@ -50,6 +50,15 @@ class Backend:
     health_path: ClassVar[str] = "/health"
     """Answers 200 once the server serves."""
 
+    def reasoning_parser_for(
+        self, choice: str, *, model_type: str, has_think_tokens: bool
+    ) -> str | None:
+        """The reasoning parser the server is started with for ``--reasoning-parser``
+        ``choice`` (``auto``, ``none`` or a name) on a model of ``model_type``; None: no
+        parser. A backend without parsers (the embedded server splits by the tokenizer's think
+        tokens itself) never takes one."""
+        return None
+
     def require(self) -> None:
         """Raise a one-line error naming the install command when the server cannot start
         here (a package missing); nothing to check by default."""
@@ -137,6 +146,8 @@ class ServerSpec:
     manage: bool = True
     """Start the servers; False: use ``urls``."""
     urls: tuple[str, ...] = ()
+    reasoning_parser: str | None = None
+    """The reasoning parser the servers start with (``Backend.reasoning_parser_for``)."""
 
     @property
     def gpus_per_server(self) -> int:

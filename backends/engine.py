@@ -37,6 +37,8 @@ class EngineOptions:
     trust_remote_code: bool = False
     engine_args: str | None = None
     max_memory_gb: float | None = None
+    reasoning_parser: str = "auto"
+    """vLLM's reasoning parser: ``auto`` (the backend picks by the model), ``none``, or a name."""
 
     @property
     def ranks(self) -> int:
@@ -84,6 +86,10 @@ def options_problem(options: EngineOptions) -> str | None:
         (
             options.quantization is None or options.quantization.strip() != "",
             "--quantization must name a method (e.g. awq, gptq, fp8)",
+        ),
+        (
+            options.reasoning_parser.strip() != "",
+            "--reasoning-parser must be auto, none or a parser name (e.g. qwen3, deepseek_r1)",
         ),
     ]
     return next((message for ok, message in checks if not ok), None)

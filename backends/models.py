@@ -15,8 +15,17 @@ from pathlib import Path
 
 import httpx
 from hallulog.contracts.errors import BackendStartError
+from hallulog.contracts.reasoning import ReasoningMarkers, markers_from_vocab
 
-__all__ = ["ModelInfo", "resolve_model", "remote_model", "hallulog_cache_dir"]
+__all__ = [
+    "ModelInfo",
+    "resolve_model",
+    "remote_model",
+    "hallulog_cache_dir",
+    "added_vocab",
+    "reasoning_markers",
+    "model_type",
+]
 
 say = logging.getLogger("orchestrator.startup")
 """What a person waits for at startup (the CLI prints it on stderr whatever the log level)."""
@@ -125,3 +134,35 @@ def remote_model(server_url: str, model: str, cache_dir: Path) -> ModelInfo:
         hidden_size=info.hidden_size,
         name=name,
     )
+
+
+def added_vocab(path: Path) -> dict[str, int]:
+    """The added tokens of the tokenizer in model directory ``path`` (content → id), read from
+    ``tokenizer_config.json``'s ``added_tokens_decoder``, else ``tokenizer.json``'s
+    ``added_tokens``; empty when neither says (a remote model, another tokenizer format)."""
+    vocab: dict[str, int] = {}
+    config = Path(path) / "tokenizer_config.json"
+    if config.exists():
+        decoder = json.loads(config.read_text()).get("added_tokens_decoder") or {}
+        vocab = {str(t.get("content")): int(i) for i, t in decoder.items() if isinstance(t, dict)}
+    fast = Path(path) / "tokenizer.json"
+    if not vocab and fast.exists():
+        added = json.loads(fast.read_text()).get("added_tokens") or []
+        vocab = {str(t.get("content")): int(t["id"]) for t in added if isinstance(t, dict)}
+    return vocab
+
+
+def reasoning_markers(path: Path) -> ReasoningMarkers | None:
+    """The reasoning markers of the model in ``path``: ``<think>`` and ``</think>`` when its
+    tokenizer has both as single added tokens (``contracts/reasoning.py``)."""
+    return markers_from_vocab(added_vocab(path))
+
+
+def model_type(path: Path) -> str:
+    """``model_type`` of the model's ``config.json`` (its ``text_config``'s for a multimodal
+    one); empty when the file does not say."""
+    config = Path(path) / "config.json"
+    if not config.exists():
+        return ""
+    cfg = json.loads(config.read_text())
+    return str(cfg.get("model_type") or (cfg.get("text_config") or {}).get("model_type") or "")

@@ -66,7 +66,13 @@ VLLM_RESERVED: dict[str, str] = {
     "-q": "use --quantization",
     "--enforce-eager": "use --enforce-eager",
     "--trust-remote-code": "use --trust-remote-code",
+    "--reasoning-parser": "use --reasoning-parser",
 }
+
+#: ``--reasoning-parser auto``: the parser of each ``model_type`` vLLM 0.32 has one for, used
+#: when the tokenizer has the think tokens (the DeepSeek-R1 distills are ``qwen2``/``llama``
+#: models: give ``--reasoning-parser deepseek_r1``)
+AUTO_REASONING_PARSERS: dict[str, str] = {"qwen3": "qwen3", "qwen3_moe": "qwen3"}
 
 
 _IPC_TMPDIR_MAX = 64
@@ -91,6 +97,7 @@ class VllmBackend(Backend):
             "enforce_eager",
             "trust_remote_code",
             "engine_args",
+            "reasoning_parser",
         }
     )
     reserved = VLLM_RESERVED
@@ -98,6 +105,15 @@ class VllmBackend(Backend):
 
     def require(self) -> None:
         require_installed("vllm", "--backend vllm")
+
+    def reasoning_parser_for(
+        self, choice: str, *, model_type: str, has_think_tokens: bool
+    ) -> str | None:
+        if choice == "none":
+            return None
+        if choice == "auto":
+            return AUTO_REASONING_PARSERS.get(model_type) if has_think_tokens else None
+        return choice
 
     def capture_args(
         self, layer_ids: Sequence[int], spool_dir: str | os.PathLike[str]
@@ -124,6 +140,8 @@ class VllmBackend(Backend):
             enforce_eager=options.enforce_eager,
             trust_remote_code=options.trust_remote_code,
         )
+        if spec.reasoning_parser:
+            engine += ["--reasoning-parser", spec.reasoning_parser]
         return vllm_server_command(
             spec.model_path,
             host=host,

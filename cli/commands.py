@@ -33,6 +33,8 @@ def format_result(result: RunResult) -> str:
         balance += f" ({100 * labels.get('hallucinated', 0) / graded:.0f}% hallucinated)"
     if labels.get("unparsed"):  # choice/numeric answers with nothing to compare (hallucinated)
         balance += f"; {labels['unparsed']} unparsed"
+    if labels.get("no_answer"):  # reasoning never closed: not graded, among the unlabeled
+        balance += f"; {labels['no_answer']} no_answer"
     return "\n".join(
         [
             f"run finished in {result.wall_seconds:.1f} s: {done}/{result.total} prompts done "

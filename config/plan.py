@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hallulog.backends.base import ServerSpec
-from hallulog.backends.models import ModelInfo
+from hallulog.backends.models import ModelInfo, model_type, reasoning_markers
 from hallulog.backends.registry import backend_for
 from hallulog.config.manifest import build_manifest, recorded_config
 from hallulog.config.profiles import select_layer_ids
@@ -35,6 +35,7 @@ from hallulog.config.specs import engine_options, task_spec
 from hallulog.contracts.chat_options import template_kwargs
 from hallulog.contracts.errors import ConfigError
 from hallulog.contracts.positions import parse_layers
+from hallulog.contracts.reasoning import ReasoningMarkers
 from hallulog.contracts.stored import Stored
 from hallulog.tasks import TaskStream, open_task_spec
 from hallulog.tasks.spec import TaskSpec
@@ -86,6 +87,10 @@ class RunPlan:
     chat_template_kwargs: Mapping[str, Any]
     """The chat template's keyword arguments (``--chat-template-kwargs`` with ``--thinking``:
     ``hallulog.contracts.chat_options``); empty by default."""
+    reasoning: ReasoningMarkers | None = None
+    """The model's reasoning markers when its generations are split into reasoning and answer
+    (docs/reasoning.md): its tokenizer has ``<think>``/``</think>`` as added tokens and
+    ``--thinking`` is not ``off``; None otherwise."""
 
 
 def stored_of(config: RunConfig, num_hidden_layers: int) -> Stored:
@@ -111,9 +116,16 @@ def stored_of(config: RunConfig, num_hidden_layers: int) -> Stored:
 
 def server_spec(config: RunConfig, model: ModelInfo, layer_ids: tuple[int, ...]) -> ServerSpec:
     """The servers of ``config`` serving ``model`` and capturing ``layer_ids``: the one place
-    ``--backend`` is resolved (``backends/registry.py``)."""
+    ``--backend`` (``backends/registry.py``) and ``--reasoning-parser`` are resolved."""
+    backend = backend_for(config.backend)
+    parser = backend.reasoning_parser_for(
+        config.reasoning_parser,
+        model_type=model_type(Path(model.path)),
+        has_think_tokens=reasoning_of(config, model) is not None,
+    )
     return ServerSpec(
-        backend=backend_for(config.backend),
+        backend=backend,
+        reasoning_parser=parser,
         model_path=Path(model.path),
         model_name=model.name,
         model_dtype=config.model_dtype,
@@ -184,4 +196,15 @@ def plan_run(config: RunConfig, model: ModelInfo, task: TaskPlan | None = None) 
         groups_in_flight=int(config.groups_in_flight),  # type: ignore[arg-type]
         manifest=manifest,
         chat_template_kwargs=template_kwargs(config.chat_template_kwargs, config.thinking),
+        reasoning=reasoning_of(config, model),
     )
+
+
+def reasoning_of(config: RunConfig, model: ModelInfo) -> ReasoningMarkers | None:
+    """The markers that split ``model``'s generations (``RunPlan.reasoning``): none with
+    ``--thinking off`` or a chat-less run (``--chat false``), else the tokenizer's think tokens.
+    Which generations reason is then decided per generation by its prompt
+    (``contracts/reasoning.py``), so ``auto`` follows the template's own default."""
+    if config.thinking == "off" or not config.chat:
+        return None
+    return reasoning_markers(Path(model.path))

@@ -7,7 +7,6 @@ checks in ``__post_init__``; the CLI (``hallulog.cli.app``) and the study file d
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -16,6 +15,7 @@ from hallulog.contracts.positions import parse_layers, parse_positions
 from hallulog.contracts.run_manifest import DEFAULT_STORAGE_FORMAT
 from hallulog.backends.base import servers_problem
 from hallulog.backends.registry import BACKENDS, backend_for
+from hallulog.config.server_checks import check_server_fields
 from hallulog.config.specs import engine_options, task_spec
 from hallulog.contracts.chat_options import template_kwargs
 from hallulog.contracts.errors import ConfigError
@@ -245,6 +245,9 @@ class RunConfig:
     engine_args: str | None = fingerprint_when_set(None)
     """Further arguments passed to the engine's command line as is (shell-quoted, e.g.
     ``"--kv-cache-dtype fp8 --swap-space 8"``)."""
+    reasoning_parser: str = fingerprint_when_set("auto")
+    """vLLM's ``--reasoning-parser``: auto (``qwen3`` for a Qwen3 model with think tokens, else
+    none), none, or a parser name such as ``deepseek_r1`` (docs/reasoning.md)."""
     max_memory_gb: float | None = outside_fingerprint(None)
     """GB each embedded server may hold; its key/value cache gets what the model leaves,
     requests beyond it wait (docs/serving.md). None: a 1.2 GB key/value cache."""
@@ -345,29 +348,7 @@ class RunConfig:
         _check(self.primary_temperature >= 0, "--primary-temperature must be >= 0")
         _check(self.sample_temperature >= 0, "--sample-temperature must be >= 0")
         _check(0 < self.sample_top_p <= 1, "--sample-top-p must be in (0, 1]")
-        _check(self.checkpoint_every is None or self.checkpoint_every >= 1,
-               "--checkpoint-every must be >= 1")
-        _check(self.checkpoint_interval > 0, "--checkpoint-interval must be > 0")
-        _check(self.server_max_restarts >= 0, "--server-max-restarts must be >= 0")
-        _check(self.server_restart_backoff >= 0, "--server-restart-backoff must be >= 0")
-        _check(self.server_startup_timeout > 0, "--server-startup-timeout must be > 0")
-        _check(self.server_base_port is None or 1 <= self.server_base_port <= 65535,
-               "--server-base-port must be a TCP port")
-        _check(self.status_port is None or 0 <= self.status_port <= 65535,
-               "--status-port must be a TCP port")
-        _check(self.executor != "ray" or self.manage_servers, "--executor ray starts a server "
-               "in every actor: drop --manage-servers false / --server-urls")
-        from hallulog.tasks.study import default_answer_kind
-
-        if self.executor == "ray" and not self.judge_url \
-                and (self.answer_kind or default_answer_kind(self.task)) == "judge":
-            raise ConfigError(f"--executor ray with --task {self.task} needs --judge-url (the "
-                              "actors' servers are not reachable from the driver)")
-        _check(self.manage_servers or bool(self.server_urls),
-               "--manage-servers false needs --server-urls")
-        _check(self.status_port is None or _is_loopback(self.status_host)
-               or bool(self.status_token), f"--status-host {self.status_host} is not loopback: "
-               "set --status-token to expose the status API")
+        check_server_fields(self)
 
     @property
     def gpus_per_server(self) -> int:
@@ -440,10 +421,3 @@ def _checked(fn: Any, *args: Any) -> Any:
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -67,7 +67,9 @@ ALIASES, CHOICE, NUMERIC, JUDGE = "aliases", "choice", "numeric", "judge"
 KINDS = (ALIASES, CHOICE, NUMERIC, JUDGE)
 ALIAS_MATCH, CHOICE_MATCH, NUMERIC_MATCH = "alias_match", "choice_match", "numeric_match"
 GRADERS = (ALIAS_MATCH, CHOICE_MATCH, NUMERIC_MATCH)
-STATUSES = ("correct", "incorrect", "unparsed", "abstained", "no_reference")
+STATUSES = ("correct", "incorrect", "unparsed", "abstained", "no_reference", "no_answer")
+"""Every ``label_status``; ``no_answer`` (label null) marks a reasoning that never closed
+(``contracts/reasoning.py``): never graded."""
 DEFAULT_TOLERANCE = 1e-6
 """A numeric reference's tolerance when it gives none (relative, see :func:`_numeric`)."""
 

@@ -106,7 +106,18 @@ def row0_metadata(metadata: Mapping[str, str] | None) -> int:
 
 
 #: positions at or after P-1 whatever the response: a ``response`` capture holds them
-_RESPONSE_SIDE = {"tbg", "slt", "exact_answer", "last", "response", "last:1"}
+_RESPONSE_SIDE = {
+    "tbg",
+    "slt",
+    "exact_answer",
+    "last",
+    "response",
+    "last:1",
+    "answer_first",
+    "answer_last",
+    "reasoning_last",
+    "reasoning",
+}
 
 
 def rows_to_ask(*, sequence_mode: str, positions: tuple[str, ...] | None) -> str:
@@ -114,7 +125,8 @@ def rows_to_ask(*, sequence_mode: str, positions: tuple[str, ...] | None) -> str
 
     Without positions the sequence mode's own rows (the modes mirror the values). With them:
     ``last`` when every name is the last position; ``response`` when every name lies at or after
-    P-1 (``tbg``, ``slt``, ``exact_answer``, ``last``, ``response``, ``first:K``); ``prompt``
+    P-1 (``tbg``, ``slt``, ``exact_answer``, ``last``, ``response``, ``first:K``, the answer and
+    reasoning names); ``prompt``
     when every name lies in the prompt (``prompt``, ``tbg``); else ``all`` (``all``, a mix of
     prompt and response, ``last:K`` with K > 1, which reaches into the prompt when K > R).
     """

@@ -26,6 +26,17 @@ generation (the last response token is never fed back), ``P+R`` with prefill cap
 | ``first:K`` | P .. P+K-1, clipped to the captured positions |
 | ``last:K`` | the last K captured positions |
 | ``exact_answer`` | P+s .. P+e-1 for the answer's token span [s, e), clipped to the captured positions |
+| ``answer_first`` | P+A: the first answer token (A = 0 without reasoning) |
+| ``answer_last`` | the last captured answer position: min(P+R, num_tokens) - 1, when >= P+A |
+| ``reasoning_last`` | P+E: the reasoning's end marker, whose state produced the first answer token |
+| ``reasoning`` | P+S .. P+E-1: the reasoning tokens (markers excluded), clipped to the captured |
+
+For a reasoning generation (``contracts/reasoning.py``: reasoning tokens [S, E), answer from
+A = E+1) the answer-relative names count from A: ``slt`` is the second-last answer token
+(R-A >= 2), ``first:K`` the first K answer tokens, ``exact_answer``'s span is given in response
+tokens (already offset by A). ``tbg``, ``response``, ``last``, ``last:K``, ``prompt`` and
+``all`` do not move. Without reasoning, ``reasoning_last`` and ``reasoning`` are missing; when
+the reasoning never closed (no answer) every answer name is missing.
 
 A name whose positions do not exist for a generation (``slt`` with a one-token answer,
 ``exact_answer`` without a span, ``first:K`` when no answer token was captured) resolves to no
@@ -51,12 +62,27 @@ __all__ = [
     "num_captured",
 ]
 
-POSITION_NAMES = ("tbg", "slt", "exact_answer", "last", "response", "prompt", "all")
+POSITION_NAMES = (
+    "tbg",
+    "slt",
+    "exact_answer",
+    "last",
+    "response",
+    "prompt",
+    "all",
+    "answer_first",
+    "answer_last",
+    "reasoning_last",
+    "reasoning",
+)
 """The plain position names; windows ``first:K`` and ``last:K`` (K >= 1) come in addition."""
 WINDOW_KINDS = ("first", "last")
 """Window names: ``first:K`` (the first K answer positions), ``last:K`` (the last K captured)."""
 
 CAPTURE_MODES = ("generation", "prefill")
+
+_ANSWER_NAMES = ("slt", "exact_answer", "answer_first", "answer_last")
+"""Names counted from the answer's first token (with ``first:K``)."""
 
 _WINDOW_RE = re.compile(r"^(first|last):(\d+)$")
 _LAYER_RE = re.compile(r"^(-?\d+)(?:-(-?\d+))?$")
@@ -175,8 +201,30 @@ def num_captured(*, prompt_len: int, response_len: int, capture_mode: str) -> in
 
 
 def _name_positions(
-    name: str, *, p: int, r: int, n: int, exact_answer: tuple[int, int] | None
+    name: str,
+    *,
+    p: int,
+    r: int,
+    n: int,
+    exact_answer: tuple[int, int] | None,
+    a: int | None,
+    reasoning: tuple[int, int] | None,
 ) -> range:
+    if name == "reasoning":
+        return range(0) if reasoning is None else range(p + reasoning[0], min(p + reasoning[1], n))
+    if name == "reasoning_last":
+        if reasoning is None or a is None:
+            return range(0)
+        return range(p + reasoning[1], p + reasoning[1] + 1) if p + reasoning[1] < n else range(0)
+    if a is None:  # the reasoning never closed: no answer position exists
+        if name in _ANSWER_NAMES or name.startswith("first:"):
+            return range(0)
+        a = 0
+    if name == "answer_first":
+        return range(p + a, p + a + 1) if p + a < n and a < r else range(0)
+    if name == "answer_last":
+        last = min(p + r, n) - 1
+        return range(last, last + 1) if a < r and last >= p + a else range(0)
     if name == "prompt":
         return range(0, p)
     if name == "tbg":
@@ -188,7 +236,7 @@ def _name_positions(
     if name == "last":
         return range(n - 1, n)
     if name == "slt":
-        return range(p + r - 2, p + r - 1) if r >= 2 else range(0)
+        return range(p + r - 2, p + r - 1) if r - a >= 2 else range(0)
     if name == "exact_answer":
         if exact_answer is None:
             return range(0)
@@ -198,7 +246,7 @@ def _name_positions(
     if window:
         k = int(window.group(2))
         if window.group(1) == "first":
-            return range(p, min(p + k, n))
+            return range(p + a, min(p + a + k, n))
         return range(max(n - k, 0), n)
     raise ValueError(f"--positions: unknown position {name!r}")
 
@@ -210,16 +258,23 @@ def resolve_positions(
     response_len: int,
     capture_mode: str,
     exact_answer: tuple[int, int] | None,
+    reasoning: tuple[int, int] | None = None,
+    answer_start: int | None = 0,
 ) -> ResolvedPositions:
     """The rows one generation stores for position ``names`` (see the module's table).
 
-    ``exact_answer`` is the answer's token span ``[start, end)`` in response tokens, or None.
+    ``exact_answer`` is the answer's token span ``[start, end)`` in response tokens, or None;
+    ``reasoning`` the reasoning tokens ``[S, E)`` and ``answer_start`` the first answer token
+    (None: the reasoning never closed) of a reasoning generation, else None and 0.
     """
     names = tuple(names)
     p, r = int(prompt_len), int(response_len)
     n = num_captured(prompt_len=p, response_len=r, capture_mode=capture_mode)
     per_name = {
-        name: _name_positions(name, p=p, r=r, n=n, exact_answer=exact_answer) for name in names
+        name: _name_positions(
+            name, p=p, r=r, n=n, exact_answer=exact_answer, a=answer_start, reasoning=reasoning
+        )
+        for name in names
     }
     positions = tuple(sorted({pos for rng in per_name.values() for pos in rng}))
     index = {pos: j for j, pos in enumerate(positions)}

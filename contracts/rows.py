@@ -2,7 +2,7 @@
 docs/formats/worker-jsonl.md and docs/formats/consolidated-jsonl.md.
 
 A field the table marks ``yes`` is required here; one marked ``no`` or with a format tag
-(``packed``, ``zarr``, ``npy``, ``positions``: present only in such runs) is ``NotRequired``.
+(``packed``, ``zarr``, ``npy``, ``positions``, ``reasoning``: present only in such runs or rows) is ``NotRequired``.
 tests/postrun/test_jsonl_docs.py checks the types against the tables, and the validator's
 field checks (``postrun/row_schemas.py``) against the types.
 """
@@ -90,6 +90,10 @@ class GenerationRow(TypedDict):
     worker_id: int
     activation_key: str | None
     commit_id: str
+    reasoning: NotRequired[str]
+    """A reasoning generation's reasoning text (``text`` is its answer alone)."""
+    reasoning_span: NotRequired[list[int]]
+    answer_token_start: NotRequired[int | None]
 
 
 class ActivationIndexRow(TypedDict):

@@ -308,7 +308,13 @@ def _evaluate(
                 "storage_format",
             )
         },
-        "labels": {"correct": n0, "hallucinated": n1, "unlabeled": feats.unlabeled},
+        "labels": {
+            "correct": n0,
+            "hallucinated": n1,
+            "unlabeled": feats.unlabeled,
+            # reasoning that never closed (among the unlabeled): a key only when there is some
+            **({"no_answer": feats.no_answer} if feats.no_answer else {}),
+        },
         "protocol": {
             "seed": seed,
             "scheme": (

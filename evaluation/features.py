@@ -101,6 +101,8 @@ class Features:
     rows: dict[str, list[int]] = field(default_factory=lambda: {k: [] for k in ROW_KINDS})
     sequence_modes: set[str] = field(default_factory=set)
     unlabeled: int = 0
+    no_answer: int = 0
+    """Of the unlabeled, primaries whose reasoning never closed (exports' ``no_answer``)."""
     logit_sources: set[str] = field(default_factory=set)
     named_positions: bool = False  # the run names its rows (--positions): rows are not contiguous
 
@@ -179,6 +181,7 @@ def collect(run: Run, methods: set[str], embedder=None, chunk: int = 256) -> Fea
         lab = rows["logprob"].get("label")
         if lab not in (0, 1):
             feats.unlabeled += 1
+            feats.no_answer += bool(rows["logprob"].get("no_answer"))
             continue
         buf.append(rows)
         if len(buf) >= chunk:

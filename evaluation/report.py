@@ -36,7 +36,7 @@ def _markdown(report: dict, plots: list[str]) -> str:
         f"{run.get('split')}, K={run.get('k_samples')}, profile {run.get('logging_profile')}.",
         "",
         f"Labels: {lab['correct']} correct / {lab['hallucinated']} hallucinated "
-        f"({lab['unlabeled']} unlabeled, left out). Protocol: {proto['scheme']} split by prompt id "
+        f"({lab['unlabeled']} unlabeled{_no_answer(lab)}, left out). Protocol: {proto['scheme']} split by prompt id "
         f"(seed {proto['seed']}), {proto['test_prompts']} test prompts, AUROC with "
         f"{proto['bootstrap']}-resample bootstrap 95 % intervals; scores oriented "
         f"{proto['score_orientation']}. Probes: out-of-fold scores, layer chosen per test fold "
@@ -106,3 +106,8 @@ def write_report(report: dict, out: Path, *, plots: bool = True) -> Path:
     _atomic_write(out / layout.REPORT_JSON, json.dumps(_clean(public), indent=2) + "\n")
     _atomic_write(out / layout.REPORT_MD, _markdown(public, made))
     return out / layout.REPORT_MD
+
+
+def _no_answer(labels: dict) -> str:
+    """`` of which N no_answer`` when some primaries' reasoning never closed."""
+    return f", of which {labels['no_answer']} no_answer" if labels.get("no_answer") else ""

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from hallulog.contracts import layout
 from hallulog.contracts.jsonl import encode_line, iter_rows, read_document
+from hallulog.contracts.reasoning import answer_view
 from hallulog.contracts.run_manifest import RunManifest
 from hallulog.exports._export_dir import staged_dir
 from hallulog.exports.methods import iter_prompt_groups
@@ -191,7 +192,7 @@ def export_lm_polygraph(
                 for prompt, gens, acts in iter_prompt_groups(root):
                     if prompt is None or not gens or gens[0]["sample_id"] != 0:
                         continue
-                    f.write(encode_line(_row(prompt, gens)))
+                    f.write(encode_line(_row(prompt, [answer_view(g) for g in gens])))
                     if hid is not None:
                         hid.add(i, acts)
                     i += 1

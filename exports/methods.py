@@ -18,6 +18,7 @@ from typing import Any
 
 from hallulog.contracts import layout
 from hallulog.contracts.jsonl import encode_line, iter_rows
+from hallulog.contracts.reasoning import answer_start, answer_view, is_no_answer
 
 __all__ = ["write_exports", "ExportWriter", "stamp_exports", "iter_prompt_groups", "EXPORT_FILES"]
 
@@ -108,6 +109,8 @@ class ExportWriter:
         if prompt is None or not gens or gens[0]["sample_id"] != 0:
             return
         pid = prompt["prompt_id"]
+        whole_primary = gens[0]
+        gens = [answer_view(g) for g in gens]  # scored on the answer, reasoning left out
         primary, samples = gens[0], gens[1:]
         base = {
             "prompt_id": pid,
@@ -117,6 +120,8 @@ class ExportWriter:
             "prompt": prompt.get("prompt"),
             "sample_ids": [g["sample_id"] for g in gens],
         }
+        if is_no_answer(whole_primary):  # the primary's reasoning never closed: not graded
+            base["no_answer"] = True
         emit = self._emit
         emit(
             layout.SELFCHECK_SAMPLES,
@@ -147,7 +152,7 @@ class ExportWriter:
                 "samples": energy,
             },
         )
-        emit(layout.GEOMETRY_INPUTS, {**base, **_geometry(prompt, primary, act)})
+        emit(layout.GEOMETRY_INPUTS, {**base, **_geometry(prompt, whole_primary, act)})
         emit(
             layout.LOGPROB_INPUTS,
             {
@@ -256,13 +261,14 @@ def _geometry(
     key = f"{prompt['prompt_id']}_0"
     p = len(prompt.get("prompt_token_ids") or [])
     r = len(primary.get("token_ids") or [])
+    a = answer_start(primary)  # the answer's first token (0 without reasoning)
     row = {
         "sample_id": 0,
         "primary": primary["text"],
         "reference_answer": prompt.get("reference_answer"),
         "activation_key": key if act else None,
         "prompt_end_position": p - 1 if p else None,
-        "answer_token_positions": list(range(p, p + r)),
+        "answer_token_positions": list(range(p + a, p + r)),
     }
     if act:
         start, n = act.get("row0_position", 0), act.get("num_rows", act["shape"][1])
@@ -281,6 +287,6 @@ def _geometry(
             positions=named,
             exact_answer_span=act.get("exact_answer_span"),
             prompt_end_row=tbg[0] if tbg else row_of.get(p - 1),
-            answer_token_rows=[row_of[pos] for pos in range(p, p + r) if pos in row_of],
+            answer_token_rows=[row_of[pos] for pos in range(p + a, p + r) if pos in row_of],
         )
     return row

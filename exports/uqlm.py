@@ -26,6 +26,7 @@ from typing import Any
 
 from hallulog.contracts import layout
 from hallulog.contracts.jsonl import encode_line, iter_rows, read_document
+from hallulog.contracts.reasoning import answer_view
 from hallulog.exports._export_dir import staged_dir
 from hallulog.exports.methods import iter_prompt_groups
 from hallulog.storage.errors import StorageError
@@ -75,6 +76,7 @@ def export_uqlm(root: str | Path, dst: str | Path) -> dict[str, Any]:
             for prompt, gens, _ in iter_prompt_groups(root):
                 if prompt is None or not gens or gens[0]["sample_id"] != 0:
                     continue
+                gens = [answer_view(g) for g in gens]  # the answers, reasoning left out
                 primary, samples = gens[0], gens[1:]
                 row = {
                     "prompt_id": prompt["prompt_id"],

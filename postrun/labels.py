@@ -25,6 +25,7 @@ from hallulog.contracts.answer_kinds import answer_kind
 from hallulog.contracts.answer_match import CORRECT, HALLUCINATED
 from hallulog.contracts.errors import ArtifactError, HallulogError
 from hallulog.contracts.jsonl import JsonlAppender, iter_lines, iter_rows
+from hallulog.contracts.reasoning import NO_ANSWER, is_no_answer
 from hallulog.tasks.grading import grader_for, needs_judge
 from hallulog.tasks.judge_client import JudgeError
 from hallulog.tasks.verdict import JUDGE_GRADER, JUDGE_TASKS, Grader, Verdict
@@ -199,7 +200,8 @@ async def label_run(
     Returns counts over all of ``labels.jsonl`` afterwards: ``correct`` (label 0),
     ``hallucinated`` (1), ``ungraded`` (None), ``abstained`` (flag; overlaps the three),
     ``unparsed`` (a choice/numeric answer with nothing to compare: among the hallucinated), plus
-    ``total``, ``graded_now``, ``errors`` (+ ``first_error``), ``missing_primary``,
+    ``total``, ``graded_now``, ``errors`` (+ ``first_error``), ``missing_primary``, ``no_answer``
+    (primaries whose reasoning never closed: not sent to the judge),
     ``skipped_other_task``, ``aborted``. ``grader`` overrides the grader choice (tests, custom
     judges); it is not closed here.
     """
@@ -214,6 +216,7 @@ async def label_run(
         "errors": 0,
         "missing_primary": 0,
         "skipped_other_task": 0,
+        "no_answer": 0,
         "aborted": False,
     }
     graders: dict[tuple[str, str | None], Grader] = {}
@@ -242,6 +245,8 @@ async def label_run(
                     counts["skipped_other_task"] += 1
                 elif primary is None:
                     counts["missing_primary"] += 1
+                elif is_no_answer(row):  # the reasoning never closed: nothing to grade
+                    counts["no_answer"] += 1
                 else:
                     yield row["prompt_id"], row, primary
         finally:
@@ -254,7 +259,7 @@ async def label_run(
         # fail fast (e.g. no --judge-url) before any file is written or request sent
         for _pid, row, _answer in todo():
             grader_of(row)
-        counts.update(missing_primary=0, skipped_other_task=0)
+        counts.update(missing_primary=0, skipped_other_task=0, no_answer=0)
         with JsonlAppender(labels_path) as out:
 
             async def one(pid: str, row: dict[str, Any], answer: str) -> None:
@@ -375,7 +380,8 @@ def label_counts(root: Path) -> dict[str, int]:
     """Label balance over the committed prompts (judge labels from labels.jsonl win):
     ``correct``, ``hallucinated``, ``unlabeled``, and ``unparsed`` — primary answers a choice or
     numeric grader could not parse (``label_status`` / labels.jsonl ``verdict`` ``unparsed``),
-    counted among the hallucinated too."""
+    counted among the hallucinated too; ``no_answer`` (present when any) — primaries whose
+    reasoning never closed, counted among the unlabeled."""
     judged = load_labels(root)
     counts = {"correct": 0, "hallucinated": 0, "unlabeled": 0, "unparsed": 0}
     seen: set[str] = set()
@@ -394,6 +400,8 @@ def label_counts(root: Path) -> dict[str, int]:
                     "correct" if label == 0 else "hallucinated" if label == 1 else "unlabeled"
                 ] += 1
                 counts["unparsed"] += status == UNPARSED
+                if status == NO_ANSWER:  # a key only in runs that have such answers
+                    counts["no_answer"] = counts.get("no_answer", 0) + 1
     finally:
         judged.close()
     return counts

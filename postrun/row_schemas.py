@@ -144,7 +144,13 @@ SCHEMAS: dict[str, dict[str, Callable[[Any], bool]]] = {
 
 OPTIONAL: dict[str, dict[str, Callable[[Any], bool]]] = {
     layout.PROMPT_INDEX: {"label_status": _status_ok},
-    layout.GENERATIONS: {"label_status": _status_ok, "answer_span": _span_ok},
+    layout.GENERATIONS: {
+        "label_status": _status_ok,
+        "answer_span": _span_ok,
+        "reasoning": lambda v: isinstance(v, str),
+        "reasoning_span": _span_ok,
+        "answer_token_start": lambda v: v is None or (_is_int(v) and v >= 0),
+    },
     layout.ACTIVATION_INDEX: {
         "positions": _positions_ok,
         "token_positions": _int_list_ok,

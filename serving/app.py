@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from hallulog.contracts.errors import HallulogError
+from hallulog.contracts.reasoning import markers_from_vocab, split_reasoning
 from hallulog.serving import protocol as P
 from hallulog.serving.engine import Engine, SamplingParams, SequenceOutput
 from hallulog.serving.engine_pool import EnginePool
@@ -43,6 +44,21 @@ def create_app(engine: Engine | EnginePool, model_name: str, metrics: ServingMet
 
     app = FastAPI(title="hallulog serving", lifespan=lifespan)
     tokenizer = engine.tokenizer
+
+    # reasoning split by the tokenizer's own think tokens (docs/reasoning.md)
+    markers = markers_from_vocab(tokenizer.get_added_vocab())
+
+    def message(prompt_ids: list[int], out: SequenceOutput) -> P.ChatResponseMessage:
+        split = split_reasoning(prompt_ids, out.token_ids, markers)
+        if split is None:
+            return P.ChatResponseMessage(content=out.text)
+        s, e = split.reasoning
+        a = split.answer_start
+        ids = out.token_ids
+        return P.ChatResponseMessage(
+            reasoning=tokenizer.decode(ids[s:e], skip_special_tokens=True),
+            content=None if a is None else tokenizer.decode(ids[a:], skip_special_tokens=True),
+        )
 
     @functools.lru_cache(maxsize=65536)
     def token_text(token_id: int) -> str:
@@ -106,7 +122,7 @@ def create_app(engine: Engine | EnginePool, model_name: str, metrics: ServingMet
         choices = [
             P.ChatChoice(
                 index=i,
-                message=P.ChatResponseMessage(content=out.text),
+                message=message(prompt_ids, out),
                 logprobs=_chat_logprobs(out, token_text),
                 finish_reason=out.finish_reason,
                 stop_reason=out.stop_reason,

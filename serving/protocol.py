@@ -156,7 +156,11 @@ class ChatLogprobs(BaseModel):
 
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    """The answer; for a reasoning generation the text after the end marker (None when the
+    reasoning never closed), as vLLM with a reasoning parser returns it."""
+    reasoning: str | None = None
+    """The reasoning text (vLLM 0.32's field); None when the generation does not reason."""
 
 
 class ChatChoice(BaseModel):

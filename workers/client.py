@@ -117,6 +117,11 @@ class Completion:
     usage: dict[str, int]
     hidden_states_path: str | None
     elapsed_ms: int
+    reasoning: str | None = None
+    """``message.reasoning`` (``reasoning_content`` before vLLM 0.32) when the server split
+    the reasoning out of ``text`` (``workers/reasoning.py``)."""
+    split: Any = None
+    """The reasoning split (``contracts.reasoning.ReasoningSplit``) once the worker made it."""
 
 
 class BackendClient:
@@ -224,8 +229,11 @@ class BackendClient:
         elapsed_ms = int((time.perf_counter() - start) * 1000)
         choice = self._first_choice(reply, "chat")
         content = (choice.get("logprobs") or {}).get("content") or []
+        message = choice.get("message") or {}
+        reasoning = message.get("reasoning")
         return Completion(
-            text=(choice.get("message") or {}).get("content") or "",
+            text=message.get("content") or "",
+            reasoning=message.get("reasoning_content") if reasoning is None else reasoning,
             finish_reason=choice.get("finish_reason"),
             prompt_token_ids=list(reply.get("prompt_token_ids") or []),
             token_ids=list(choice.get("token_ids") or []),

@@ -43,11 +43,14 @@ def select_positions(
     exact_answer_span: dict | None,
     layer_index: list[int] | None,
     dtype: str,
+    reasoning: tuple[int, int] | None = None,
+    answer_start: int | None = 0,
 ) -> PositionRows:
     """``(num_tokens, num_layer_ids, hidden)`` → the named positions' rows ``(L, rows, H)``.
 
     ``exact_answer_span`` is :func:`hallulog.contracts.exact_answer.exact_answer_span`'s dict (its
-    ``tokens`` place ``exact_answer``) or None.
+    ``tokens`` place ``exact_answer``) or None; ``reasoning`` and ``answer_start`` a reasoning
+    generation's split (:func:`hallulog.contracts.positions.resolve_positions`).
     """
     expected = num_captured(
         prompt_len=prompt_len, response_len=response_len, capture_mode=capture_mode
@@ -65,6 +68,8 @@ def select_positions(
         response_len=response_len,
         capture_mode=capture_mode,
         exact_answer=span,
+        reasoning=reasoning,
+        answer_start=answer_start,
     )
     pos = resolved.positions
     if pos and resolved.contiguous:
@@ -95,17 +100,28 @@ def index_fields(rows: PositionRows) -> dict[str, Any]:
     }
 
 
-def exact_answer_spans(completions, grades) -> list[dict | None]:
+def exact_answer_spans(completions, grades, starts=None) -> list[dict | None]:
     """Each completion's exact answer (:func:`hallulog.contracts.exact_answer.exact_answer_span`): its
-    grade's match (``Grade.span``) when there is one, else the first-line rule."""
-    return [
-        exact_answer_span(
+    grade's match (``Grade.span``) when there is one, else the first-line rule.
+
+    ``starts``: each completion's first answer token (a reasoning generation's; None: no
+    answer, so no span): the span is found among the answer's tokens and its ``tokens`` are
+    offset by the start, so they index the response tokens."""
+    out = []
+    for i, (comp, grade) in enumerate(zip(completions, grades)):
+        start = starts[i] if starts is not None else 0
+        if start is None:
+            out.append(None)
+            continue
+        span = exact_answer_span(
             comp.text,
-            [t.get("token") for t in comp.logprobs or []],
+            [t.get("token") for t in (comp.logprobs or [])[start:]],
             grade.span if grade is not None else None,
         )
-        for comp, grade in zip(completions, grades)
-    ]
+        if span is not None and start:
+            span["tokens"] = [span["tokens"][0] + start, span["tokens"][1] + start]
+        out.append(span)
+    return out
 
 
 def missing_positions(records) -> dict[str, int]:

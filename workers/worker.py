@@ -18,13 +18,11 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hallulog.contracts.answer_kinds import Grade, answer_grader as kinds_answer_grader
 from hallulog.contracts.capture_rows import prefill_start, rows_to_ask
 from hallulog.contracts.process import die_with_parent
 from hallulog.contracts.ids import activation_key, sample_seed
@@ -37,8 +35,11 @@ from hallulog.workers.group_commit import GroupCommitter
 from hallulog.workers.positions import (PositionRows, exact_answer_spans, index_fields,
                                         missing_positions, select_positions)
 from hallulog.workers.persist import GenerationRecord, PersistBroken, WorkerDir
+from hallulog.contracts.reasoning import ReasoningMarkers
+from hallulog.workers.reasoning import ReasoningMismatch, answer_starts, split_all
+from hallulog.workers.rows import answer_grader, generation_row, prompt_row, split_args
 from hallulog.workers.runtime import run_event_loop, run_on, tune_gc
-from hallulog.workers.errors import FULL_DISK, disk_full, error_record, utc_now
+from hallulog.workers.errors import FULL_DISK, disk_full, error_record
 
 __all__ = ["WorkerSpec", "GroupWorker", "worker_main", "answer_grader"]
 
@@ -80,21 +81,12 @@ class WorkerSpec:
     check_captures: bool = True
     """Fail a capture whose rows are all zeros, non-finite or repeated across different tokens
     (workers/capture_check.py); false: store the rows as they come."""
+    reasoning: ReasoningMarkers | None = None
+    """The model's reasoning markers (``RunPlan.reasoning``): chat replies are split into
+    reasoning and answer (workers/reasoning.py); None: stored as they come."""
     driver_pid: int | None = None
     """The pid of the process that starts this worker: a worker whose parent is another one
     when it comes up (the driver died while it started) exits at once."""
-
-
-def answer_grader(group: PromptGroup) -> Callable[[str], Grade | None]:
-    """The grader of one group's answers, prepared once (aliases normalized once): the kind of
-    its reference decides (:mod:`hallulog.contracts.answer_kinds`, docs/labels.md). References graded
-    after the run (the LLM judge) or missing give None for every answer."""
-    grade = kinds_answer_grader(group.reference)
-    return grade if grade is not None else _ungraded
-
-
-def _ungraded(text: str) -> None:
-    return None
 
 
 def worker_main(spec: WorkerSpec, conn) -> None:
@@ -224,6 +216,13 @@ class GroupWorker:
             self._report_failure(group.prompt_id, sample_id, exc, "generation_failed")
             return
         completions: list[Completion] = list(outcomes)  # type: ignore[arg-type]
+        try:  # the answer apart from the reasoning, checked against the token ids
+            split_all(completions, spec.reasoning if group.prompt is None else None)
+        except ReasoningMismatch as exc:
+            for comp in completions:
+                discard_capture(comp.hidden_states_path)
+            self._report_failure(group.prompt_id, None, exc, "reasoning_mismatch")
+            return
         if not capture_in_generation:  # an extraction server writes a file for every request
             for comp in completions:
                 discard_capture(comp.hidden_states_path)
@@ -237,9 +236,10 @@ class GroupWorker:
                                  self._full(full[0]["error_message"]), "storage_full",
                                  fatal=True)
             return
-        prompt_row = self._prompt_row(group, completions[0], records[0].row)
+        prompt = prompt_row(group, completions[0], records[0].row,
+                            num_generations=spec.k_samples + 1, worker_id=spec.worker_id)
         try:
-            await self.committer.commit(prompt_row, records)
+            await self.committer.commit(prompt, records)
         except OSError as exc:  # persist_groups rolled the group back (or says it could not)
             full = exc.errno in FULL_DISK
             self._report_failure(group.prompt_id, None, exc,
@@ -258,7 +258,9 @@ class GroupWorker:
         tokens = sum(len(c.token_ids) for c in completions)
         event = {"event": "done", "worker_id": spec.worker_id, "prompt_id": group.prompt_id,
                  "generations": len(completions), "tokens": tokens,
-                 "capture_errors": len(errors), "capture_reasons": capture_reasons(errors)}
+                 "capture_errors": len(errors), "capture_reasons": capture_reasons(errors),
+                 "no_answer": sum(c.split is not None and c.split.answer_start is None
+                                  for c in completions)}
         if spec.positions:
             event["positions_missing"] = missing_positions(records)
         self.channel.send(event)
@@ -287,8 +289,9 @@ class GroupWorker:
         paths = await asyncio.gather(*[self._capture_path(c) for c in completions],
                                      return_exceptions=True)
         grade = answer_grader(group)
-        grades = [grade(comp.text) for comp in completions]
-        spans = exact_answer_spans(completions, grades) if self.spec.positions else None
+        starts = answer_starts(completions)  # no answer (None): never graded
+        grades = [None if a is None else grade(c.text) for c, a in zip(completions, starts)]
+        spans = exact_answer_spans(completions, grades, starts) if self.spec.positions else None
         if self._capture_bytes(completions) <= _INLINE_LOAD_BYTES:
             captured = self._load_rows(completions, paths, spans)
         else:
@@ -296,8 +299,9 @@ class GroupWorker:
         records, errors = [], []
         for sample_id, (comp, params, rows, graded) in enumerate(
                 zip(completions, requests, captured, grades)):
-            record = GenerationRecord(row=self._generation_row(group, sample_id, comp, params,
-                                                               graded),
+            row = generation_row(group, sample_id, comp, params, graded,
+                                 model_name=self.spec.model_name, worker_id=self.spec.worker_id)
+            record = GenerationRecord(row=row,
                                       label=graded.label if graded is not None else None)
             if isinstance(rows, BaseException):  # activations are optional: keep the generation
                 log.warning("capture failed for %s sample %d: %s", group.prompt_id, sample_id,
@@ -362,7 +366,7 @@ class GroupWorker:
                                         response_len=len(response_ids),
                                         capture_mode=spec.capture_mode, names=spec.positions,
                                         exact_answer_span=span, layer_index=None,
-                                        dtype=spec.dtype)
+                                        dtype=spec.dtype, **split_args(comp))
             else:
                 rows = select_rows(hidden, prompt_len=len(prompt_ids),
                                    response_len=len(response_ids),
@@ -390,39 +394,6 @@ class GroupWorker:
         if isinstance(rows, PositionRows):
             record.activation_row.update(index_fields(rows))
 
-    def _generation_row(self, group: PromptGroup, sample_id: int, comp: Completion,
-                        params: dict[str, Any], graded: Grade | None) -> dict[str, Any]:
-        return {
-            "prompt_id": group.prompt_id, "sample_id": sample_id,
-            "role": "primary" if sample_id == 0 else "sample",
-            "text": comp.text, "finish_reason": comp.finish_reason,
-            "usage": comp.usage, "logprobs": comp.logprobs, "token_ids": comp.token_ids,
-            "request_params": {**params, "model": self.spec.model_name, "n": 1,
-                               "timestamp": utc_now()},
-            "generation_time_ms": comp.elapsed_ms,
-            **_grade_fields(graded),
-            "answer_span": list(graded.span) if graded and graded.span is not None else None,
-            "worker_id": self.spec.worker_id,
-        }
-
-    def _prompt_row(self, group: PromptGroup, primary: Completion,
-                    primary_row: dict[str, Any]) -> dict[str, Any]:
-        """The group's ``prompt_index.jsonl`` row; its label fields are the primary answer's
-        (``primary_row``: sample 0's generation row)."""
-        ref = group.reference
-        reference_answer = ref.get("value") if isinstance(ref, dict) else ref
-        return {
-            "prompt_id": group.prompt_id, "dataset": group.dataset, "split": group.split,
-            "dataset_id": group.dataset_id, "prompt": group.prompt_text,
-            "messages": group.messages, "reference_answer": reference_answer,
-            "reference": ref, "label": primary_row["label"],
-            "label_grader": primary_row["label_grader"],
-            "label_status": primary_row["label_status"], "meta": group.meta,
-            "prompt_token_ids": primary.prompt_token_ids,
-            "num_generations": self.spec.k_samples + 1, "worker_id": self.spec.worker_id,
-            "completed_at": utc_now(),
-        }
-
     def _error(self, exc: BaseException, prompt_id: str | None, sample_id: int | None,
                kind: str) -> dict[str, Any]:
         return error_record(exc, prompt_id, sample_id, kind, worker_id=self.spec.worker_id,
@@ -441,10 +412,3 @@ class GroupWorker:
         if fatal:
             self.fatal = True
             self.channel.send({"event": "fatal", "worker_id": self.spec.worker_id, "error": err})
-
-
-def _grade_fields(graded: Grade | None) -> dict[str, Any]:
-    """``label``, ``label_grader``, ``label_status`` of a generation row (null: not graded)."""
-    if graded is None:
-        return {"label": None, "label_grader": None, "label_status": None}
-    return {"label": graded.label, "label_grader": graded.grader, "label_status": graded.status}

@@ -299,7 +299,7 @@ def _worker_specs(config: RunConfig, plan: RunPlan, root: Path, urls: list[str]
         max_tokens=config.max_tokens, seed=config.seed, groups_in_flight=plan.groups_in_flight,
         request_timeout=config.request_timeout, commit_interval_ms=config.commit_interval_ms,
         check_captures=config.check_captures, driver_pid=os.getpid(),
-        chat_template_kwargs=dict(plan.chat_template_kwargs) or None,
+        chat_template_kwargs=dict(plan.chat_template_kwargs) or None, reasoning=plan.reasoning,
     ) for i in range(plan.worker_count)]
 
 

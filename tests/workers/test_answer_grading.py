@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from hallulog.contracts.answer_kinds import Grade
 from hallulog.contracts.prompt_group import PromptGroup
-from hallulog.workers.worker import _grade_fields, answer_grader
+from hallulog.workers.rows import answer_grader
+from hallulog.workers.rows import grade_fields as _grade_fields
 
 MESSAGES = [{"role": "user", "content": "Q?"}]
 
