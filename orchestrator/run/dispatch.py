@@ -157,6 +157,7 @@ class Drive:
                 tokens=tokens,
                 capture_errors=capture_errors,
                 capture_reasons=reasons,
+                no_answer=int(event.get("no_answer", 0)),
             )
             if self.fleet is not None:
                 self.fleet.progressed(self.pool.workers[wid].spec.server_url)

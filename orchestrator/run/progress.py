@@ -31,6 +31,7 @@ class Progress:
         self.failed = 0
         self.capture_errors = 0
         self.capture_reasons: dict[str, int] = {}
+        self.no_answer = 0
 
     def advance(
         self,
@@ -39,10 +40,13 @@ class Progress:
         tokens: int,
         capture_errors: int = 0,
         capture_reasons: dict[str, int] | None = None,
+        no_answer: int = 0,
     ) -> None:
         """One prompt group done (``capture_errors``: its samples without activations;
-        ``capture_reasons``: those whose rows failed the check, per reason)."""
+        ``capture_reasons``: those whose rows failed the check, per reason; ``no_answer``: its
+        generations whose reasoning never closed)."""
         self.capture_errors += capture_errors
+        self.no_answer += no_answer
         for reason, n in (capture_reasons or {}).items():
             self.capture_reasons[reason] = self.capture_reasons.get(reason, 0) + n
         self.generations += generations
@@ -57,17 +61,15 @@ class Progress:
 
     def _refresh(self) -> None:
         elapsed = max(time.monotonic() - self._start, 1e-6)
-        self._bar.set_postfix(
-            {
-                "gen/s": f"{self.generations / elapsed:.2f}",
-                "tok/s": f"{self.tokens / elapsed:.1f}",
-                "failed": self.failed,
-                "capture_failed": describe_capture_failures(
-                    self.capture_errors, self.capture_reasons
-                ),
-            },
-            refresh=True,
-        )
+        postfix = {
+            "gen/s": f"{self.generations / elapsed:.2f}",
+            "tok/s": f"{self.tokens / elapsed:.1f}",
+            "failed": self.failed,
+            "capture_failed": describe_capture_failures(self.capture_errors, self.capture_reasons),
+        }
+        if self.no_answer:  # reasoning models only: generations whose reasoning never closed
+            postfix["no_answer"] = self.no_answer
+        self._bar.set_postfix(postfix, refresh=True)
 
     def close(self) -> None:
         self._bar.close()
