@@ -66,6 +66,7 @@ def test_chat_logprobs_and_token_ids(server, reference):
         assert entry["top_logprobs"][0]["token"] == entry["token"]  # greedy
         assert abs(values[0] - entry["logprob"]) < 1e-6
     assert out["kv_transfer_params"] is None  # no capture asked for
+    assert choice["message"]["reasoning"] is None  # no think tokens: nothing split out
 
 
 def test_greedy_is_deterministic(server):

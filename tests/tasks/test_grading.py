@@ -208,6 +208,25 @@ def _trivia_artifacts(root: Path) -> None:
         )
 
 
+def test_label_run_skips_answers_whose_reasoning_never_closed(tmp_path):
+    """A ``no_answer`` primary (reasoning cut by --max-tokens) is never sent to a grader."""
+    prompts = [
+        {**TRIVIA_ROW, "prompt_id": "a", "worker_id": 0},
+        {**TRIVIA_ROW, "prompt_id": "b", "worker_id": 0, "label_status": "no_answer"},
+    ]
+    gens = [
+        {"prompt_id": "a", "sample_id": 0, "text": "Paris"},
+        {"prompt_id": "b", "sample_id": 0, "text": "", "label_status": "no_answer"},
+    ]
+    _write_jsonl(tmp_path / "worker_0" / "prompt_index.jsonl", prompts)
+    _write_jsonl(tmp_path / "worker_0" / "generations.jsonl", gens)
+    counts = run(label_run(tmp_path, task="triviaqa", judge_url=None, judge_model=None))
+    assert counts["graded_now"] == 1 and counts["no_answer"] == 1
+    rows = (tmp_path / "labels.jsonl").read_text().splitlines()
+    assert [json.loads(r)["prompt_id"] for r in rows] == ["a"]
+    assert label_counts(tmp_path)["no_answer"] == 1
+
+
 def test_label_run_alias_resumable(tmp_path):
     _trivia_artifacts(tmp_path)
     counts = run(label_run(tmp_path, task="triviaqa", judge_url=None, judge_model=None))
