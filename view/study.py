@@ -6,9 +6,9 @@ Read as the study command documents its output: ``study.json`` holds ``axes`` (t
 and ``cells``, each with a ``name``, its axis values (``values``: a scalar, or a table shown by
 its ``name`` or as ``key=value`` pairs) and its run root (``root``, relative to the study root;
 an absolute one is taken too); ``table.parquet`` has a row per cell × method with at least
-``cell``, ``method``, ``auroc``, ``auroc_lo``, ``auroc_hi``, ``prr`` (``prr_lo``, ``prr_hi``, ``fpr_at_95``, ``fpr_at_95_lo``,
-``fpr_at_95_hi`` when present); ``transfer.parquet`` has ``method``, ``train_cell``, ``test_cell``, ``auroc``. A
-missing piece is one line on the page.
+``cell``, ``method``, ``auroc``, ``auroc_lo``, ``auroc_hi``, ``prr`` (``prr_lo``, ``prr_hi``,
+``fpr_at_95``, ``fpr_at_95_lo``, ``fpr_at_95_hi`` when present); ``transfer.parquet`` has
+``method``, ``train_cell``, ``test_cell``, ``auroc``. A missing piece is one line on the page.
 """
 
 from __future__ import annotations
