@@ -139,15 +139,15 @@ def _rows(geo: dict | None, tokens: list[str] | None) -> dict[str, int]:
         out["last"] = n - 1
     if p is not None:
         out["tbg"] = row_of(p - 1)
-        if len(answer) >= 2:
-            out["slt"] = row_of(p + len(answer) - 2)
-        if named is None or "exact_answer" not in named:
+        if len(answer) >= 2:  # the answer's positions (a reasoning model's start past it)
+            out["slt"] = row_of(answer[-2])
+        if answer and (named is None or "exact_answer" not in named):
             e = baselines.exact_answer_index(tokens or [])
             if e is not None:
-                out["exact"] = row_of(p + e)
+                out["exact"] = row_of(answer[0] + e)
     if named is not None:
         if at and p is not None and "last" not in named:  # last captured: P+R-2 or P+R-1
-            out["last"] = n - 1 if at[-1] >= p + len(answer) - 2 else -1
+            out["last"] = n - 1 if at[-1] >= (answer[-1] - 1 if answer else p - 2) else -1
         for kind, name in (
             ("tbg", "tbg"),
             ("slt", "slt"),

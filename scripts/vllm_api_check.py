@@ -65,6 +65,7 @@ ITEMS: list[tuple[str, str | tuple[str, ...], str, str]] = [
     ("client", CHAT, "symbol", "ChatCompletionRequest.return_token_ids"),
     ("client", CHAT, "symbol", "ChatCompletionRequest.kv_transfer_params"),
     ("client", CHAT, "symbol", "ChatCompletionRequest.chat_template_kwargs"),
+    ("client", CHAT, "symbol", "ChatMessage.reasoning"),
     ("client", CHAT, "symbol", "ChatCompletionResponse.prompt_token_ids"),
     ("client", CHAT, "symbol", "ChatCompletionResponse.kv_transfer_params"),
     ("client", COMPLETION, "symbol", "CompletionRequest.return_token_ids"),
@@ -82,7 +83,7 @@ ITEMS: list[tuple[str, str | tuple[str, ...], str, str]] = [
             "generation_config", "speculative_config", "kv_transfer_config",
             "tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend",
             "max_model_len", "gpu_memory_utilization", "quantization", "enforce_eager",
-            "trust_remote_code",
+            "trust_remote_code", "reasoning_parser",
         )
     ],
     ("flags", "vllm/config/model.py", "text", '"raw_logprobs"'),
