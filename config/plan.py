@@ -89,8 +89,8 @@ class RunPlan:
     ``hallulog.contracts.chat_options``); empty by default."""
     reasoning: ReasoningMarkers | None = None
     """The model's reasoning markers when its generations are split into reasoning and answer
-    (docs/reasoning.md): its tokenizer has ``<think>``/``</think>`` as added tokens and
-    ``--thinking`` is not ``off``; None otherwise."""
+    (docs/reasoning.md): its tokenizer has ``<think>``/``</think>`` as added tokens and the run
+    goes through the chat template; None otherwise."""
 
 
 def stored_of(config: RunConfig, num_hidden_layers: int) -> Stored:
@@ -201,10 +201,11 @@ def plan_run(config: RunConfig, model: ModelInfo, task: TaskPlan | None = None) 
 
 
 def reasoning_of(config: RunConfig, model: ModelInfo) -> ReasoningMarkers | None:
-    """The markers that split ``model``'s generations (``RunPlan.reasoning``): none with
-    ``--thinking off`` or a chat-less run (``--chat false``), else the tokenizer's think tokens.
-    Which generations reason is then decided per generation by its prompt
-    (``contracts/reasoning.py``), so ``auto`` follows the template's own default."""
-    if config.thinking == "off" or not config.chat:
+    """The markers that split ``model``'s generations (``RunPlan.reasoning``): none in a
+    chat-less run (``--chat false``), else the tokenizer's think tokens. Which generations
+    reason is then decided per generation by its prompt (``contracts/reasoning.py``): ``auto``
+    follows the template's own default, ``--thinking off`` closes the block in the prompt (a
+    template that always opens it, as the R1 distills' do, still reasons, and is split)."""
+    if not config.chat:
         return None
     return reasoning_markers(Path(model.path))

