@@ -14,6 +14,7 @@ import pytest
 from hallulog.contracts.layout import ACTIVATION_INDEX, GENERATIONS, PROMPT_INDEX
 
 from tests.e2e.conftest import REPO, read_jsonl, run_orchestrator, worker_rows
+from tests.postrun.test_jsonl_docs import CONSOLIDATED_DOC, WORKER_DOC, check_rows, tables
 from tests.serving.thinking_model import THINK_CLOSE, build_thinking_model
 
 pytestmark = pytest.mark.e2e
@@ -116,6 +117,10 @@ def _check_evaluate(root: Path, out: Path, gens: list[dict]) -> None:
     """consolidate/validate pass and evaluate reads the run: answers only, no_answer counted."""
     report = json.loads((root / "consolidated" / "validation_report.json").read_text())
     assert report["ok"], report["problem_counts"]
+    for doc, key in ((WORKER_DOC, "worker_{i}"), (CONSOLIDATED_DOC, "consolidated")):
+        table = tables(doc)[f"{key}/{GENERATIONS}"]  # the documented fields, reasoning's too
+        path = root / ("worker_0" if key != "consolidated" else key) / GENERATIONS
+        check_rows(key, table, read_jsonl(path), "npy+positions+reasoning")
     logprob = read_jsonl(root / "consolidated" / "exports" / "logprob_inputs.jsonl")
     primaries = {g["prompt_id"]: g for g in gens if g["sample_id"] == 0}
     for row in logprob:  # the answer's tokens only
