@@ -34,9 +34,23 @@ print(json.dumps({"seconds": time.monotonic() - started, "generations": r.genera
 
 
 def _run(root: Path, args: argparse.Namespace, *extra: str) -> float:
-    cmd = [sys.executable, "-m", "orchestrator", "run", "--artifact-root", str(root),
-           "--limit", str(args.limit), "--k-samples", str(args.k), "--max-tokens",
-           str(args.max_tokens), "--progress", "false", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "run",
+        "--artifact-root",
+        str(root),
+        "--limit",
+        str(args.limit),
+        "--k-samples",
+        str(args.k),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--progress",
+        "false",
+        *extra,
+    ]
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -53,25 +67,38 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-attention-") as tmp:
         plain = _run(Path(tmp) / "plain", args)
-        proc = subprocess.run([sys.executable, "-c", PASS, str(Path(tmp) / "plain")],
-                              cwd=REPO, capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", PASS, str(Path(tmp) / "plain")],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             sys.exit(f"attention pass failed:\n{proc.stderr[-3000:]}")
         passed = json.loads(proc.stdout.strip().splitlines()[-1])
-        with_flag = _run(Path(tmp) / "flag", args, "--attention-features", "true") \
-            if args.both else None
+        with_flag = (
+            _run(Path(tmp) / "flag", args, "--attention-features", "true") if args.both else None
+        )
     out = {
-        "bench": "attention", "prompts": args.limit, "k": args.k, "max_tokens": args.max_tokens,
-        "run_s": round(plain, 1), "pass_s": round(passed["seconds"], 1),
-        "generations": passed["generations"], "tokens": passed["tokens"],
+        "bench": "attention",
+        "prompts": args.limit,
+        "k": args.k,
+        "max_tokens": args.max_tokens,
+        "run_s": round(plain, 1),
+        "pass_s": round(passed["seconds"], 1),
+        "generations": passed["generations"],
+        "tokens": passed["tokens"],
         "overhead": round(passed["seconds"] / plain, 3),
         "run_with_flag_s": None if with_flag is None else round(with_flag, 1),
         "ratio_with_flag": None if with_flag is None else round(with_flag / plain, 3),
-        "load": round(os.getloadavg()[0], 1), "cpus": os.cpu_count(),
+        "load": round(os.getloadavg()[0], 1),
+        "cpus": os.cpu_count(),
     }
-    print(f"run {plain:.1f} s; attention pass {passed['seconds']:.1f} s over "
-          f"{passed['generations']} generations ({passed['tokens']} tokens): "
-          f"+{100 * out['overhead']:.1f} %")
+    print(
+        f"run {plain:.1f} s; attention pass {passed['seconds']:.1f} s over "
+        f"{passed['generations']} generations ({passed['tokens']} tokens): "
+        f"+{100 * out['overhead']:.1f} %"
+    )
     print(json.dumps(out))
 
 

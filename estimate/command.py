@@ -200,8 +200,11 @@ def format_estimate(est: Estimate) -> str:
             else ""
         )
         + f"; with ~{human_bytes(est.metadata_bytes)} of metadata a generation"
-        + (f" and {human_bytes(est.attention_bytes)} of attention features"
-           if est.attention_bytes else "")
+        + (
+            f" and {human_bytes(est.attention_bytes)} of attention features"
+            if est.attention_bytes
+            else ""
+        )
         + f" ({est.metadata_basis}): {human_bytes(est.projected_bytes)}"
     )
     if est.basis == "pilot" and est.expected_range is not None:

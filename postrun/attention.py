@@ -18,7 +18,9 @@ head's attention matrix (rows queries, columns keys, rows summing to 1):
   of LapEigvals' Laplacian L = D - A (in-degree over the tokens that can attend to q,
   normalised by their count). L is lower triangular, so these are its eigenvalues.
 
-Committed in parts (``hallulog.storage.attention_format``): a SIGKILLed pass loses at most the
+Per prompt, the prompt but its last token goes through the model once; its keys and values
+serve up to ``GROUP_ROWS`` of its answers in one pass (the prompt is not recomputed per
+answer). Committed in parts (``hallulog.storage.attention_format``): a SIGKILLed pass loses at most the
 batch in flight, and the next pass does only the generations no part holds.
 """
 
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from hallulog.contracts import layout
 from hallulog.contracts.errors import ArtifactError
 from hallulog.contracts.jsonl import iter_lines
@@ -41,33 +44,41 @@ __all__ = ["summaries", "attention_pass", "AttentionPassResult", "load_eager_mod
 
 logger = logging.getLogger(__name__)
 
-MAP_BUDGET = 256 * 2**20  # bytes of attention maps one batch may hold (every layer)
+GROUP_ROWS = 16  # answers of one prompt in one forward pass
 PART_GENERATIONS = 256  # generations per committed part
 
 
-def summaries(attentions, prompt_lens, lengths) -> list[np.ndarray]:
-    """The summaries of a right-padded batch: ``attentions`` one ``[batch, heads, N, N]`` per
-    layer (rows sum to 1), ``prompt_lens[b]`` = P, ``lengths[b]`` = n real positions of row b.
-    Returns per sequence ``[n - P + 1, layers, heads, 5]`` float32 (rows q = P - 1 .. n - 1)."""
-    batch, _, width, _ = attentions[0].shape
-    keys = torch.arange(width)
+def summaries(attentions, prompt_lens, lengths, offset: int = 0) -> list[np.ndarray]:
+    """The summaries of a right-padded batch: ``attentions`` one ``[batch, heads, rows, keys]``
+    per layer (rows sum to 1), row ``i`` the query at position ``offset + i``, key ``k`` position
+    ``k``; ``prompt_lens[b]`` = P, ``lengths[b]`` = n real positions of sequence b. Returns per
+    sequence ``[n - P + 1, layers, heads, 5]`` float32 (queries q = P - 1 .. n - 1)."""
+    batch, _, rows, width = attentions[0].shape
+    if width != offset + rows:
+        raise ValueError(f"attention over {width} keys, expected {offset} + {rows}")
+    keys, queries = torch.arange(width), offset + torch.arange(rows)
     prompt_lens_t = torch.as_tensor(prompt_lens)
     lengths_t = torch.as_tensor(lengths)
-    in_prompt = (keys[None, :] < prompt_lens_t[:, None]).to(attentions[0].dtype)[:, None, None]
-    real_query = (keys[None, :] < lengths_t[:, None]).to(attentions[0].dtype)[:, None, :, None]
-    count = (lengths_t[:, None] - keys[None, :]).clamp(min=1)[:, None, :]  # n - q
+    dtype = attentions[0].dtype
+    in_prompt = (keys[None, :] < prompt_lens_t[:, None]).to(dtype)[:, None, None]
+    real_query = (queries[None, :] < lengths_t[:, None]).to(dtype)[:, None, :, None]
+    count = (lengths_t[:, None] - queries[None, :]).clamp(min=1)[:, None, :]  # n - q
     layers = []
     for a in attentions:
         a = a.float()
-        context = (a * in_prompt).sum(-1)  # [B, H, N]
+        context = (a * in_prompt).sum(-1)  # [B, H, rows]
         generated = (a * (1 - in_prompt)).sum(-1)
-        diag = torch.diagonal(a, dim1=-2, dim2=-1)
-        previous = torch.nn.functional.pad(torch.diagonal(a, offset=-1, dim1=-2, dim2=-1), (1, 0))
-        indegree = (a * real_query).sum(-2) / count
+        diag = torch.diagonal(a, offset=offset, dim1=-2, dim2=-1)
+        if offset:
+            previous = torch.diagonal(a, offset=offset - 1, dim1=-2, dim2=-1)
+        else:
+            previous = F.pad(torch.diagonal(a, offset=-1, dim1=-2, dim2=-1), (1, 0))
+        indegree = (a[..., offset:] * real_query).sum(-2) / count  # keys q = offset + i
         layers.append(torch.stack((context, generated, previous, diag, indegree - diag), -1))
-    stacked = torch.stack(layers, 1).permute(0, 3, 1, 2, 4)  # [B, N, L, H, 5]
+    stacked = torch.stack(layers, 1).permute(0, 3, 1, 2, 4)  # [B, rows, L, H, 5]
     return [
-        stacked[b, prompt_lens[b] - 1 : lengths[b]].numpy().astype(np.float32) for b in range(batch)
+        stacked[b, prompt_lens[b] - 1 - offset : lengths[b] - offset].numpy().astype(np.float32)
+        for b in range(batch)
     ]
 
 
@@ -83,26 +94,44 @@ def load_eager_model(model_path: str | Path, device: str = "cpu"):
 
 
 @torch.inference_mode()
-def _batch_features(model, batch) -> list[np.ndarray]:
-    """``batch``: ``(prompt_ids, answer_ids)`` pairs; their summaries."""
+def _group_features(model, prompt_ids, answers) -> list[np.ndarray]:
+    """The summaries of the ``answers`` of one prompt: the prompt but its last token goes
+    through the model once, its keys and values are shared by the answers' rows, which start
+    at the prompt's last token (the first decode step's query)."""
+    from transformers import DynamicCache
+
     device = next(model.parameters()).device
-    seqs = [list(p) + list(a[:-1]) for p, a in batch]
-    lengths = [len(s) for s in seqs]
-    width = max(lengths)
+    prefix = len(prompt_ids) - 1
+    cache = DynamicCache(config=model.config)
+    if prefix:
+        model(
+            input_ids=torch.tensor([prompt_ids[:-1]], device=device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache.batch_repeat_interleave(len(answers))
+    seqs = [[prompt_ids[-1], *a[:-1]] for a in answers]
+    width = max(len(s) for s in seqs)
     ids = torch.zeros((len(seqs), width), dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    mask = torch.zeros((len(seqs), prefix + width), dtype=torch.long)
+    mask[:, :prefix] = 1
     for b, s in enumerate(seqs):
         ids[b, : len(s)] = torch.tensor(s)
-        mask[b, : len(s)] = 1
+        mask[b, prefix : prefix + len(s)] = 1
+    positions = (prefix + torch.arange(width))[None].expand(len(seqs), -1)
     out = model(
         input_ids=ids.to(device),
         attention_mask=mask.to(device),
+        position_ids=positions.to(device),
+        past_key_values=cache if prefix else None,
+        use_cache=bool(prefix),
         output_attentions=True,
-        use_cache=False,
         logits_to_keep=1,
     )
     maps = [a.to("cpu") for a in out.attentions]
-    return summaries(maps, [len(p) for p, _ in batch], lengths)
+    lengths = [prefix + len(s) for s in seqs]
+    return summaries(maps, [len(prompt_ids)] * len(seqs), lengths, offset=prefix)
 
 
 def _generations(root: Path):
@@ -140,45 +169,28 @@ def attention_pass(root: str | Path, model_path: str | Path, *, device: str = "c
     result = AttentionPassResult()
     done = done_keys(root)
     model = model if model is not None else load_eager_model(model_path, device)
-    config = model.config
-    cell = config.num_hidden_layers * config.num_attention_heads * 4
-    batch, keys, part_keys, part_feats = [], [], [], []
-
-    def run_batch() -> None:
-        if batch:
-            part_feats.extend(_batch_features(model, batch))
-            part_keys.extend(keys)
-            batch.clear()
-            keys.clear()
-        if len(part_keys) >= PART_GENERATIONS:
-            commit()
-
-    def commit() -> None:
-        if part_keys:
-            write_part(root, list(part_keys), list(part_feats))
-            part_keys.clear()
-            part_feats.clear()
-
+    part_keys, part_feats = [], []
     for prompt_ids, rows in _generations(root):
+        todo = []
         for row in rows:
             key = (row["prompt_id"], int(row["sample_id"]), row["commit_id"])
-            answer = row.get("token_ids") or []
             if key in done:
                 result.already += 1
-                continue
-            if not answer or not prompt_ids:
+            elif not row.get("token_ids") or not prompt_ids:
                 result.skipped += 1
-                continue
-            n = len(prompt_ids) + len(answer) - 1
-            widest = max([n, *(len(p) + len(a) - 1 for p, a in batch)])
-            if batch and (len(batch) + 1) * widest * widest * cell > MAP_BUDGET:
-                run_batch()
-            batch.append((prompt_ids, answer))
-            keys.append((*key, len(prompt_ids)))
-            result.generations += 1
-            result.tokens += len(answer)
-    run_batch()
-    commit()
+            else:
+                todo.append((key, row["token_ids"]))
+        for at in range(0, len(todo), GROUP_ROWS):
+            chunk = todo[at : at + GROUP_ROWS]
+            part_feats.extend(_group_features(model, prompt_ids, [a for _, a in chunk]))
+            part_keys.extend((*key, len(prompt_ids)) for key, _ in chunk)
+            result.generations += len(chunk)
+            result.tokens += sum(len(a) for _, a in chunk)
+        if len(part_keys) >= PART_GENERATIONS:
+            write_part(root, part_keys, part_feats)
+            part_keys, part_feats = [], []
+    if part_keys:
+        write_part(root, part_keys, part_feats)
     result.seconds = time.monotonic() - started
     logger.info(
         "attention pass: %d generations, %d tokens in %.1f s (%d already stored, %d empty)",

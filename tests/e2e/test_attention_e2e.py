@@ -15,6 +15,7 @@ import torch
 from hallulog.contracts import layout
 from hallulog.storage.attention_format import FEATURES, iter_generations, part_paths
 
+from hallulog import open_run
 from tests.e2e.conftest import REPO, read_jsonl, run_orchestrator
 
 pytestmark = pytest.mark.e2e
@@ -54,13 +55,13 @@ def test_every_generation_has_its_summaries(attention_run):
 
     consolidated = layout.consolidated_dir(attention_run)
     gens = {
-        (r["prompt_id"], r["sample_id"]): r
-        for r in read_jsonl(consolidated / layout.GENERATIONS)
+        (r["prompt_id"], r["sample_id"]): r for r in read_jsonl(consolidated / layout.GENERATIONS)
     }
     prompts = {r["prompt_id"]: r for r in read_jsonl(consolidated / layout.PROMPT_INDEX)}
     assert part_paths(attention_run)
     stored = {(g.prompt_id, g.sample_id): g for g in iter_generations(attention_run)}
     assert set(stored) == set(gens) and len(stored) == 8
+    assert len(list(open_run(attention_run).attention())) == 8
     model = AutoModelForCausalLM.from_pretrained(
         str(default_model_dir()), attn_implementation="eager", dtype=torch.float32
     ).eval()
@@ -81,9 +82,24 @@ def test_every_generation_has_its_summaries(attention_run):
 
 def test_evaluate_scores_the_attention_methods(attention_run):
     proc = subprocess.run(
-        [sys.executable, "-m", "hallulog", "evaluate", "--artifact-root", str(attention_run),
-         "--methods", "attention", "--no-plots", "--no-embeddings", "--bootstrap", "20"],
-        capture_output=True, text=True, cwd=REPO, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "hallulog",
+            "evaluate",
+            "--artifact-root",
+            str(attention_run),
+            "--methods",
+            "attention",
+            "--no-plots",
+            "--no-embeddings",
+            "--bootstrap",
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((layout.evaluation_dir(attention_run) / layout.REPORT_JSON).read_text())
@@ -102,6 +118,23 @@ def test_a_second_pass_redoes_nothing(attention_run):
     result = attention_pass(attention_run, default_model_dir())
     assert (result.generations, result.already) == (0, 8)
     assert [p.stat().st_mtime_ns for p in part_paths(attention_run)] == before
+
+
+def test_a_part_killed_before_its_rename_is_redone(attention_run):
+    """A pass SIGKILLed mid-part leaves only its hidden temporary file: the next pass (the run
+    started again) writes the part's generations, the same values."""
+    from hallulog.postrun.attention import attention_pass
+    from hallulog.serving.model_loader import default_model_dir
+
+    before = {(g.prompt_id, g.sample_id): g.features for g in iter_generations(attention_run)}
+    (part,) = part_paths(attention_run)
+    part.rename(part.with_name(f".{part.name}.partial"))
+    result = attention_pass(attention_run, default_model_dir())
+    assert (result.generations, result.already) == (8, 0)
+    after = {(g.prompt_id, g.sample_id): g.features for g in iter_generations(attention_run)}
+    assert set(after) == set(before)
+    for key, f in before.items():
+        np.testing.assert_array_equal(after[key], f)
 
 
 def test_a_default_run_stores_no_attention(tmp_path):

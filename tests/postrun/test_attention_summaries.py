@@ -35,6 +35,14 @@ def test_summaries_of_a_hand_computed_matrix():
     np.testing.assert_allclose(f[:, 0, 0], EXPECTED, atol=1e-6)
 
 
+def test_rows_from_the_prompts_last_token_on():
+    """The pass's own layout: the prompt but its last token cached, rows from position P - 1."""
+    (f,) = summaries([torch.tensor([[A[1:]]])], [2], [4], offset=1)
+    np.testing.assert_allclose(f[:, 0, 0], EXPECTED, atol=1e-6)
+    with pytest.raises(ValueError, match="keys"):
+        summaries([torch.tensor([[A[1:]]])], [2], [4], offset=2)
+
+
 def test_padding_rows_and_columns_are_left_out():
     """A right-padded shorter sequence: its padding query row (garbage) adds nothing to the
     in-degree, and its rows are its own."""
@@ -51,8 +59,11 @@ def test_padding_rows_and_columns_are_left_out():
     d1 = (0.75 + 0.6) / 2
     np.testing.assert_allclose(
         second[:, 0, 0],
-        [[1.0, 0.0, 0.0, 1.0, 1.35 / 3 - 1.0], [0.25, 0.75, 0.25, 0.75, d1 - 0.75],
-         [0.1, 0.9, 0.6, 0.3, 0.0]],
+        [
+            [1.0, 0.0, 0.0, 1.0, 1.35 / 3 - 1.0],
+            [0.25, 0.75, 0.25, 0.75, d1 - 0.75],
+            [0.1, 0.9, 0.6, 0.3, 0.0],
+        ],
         atol=1e-6,
     )
 
@@ -101,6 +112,10 @@ def test_rauq_equals_lm_polygraph(alpha):
     for j in range(1, m):  # attention of token j to token j - 1 = row j + 1's ``previous``
         att[:, :, j, j - 1] = f[j + 1, :, :, 2]
     est = lmp.RAUQ(alpha=alpha, n_layers=layers, n_heads=heads)
-    theirs = est({"attention_all": [att.reshape(layers * heads, m, m)],
-                  "greedy_log_likelihoods": [logprobs[:m]]})
+    theirs = est(
+        {
+            "attention_all": [att.reshape(layers * heads, m, m)],
+            "greedy_log_likelihoods": [logprobs[:m]],
+        }
+    )
     assert rauq_score(f, logprobs, alpha) == pytest.approx(float(theirs[0]), rel=1e-6)
