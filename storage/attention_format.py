@@ -134,9 +134,14 @@ def done_keys(root: str | Path) -> set[tuple[str, int, str]]:
     """``(prompt_id, sample_id, commit_id)`` of every generation the committed parts hold."""
     keys: set[tuple[str, int, str]] = set()
     for path in part_paths(root):
-        for pid, sid, commit, _ in json.loads(_metadata(path)["generations"]):
+        for pid, sid, commit, _ in _entries(_metadata(path)):
             keys.add((pid, int(sid), commit))
     return keys
+
+
+def _entries(metadata: dict) -> list:
+    """A part's ``generations`` entries (its metadata is one JSON document, not JSONL)."""
+    return json.loads(metadata["generations"])
 
 
 def iter_generations(root: str | Path) -> Iterator[AttentionGeneration]:
@@ -153,7 +158,7 @@ def iter_generations(root: str | Path) -> Iterator[AttentionGeneration]:
             raise ArtifactError(
                 f"{path}: unreadable attention part ({exc}); delete it and rerun the attention pass"
             ) from None
-        gens = json.loads(meta["generations"])
+        gens = _entries(meta)
         if len(gens) != len(rows) or int(rows.sum()) != len(features):
             raise ArtifactError(
                 f"{path}: rows and generations disagree; delete it and rerun the attention pass"
