@@ -44,9 +44,11 @@ class Backend:
     reserved: ClassVar[Mapping[str, str]]
     """Flags of its command line hallulog sets itself, which ``--engine-args`` may not give
     (flag → what to use instead)."""
-    process_marker: ClassVar[bytes]
-    """Bytes of its command line that mark a server process of this kind (a crashed run's
-    leftover servers are killed only when their command line holds one)."""
+    process_markers: ClassVar[tuple[bytes, ...]]
+    """Module arguments (``-m NAME ``) that mark a server process of this kind in its command
+    line (NULs read as spaces): a crashed run's leftover servers are killed only when their
+    command line holds one. A module argument, not a bare word, so that a checkout or venv path
+    holding the word never matches."""
     health_path: ClassVar[str] = "/health"
     """Answers 200 once the server serves."""
 

@@ -61,7 +61,7 @@ class EmbeddedBackend(Backend):
     default_groups_in_flight = 32
     takes = frozenset({"max_model_len", "max_memory_gb", "engine_args"})
     reserved = EMBEDDED_RESERVED
-    process_marker = b"serving"
+    process_markers = (b"-m hallulog.serving ",)
 
     def refuse_option(self, name: str, value: Any) -> str:
         shown = "" if isinstance(value, bool) else f" {value}"

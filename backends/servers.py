@@ -97,7 +97,7 @@ def kill_stale_servers(servers_dir: Path) -> list[int]:
     """Kill the process groups recorded in ``servers_dir/*.pid`` by a run that crashed.
 
     A group is killed only while its leader's command line still names a backend's server
-    (``Backend.process_marker``), so a recycled pid is never hit. Returns the killed group ids.
+    (``Backend.process_markers``), so a recycled pid is never hit. Returns the killed group ids.
     """
     killed = []
     for pidfile in Path(servers_dir).glob("*.pid"):
@@ -107,7 +107,7 @@ def kill_stale_servers(servers_dir: Path) -> list[int]:
         except (ValueError, IndexError, OSError):
             pidfile.unlink(missing_ok=True)
             continue
-        if any(backend.process_marker in cmdline for backend in BACKENDS.values()):
+        if any(m in cmdline for b in BACKENDS.values() for m in b.process_markers):
             log.warning("killing stale server process group %d left by a crashed run", pgid)
             _signal_group(pgid, signal.SIGKILL)
             killed.append(pgid)

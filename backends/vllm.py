@@ -94,7 +94,7 @@ class VllmBackend(Backend):
         }
     )
     reserved = VLLM_RESERVED
-    process_marker = b"vllm"
+    process_markers = (b"-m hallulog_vllm.serve ", b"-m vllm.entrypoints.openai.api_server ")
 
     def require(self) -> None:
         require_installed("vllm", "--backend vllm")

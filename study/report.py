@@ -116,6 +116,8 @@ def compare_markdown(result) -> str:
     out += [""] + [f"- {w}" for w in result.warnings] + ([""] if result.warnings else [])
     out += ["## AUROC [95% CI]", ""] + _pivot(result.table, cells, "auroc") + [""]
     out += ["## PRR [95% CI]", ""] + _pivot(result.table, cells, "prr") + [""]
+    out += ["## FPR at 95 % TPR [95% CI] (lower is better)", ""]
+    out += _pivot(result.table, cells, "fpr_at_95") + [""]
     out += ["## Paired bootstrap between cells sharing prompts", ""] + _paired(result.paired)
     out += ["## Transfer", ""] + _transfer(result.transfer, cells, result.transfer_stats)
     out += [f"![{p}]({p})" for p in result.plots]

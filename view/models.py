@@ -206,6 +206,9 @@ class CompareValue(_Model):
     prr: float | None
     prr_lo: float | None = None
     prr_hi: float | None = None
+    fpr_at_95: float | None = None
+    fpr_at_95_lo: float | None = None
+    fpr_at_95_hi: float | None = None
 
 
 class StudyCell(_Model):

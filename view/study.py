@@ -6,9 +6,9 @@ Read as the study command documents its output: ``study.json`` holds ``axes`` (t
 and ``cells``, each with a ``name``, its axis values (``values``: a scalar, or a table shown by
 its ``name`` or as ``key=value`` pairs) and its run root (``root``, relative to the study root;
 an absolute one is taken too); ``table.parquet`` has a row per cell × method with at least
-``cell``, ``method``, ``auroc``, ``auroc_lo``, ``auroc_hi``, ``prr`` (``prr_lo``, ``prr_hi`` when
-present); ``transfer.parquet`` has ``method``, ``train_cell``, ``test_cell``, ``auroc``. A
-missing piece is one line on the page.
+``cell``, ``method``, ``auroc``, ``auroc_lo``, ``auroc_hi``, ``prr`` (``prr_lo``, ``prr_hi``,
+``fpr_at_95``, ``fpr_at_95_lo``, ``fpr_at_95_hi`` when present); ``transfer.parquet`` has
+``method``, ``train_cell``, ``test_cell``, ``auroc``. A missing piece is one line on the page.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ __all__ = ["is_study", "StudyFiles", "open_study", "study_page"]
 
 _PNG = re.compile(r"^[\w.-]+\.png$")
 _TABLE_COLUMNS = ("cell", "method", "auroc", "auroc_lo", "auroc_hi", "prr")
+_TABLE_OPTIONAL = ("prr_lo", "prr_hi", "fpr_at_95", "fpr_at_95_lo", "fpr_at_95_hi")
 _TRANSFER_COLUMNS = ("method", "train_cell", "test_cell", "auroc")
 
 
@@ -145,7 +146,7 @@ def study_page(files: StudyFiles) -> StudyPage:
     table: dict[str, dict[str, CompareValue]] = {}
     methods: list[str] = []
     if files.table is not None:
-        for r in _read(files.table, _TABLE_COLUMNS, ("prr_lo", "prr_hi")):
+        for r in _read(files.table, _TABLE_COLUMNS, _TABLE_OPTIONAL):
             methods.append(r["method"])
             table.setdefault(str(r["cell"]), {})[r["method"]] = CompareValue(
                 auroc=_num(r["auroc"]),
@@ -154,6 +155,9 @@ def study_page(files: StudyFiles) -> StudyPage:
                 prr=_num(r["prr"]),
                 prr_lo=_num(r.get("prr_lo")),
                 prr_hi=_num(r.get("prr_hi")),
+                fpr_at_95=_num(r.get("fpr_at_95")),
+                fpr_at_95_lo=_num(r.get("fpr_at_95_lo")),
+                fpr_at_95_hi=_num(r.get("fpr_at_95_hi")),
             )
     transfer = []
     if files.transfer is not None:

@@ -175,7 +175,8 @@ def test_servers_left_by_a_sigkilled_run_are_stopped_by_the_rerun(tmp_path, fore
     port = _free_in_range(9380)
     # stands in for `python -m hallulog.serving ...` (the name kill_stale_servers checks)
     left = subprocess.Popen(
-        [sys.executable, "-c", FOREIGN, str(port), "serving"], start_new_session=True
+        [sys.executable, "-c", FOREIGN, str(port), "-m", "hallulog.serving", "--model", "x"],
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 20

@@ -60,6 +60,7 @@ def test_cells_not_run_or_not_evaluated_are_named(compared):
     assert "no run root" in compared.skipped["synthetic__seed3"]
     report = (compared.out / "report.md").read_text()
     assert "synthetic__seed3 |" in report and "skipped, no run root" in report
+    assert "## FPR at 95 % TPR" in report
 
 
 def test_paired_rows_only_between_cells_sharing_prompts(synthetic_study, compared):

@@ -42,6 +42,11 @@ def test_the_study_page_reads_compare_output(viewed):
             (r["auroc"], r["auroc_lo"], r["auroc_hi"], r["prr"], r["prr_lo"], r["prr_hi"]),
             nan_ok=True,
         )
+        fpr = (v.fpr_at_95, v.fpr_at_95_lo, v.fpr_at_95_hi)
+        want = (r["fpr_at_95"], r["fpr_at_95_lo"], r["fpr_at_95_hi"])
+        assert [x if x is not None else float("nan") for x in fpr] == pytest.approx(
+            want, nan_ok=True
+        )
     grid = pq.read_table(compare / layout.COMPARE_TRANSFER).to_pylist()
     matrices = {t.method: t for t in page.transfer}
     assert set(matrices) == {g["method"] for g in grid}
@@ -65,3 +70,4 @@ def test_the_export_of_a_compared_study_shows_its_table(viewed, tmp_path):
         if r["cell"] == "synthetic__seed1" and r["method"] == "logprob_min"
     )
     assert f"{row['auroc']:.3f}" in html and "got_logistic_last" in html
+    assert 'id="compare-fpr95"' in html and f"{row['fpr_at_95']:.3f}" in html
