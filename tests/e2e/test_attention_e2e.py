@@ -1,6 +1,7 @@
 """``--attention-features`` on the real SmolLM2: the attention pass after a real run, its file,
 its values against an independent eager pass of transformers, ``evaluate``'s attention methods,
-a second pass that finds everything done, and a default run that stores none of it."""
+a second pass that finds everything done, a default run that stores none of it (and gets them
+from ``hallulog consolidate --attention-features true`` afterwards)."""
 
 from __future__ import annotations
 
@@ -142,3 +143,12 @@ def test_a_default_run_stores_no_attention(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert not layout.attention_dir(tmp_path).exists()
     assert "attention" not in proc.stderr.lower()
+    # added afterwards to the finished run (a vLLM run's way too): hallulog consolidate
+    proc = subprocess.run(
+        [sys.executable, "-m", "hallulog", "consolidate", "--artifact-root", str(tmp_path),
+         "--limit", "2", "--attention-features", "true"],
+        capture_output=True, text=True, cwd=REPO, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "attention features: 4 generations" in proc.stdout
+    assert len(list(iter_generations(tmp_path))) == 4
