@@ -145,9 +145,22 @@ def test_a_default_run_stores_no_attention(tmp_path):
     assert "attention" not in proc.stderr.lower()
     # added afterwards to the finished run (a vLLM run's way too): hallulog consolidate
     proc = subprocess.run(
-        [sys.executable, "-m", "hallulog", "consolidate", "--artifact-root", str(tmp_path),
-         "--limit", "2", "--attention-features", "true"],
-        capture_output=True, text=True, cwd=REPO, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "hallulog",
+            "consolidate",
+            "--artifact-root",
+            str(tmp_path),
+            "--limit",
+            "2",
+            "--attention-features",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "attention features: 4 generations" in proc.stdout
