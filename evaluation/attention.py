@@ -88,7 +88,7 @@ def lap_topk(f: np.ndarray, k: int = LAP_K) -> np.ndarray:
 
 
 def _alpha(run) -> float:
-    name = str(run.manifest().get("model_name") or "").lower()
+    name = str(run.manifest().get("model") or "").lower()
     return 0.5 if "instruct" in name else 0.2
 
 

@@ -119,3 +119,19 @@ def test_rauq_equals_lm_polygraph(alpha):
         }
     )
     assert rauq_score(f, logprobs, alpha) == pytest.approx(float(theirs[0]), rel=1e-6)
+
+
+def test_rauq_alpha_follows_the_models_name():
+    """LM-Polygraph's defaults: 0.5 for an instruction-tuned model, 0.2 otherwise (the
+    manifest's ``model``)."""
+    from hallulog.evaluation.attention import _alpha
+
+    class _Run:
+        def __init__(self, model):
+            self.model = model
+
+        def manifest(self):
+            return {"model": self.model}
+
+    assert _alpha(_Run("SmolLM2-135M-Instruct")) == 0.5
+    assert _alpha(_Run("Llama-3-8B")) == 0.2
