@@ -82,8 +82,10 @@ def summaries(attentions, prompt_lens, lengths, offset: int = 0) -> list[np.ndar
     ]
 
 
-def load_eager_model(model_path: str | Path, device: str = "cpu"):
-    """The model with transformers' eager attention (its weights are returned)."""
+def load_eager_model(model_path: str | Path, device: str | None = None):
+    """The model with transformers' eager attention (its weights are returned); ``device``
+    None: the first GPU where torch sees one (bfloat16), else the CPU (float32)."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     from transformers import AutoModelForCausalLM
 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
@@ -161,7 +163,9 @@ class AttentionPassResult:
     seconds: float = 0.0
 
 
-def attention_pass(root: str | Path, model_path: str | Path, *, device: str = "cpu", model=None):
+def attention_pass(
+    root: str | Path, model_path: str | Path, *, device: str | None = None, model=None
+):
     """Write the summaries of every consolidated generation of ``root`` no committed part holds
     (``model``: an eager model already loaded)."""
     started = time.monotonic()
