@@ -22,7 +22,16 @@ from prometheus_client.registry import Collector
 __all__ = ["SnapshotCollector", "make_registry", "render", "CONTENT_TYPE"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-PHASES = ("starting", "running", "labeling", "consolidating", "exporting", "done", "failed")
+PHASES = (
+    "starting",
+    "running",
+    "labeling",
+    "consolidating",
+    "exporting",
+    "attention",
+    "done",
+    "failed",
+)
 
 
 class SnapshotCollector(Collector):

@@ -93,6 +93,16 @@ def consolidate_command(config: RunConfig, *, merge: bool = False) -> int:
         config.artifact_root, expected_prompt_ids=plan_task(config).prompt_ids, merge=merge
     )
     print_finished(done)
+    if config.attention_features and done.ok:  # any run, any backend: docs/formats/attention.md
+        from hallulog.contracts.run_manifest import RunManifest
+        from hallulog.postrun.attention import attention_pass
+
+        model = RunManifest.require(config.artifact_root).model_path
+        passed = attention_pass(config.artifact_root, model)
+        print(
+            f"attention features: {passed.generations} generations ({passed.tokens} tokens) in "
+            f"{passed.seconds:.1f} s, {passed.already} already stored"
+        )
     return 0 if done.ok else 1
 
 

@@ -25,14 +25,8 @@ from hallulog.config.fields import (SECRET_FIELDS, fingerprint_when_set, fingerp
 from hallulog.config.profiles import PROFILES, LoggingProfile, select_layer_ids
 from hallulog.storage.registry import StorageFormat
 
-__all__ = [
-    "LoggingProfile",
-    "PROFILES",
-    "RunConfig",
-    "ConfigError",
-    "select_layer_ids",
-    "SECRET_FIELDS",
-]
+__all__ = ["LoggingProfile", "PROFILES", "RunConfig", "ConfigError", "select_layer_ids",
+           "SECRET_FIELDS"]
 
 # The choice fields' types: the values allowed (checked in __post_init__) and the CLI's choices.
 CaptureMode = Literal["generation", "prefill"]
@@ -181,6 +175,8 @@ class RunConfig:
     prefill-only request with prompt + response token ids: every token)."""
     check_captures: bool = outside_fingerprint(True)
     """Fail a capture whose stored rows would be all zeros, non-finite, or the same for two different tokens: the generation is kept without activations, counted as a capture failure with its reason (false: store captures as they come; docs/alignment.md)."""
+    attention_features: bool = fingerprint_when_set(False)
+    """Store per-token attention summaries per layer and head after the run (an attention pass over prompt + answer, any backend): what Lookback Lens, RAUQ, AttentionScore and LapEigvals read (docs/formats/attention.md)."""
     storage_format: StorageFormat = DEFAULT_STORAGE_FORMAT  # type: ignore[assignment]
     """Activation store format written by the workers: packed (default: the fastest reader in
     bench/bench_storage.py), npy (one file per activation, seed 003 §6.4) or zarr (seed 000)."""

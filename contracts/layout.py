@@ -85,6 +85,9 @@ __all__ = [
     "spool_dir",
     "run_spool_dir",
     "activations_dir",
+    "ATTENTION",
+    "attention_dir",
+    "attention_part",
 ]
 
 MANIFEST = "run_manifest.json"
@@ -99,6 +102,9 @@ ALIGNMENT_AUDIT = "alignment_audit.json"
 """``consolidated/alignment_audit.json``: the report of ``--validate-only --deep``."""
 ACTIVATIONS = "activations"
 """A worker's (or ``consolidated/``'s) activation store directory."""
+ATTENTION = "attention"
+"""The artifact root's attention summaries (``--attention-features``): one
+``part-NNNNNN.safetensors`` per committed batch (docs/formats/attention.md)."""
 
 PROMPT_INDEX = "prompt_index.jsonl"
 GENERATIONS = "generations.jsonl"
@@ -258,3 +264,13 @@ def spool_dir(
 ) -> Path:
     """Where server ``server_index`` writes capture files for the workers to pick up."""
     return run_spool_dir(artifact_root, spool_root) / f"server_{server_index}"
+
+
+def attention_dir(artifact_root: str | Path) -> Path:
+    """``<root>/attention/``: the attention summaries (docs/formats/attention.md)."""
+    return Path(artifact_root) / ATTENTION
+
+
+def attention_part(index: int) -> str:
+    """The file name of attention part ``index``."""
+    return f"part-{index:06d}.safetensors"

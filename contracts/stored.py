@@ -40,6 +40,9 @@ class Stored:
     request of prompt + response)."""
     positions: tuple[str, ...] | None = None
     """Token positions by name, exactly when :attr:`sequence_mode` is ``positions``."""
+    attention_features: bool = False
+    """Per-token attention summaries per layer and head (``--attention-features``,
+    docs/formats/attention.md)."""
 
     def __post_init__(self) -> None:
         if self.sequence_mode not in SEQUENCE_MODES:

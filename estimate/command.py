@@ -20,6 +20,7 @@ from hallulog.config.plan import plan_run
 from hallulog.config.run_config import RunConfig
 from hallulog.contracts import layout
 from hallulog.contracts.errors import ConfigError
+from hallulog.estimate.attention import attention_bytes, model_heads
 from hallulog.estimate.measure import Lengths, free_bytes, measure_run, pilot_lengths, task_prompts
 from hallulog.estimate.projection import Estimate, Selection, human_bytes, project
 
@@ -122,6 +123,8 @@ def estimate(
         num_hidden_layers=num_layers,
         metadata_bytes=measured.metadata_bytes_per_generation if measured else None,
     )
+    if plan.stored.attention_features:
+        est.attention_bytes = _attention_bytes(est, model_dir or model.path, config.max_tokens)
     if rate is not None:
         est.rate, est.rate_source = rate, "given"
     elif measured is not None and measured.rate:
@@ -131,6 +134,18 @@ def estimate(
     if config.max_storage_gb is not None:
         est.cap_bytes = config.max_storage_gb * 1e9
     return est
+
+
+def _attention_bytes(est: Estimate, model_dir: Path, max_tokens: int) -> float:
+    """``--attention-features``' bytes per generation: the expected answer length where known,
+    else --max-tokens; 0 (with a note) when the model's head count is unknown."""
+    heads = model_heads(model_dir)
+    if heads is None:
+        est.notes.append(f"attention features not counted: no head count in {model_dir}")
+        return 0.0
+    mean = est.lengths.response_mean if est.basis == "pilot" else None
+    tokens = min(mean, max_tokens) if mean is not None else max_tokens
+    return attention_bytes(tokens, est.num_hidden_layers, heads)
 
 
 def _merge(lengths: Lengths, **changes: Any) -> Lengths:
@@ -184,8 +199,13 @@ def format_estimate(est: Estimate) -> str:
             if est.basis == "pilot"
             else ""
         )
-        + f"; with ~{human_bytes(est.metadata_bytes)} of metadata a generation "
-        f"({est.metadata_basis}): {human_bytes(est.projected_bytes)}"
+        + f"; with ~{human_bytes(est.metadata_bytes)} of metadata a generation"
+        + (
+            f" and {human_bytes(est.attention_bytes)} of attention features"
+            if est.attention_bytes
+            else ""
+        )
+        + f" ({est.metadata_basis}): {human_bytes(est.projected_bytes)}"
     )
     if est.basis == "pilot" and est.expected_range is not None:
         lo, hi = (b * est.generations for b in est.expected_range)

@@ -119,6 +119,8 @@ class Estimate:
     """Pilot prompts for two standard errors of 10 % (from the pilot's spread)."""
     cap_bytes: float | None = None
     """``--max-storage-gb`` in bytes: the run stores no more."""
+    attention_bytes: float = 0.0
+    """``--attention-features``' bytes per generation (0 without it)."""
 
     @property
     def generations(self) -> int:
@@ -148,7 +150,8 @@ class Estimate:
     def projected_bytes(self) -> float:
         """Activations and metadata of every generation: what ``run`` checks the free space
         against."""
-        return (self.bytes_per_generation + self.metadata_bytes) * self.generations
+        per = self.bytes_per_generation + self.metadata_bytes + self.attention_bytes
+        return per * self.generations
 
     @property
     def fits(self) -> bool | None:
@@ -183,6 +186,7 @@ class Estimate:
             "overhead_bytes_per_generation": round(self.overhead_bytes),
             "metadata_bytes_per_generation": round(self.metadata_bytes),
             "metadata_basis": self.metadata_basis,
+            "attention_bytes_per_generation": round(self.attention_bytes),
             "projected_bytes": round(self.projected_bytes),
             "model": self.model, "num_hidden_layers": self.num_hidden_layers,
             "hidden_size": self.hidden_size, "layer_ids": list(self.selection.layer_ids),

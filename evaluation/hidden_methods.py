@@ -6,7 +6,7 @@ captures, and are scored whole. Each is a :class:`HiddenMethod`: ``check`` says 
 cannot score it (``None``: it can), ``score`` returns one float per labelled prompt.
 ``evaluate`` runs every registered method the user asked for, after the probes; a new family
 (e.g. the attention-based scores) adds a module with its ``METHODS`` and lists it in
-``_MODULES`` below.
+``_MODULES`` below (the attention-based scores: attention.py).
 
 ``kind`` is ``probe`` when the method is fitted on the labels (cross-fitted on the split's
 folds, or on the training run under transfer) and ``unsupervised`` otherwise; ``probability``
@@ -57,7 +57,11 @@ class HiddenMethod:
 
 
 #: modules holding a ``METHODS`` list of HiddenMethod, in the order they run
-_MODULES = ("hallulog.evaluation.hidden", "hallulog.evaluation.icr")
+_MODULES = (
+    "hallulog.evaluation.hidden",
+    "hallulog.evaluation.icr",
+    "hallulog.evaluation.attention",
+)
 
 
 def hidden_methods() -> dict[str, HiddenMethod]:

@@ -47,8 +47,9 @@ NOT_SCORED = {
         "need further model passes (a judgement prompt, or the answer without the question) "
         "that one pass does not store"
     ),
-    "lookback_lens / rauq / attention_score / lap_eigvals / focus": (
-        "need per-head attention summaries, which no profile stores yet"
+    "focus": (
+        "propagates attention over every key of the answer; the stored attention summaries "
+        "(--attention-features) keep five numbers per token and head, not the weights"
     ),
 }
 

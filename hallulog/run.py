@@ -163,6 +163,14 @@ class RunView:
             reader.close()
         return [(p, s) for p, s, _, _ in targets], out
 
+    def attention(self) -> Iterator:
+        """The attention summaries of ``--attention-features``, one generation at a time
+        (``AttentionGeneration``: ``prompt_id``, ``sample_id``, ``features`` ``[tokens, layers,
+        heads, 5]``; docs/formats/attention.md); nothing for a run without them."""
+        from hallulog.storage.attention_format import iter_generations
+
+        return iter_generations(self.root)
+
     # ---- evaluation -------------------------------------------------------------------------
     def evaluate(self, *, write: bool = True, **options) -> dict:
         """``hallulog evaluate`` on this run (options: methods, seed, folds, n_boot,

@@ -18,10 +18,12 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from hallulog import storage
+from hallulog.storage.attention_format import done_keys, has_attention
 from hallulog.storage.errors import UnknownFormatError
 from hallulog.storage.registry import format_info
 from hallulog.contracts import layout
 from hallulog.contracts.jsonl import iter_rows, scan_lines
+from hallulog.contracts.errors import ArtifactError
 from hallulog.contracts.run_manifest import RunManifest
 from hallulog.postrun.row_schemas import PROMPT_ID_RE, SCHEMAS, schema_errors
 
@@ -30,6 +32,8 @@ __all__ = ["validate", "SCHEMAS", "REPAIRS", "format_report", "schema_errors"]
 log = logging.getLogger(__name__)
 
 REPAIRS = {
+    "attention_part_unreadable": "delete the part named, then run again (the attention pass "
+                                 "redoes its generations)",
     "malformed_line": "hallulog retry --artifact-root {root}",
     "schema_violation": "hallulog retry --artifact-root {root}",
     "consolidated_malformed_line": "hallulog consolidate --artifact-root {root}",
@@ -114,6 +118,11 @@ def validate(root: Path, *, expected_prompt_ids: set[str] | None = None,
         counts = _check_consolidated(out, report, k=k, per_file=per_file,
                                      expected_prompt_ids=expected_prompt_ids)
 
+    if has_attention(root):  # --attention-features: what the parts hold (not fatal)
+        try:
+            counts["attention_generations"] = len(done_keys(root))
+        except ArtifactError as exc:
+            report.add("attention_part_unreadable", str(exc), file=None)
     by_class = Counter(p["class"] for p in report.problems)
     body = {
         "ok": not any(c in _FATAL for c in by_class),

@@ -138,6 +138,13 @@ def _check_free_space(
         lengths=lengths,
         num_hidden_layers=plan.model.num_hidden_layers,
     )
+    if plan.stored.attention_features:  # docs/formats/attention.md
+        from hallulog.estimate.attention import attention_bytes, model_heads
+
+        heads = model_heads(plan.model.path) or 0
+        est.attention_bytes = attention_bytes(
+            config.max_tokens, plan.model.num_hidden_layers, heads
+        )
     needed = est.projected_bytes if room is None else min(est.projected_bytes, room)
     free = free_bytes(root)
     what = {

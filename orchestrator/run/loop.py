@@ -216,6 +216,10 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
                 done = finish(root, expected_prompt_ids=all_ids, on_step=board.set_phase)
                 result.consolidation, result.exports, result.validation = \
                     done.consolidation, done.exports, done.validation
+                if plan.stored.attention_features:  # docs/formats/attention.md
+                    from hallulog.postrun.attention import attention_pass
+                    board.set_phase("attention")
+                    attention_pass(root, plan.model.path)
             board.set_evaluation_report(report_path(root))
             board.set_phase("done")
         except BaseException:

@@ -17,7 +17,16 @@ from typing import Any
 
 __all__ = ["StatusBoard", "PHASES", "SNAPSHOT_VERSION"]
 
-PHASES = ("starting", "running", "labeling", "consolidating", "exporting", "done", "failed")
+PHASES = (
+    "starting",
+    "running",
+    "labeling",
+    "consolidating",
+    "exporting",
+    "attention",
+    "done",
+    "failed",
+)
 SNAPSHOT_VERSION = 1
 _WORKING_PHASES = ("starting", "running")
 

@@ -135,6 +135,8 @@ def test_method_not_exported_by_profile(tmp_path, capsys):
     assert main(["evaluate", "--artifact-root", str(root), *FAST]) == 0
     report = json.loads((root / "evaluation" / "report.json").read_text())
     assert "sep_tbg" in report["skipped"] and "got_logistic_last" in report["methods"]
+    for name in ("lookback_lens", "rauq", "attention_score", "lap_eigvals"):  # no attention/
+        assert "--attention-features" in report["skipped"][name]
 
 
 def test_unknown_method(tmp_path, capsys):

@@ -10,6 +10,7 @@ import pytest
 from hallulog.exports import saelens, saev
 from hallulog.storage import (
     SampleMeta,
+    attention_format,
     multi,
     npy,
     open_store,
@@ -67,6 +68,9 @@ CASES = [
     ("saev.md", "family", saev.SAEV_FAMILIES),
     ("saelens.md", "hallulog_saelens.json", saelens.SIDECAR_FIELDS),
     ("saelens.md", "hallulog_samples.jsonl", saelens.SAMPLE_FIELDS),
+    ("attention.md", "tensors", attention_format.TENSORS),
+    ("attention.md", "metadata", attention_format.METADATA_FIELDS),
+    ("attention.md", "features", attention_format.FEATURES),
 ]
 
 
