@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from hallulog.contracts.run_phases import RUN_PHASES
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -22,16 +23,7 @@ from prometheus_client.registry import Collector
 __all__ = ["SnapshotCollector", "make_registry", "render", "CONTENT_TYPE"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-PHASES = (
-    "starting",
-    "running",
-    "labeling",
-    "consolidating",
-    "exporting",
-    "attention",
-    "done",
-    "failed",
-)
+PHASES = RUN_PHASES
 
 
 class SnapshotCollector(Collector):

@@ -15,18 +15,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from hallulog.contracts.run_phases import RUN_PHASES
+
 __all__ = ["StatusBoard", "PHASES", "SNAPSHOT_VERSION"]
 
-PHASES = (
-    "starting",
-    "running",
-    "labeling",
-    "consolidating",
-    "exporting",
-    "attention",
-    "done",
-    "failed",
-)
+PHASES = RUN_PHASES
 SNAPSHOT_VERSION = 1
 _WORKING_PHASES = ("starting", "running")
 
