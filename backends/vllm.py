@@ -16,10 +16,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hallulog.backends.base import Backend, ServerSpec
+from hallulog.contracts.errors import ConfigError
 from hallulog.contracts.extras import require_installed
 
 __all__ = [
     "VllmBackend",
+    "installed_reasoning_parsers",
     "VLLM_RESERVED",
     "CONNECTOR_NAME",
     "capture_flags",
@@ -113,6 +115,12 @@ class VllmBackend(Backend):
             return None
         if choice == "auto":
             return AUTO_REASONING_PARSERS.get(model_type) if has_think_tokens else None
+        known = installed_reasoning_parsers()
+        if known is not None and choice not in known:
+            raise ConfigError(
+                f"--reasoning-parser {choice}: not a reasoning parser of the installed vLLM; "
+                f"choose auto, none or one of {', '.join(sorted(known))}"
+            )
         return choice
 
     def capture_args(
@@ -445,3 +453,13 @@ def engine_child_pids(pid: int, proc_root: str | os.PathLike[str] = "/proc") -> 
             found.append(child)
             stack.append(child)
     return sorted(found)
+
+
+def installed_reasoning_parsers() -> frozenset[str] | None:
+    """The reasoning parsers the installed vLLM registers, or None when vLLM is not installed
+    here (the servers may run elsewhere: the name is then passed on unchecked)."""
+    try:
+        from vllm.reasoning import ReasoningParserManager
+    except ImportError:
+        return None
+    return frozenset(ReasoningParserManager.list_registered())

@@ -67,3 +67,10 @@ def test_the_default_config_fingerprint_leaves_the_parser_out():
         RunConfig(backend="vllm", reasoning_parser="qwen3").fingerprint_fields()["reasoning_parser"]
         == "qwen3"
     )
+
+
+def test_a_parser_the_installed_vllm_lacks_is_one_line_before_any_server(tmp_path):
+    pytest.importorskip("vllm.reasoning")
+    config = RunConfig(backend="vllm", reasoning_parser="bogus")
+    with pytest.raises(ConfigError, match="--reasoning-parser bogus: not a reasoning parser"):
+        server_spec(config, _model(tmp_path, "qwen3", True), (0, 2))
