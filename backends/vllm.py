@@ -16,12 +16,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hallulog.backends.base import Backend, ServerSpec
-from hallulog.contracts.errors import ConfigError
+from hallulog.backends.vllm_reasoning import vllm_reasoning_parser
 from hallulog.contracts.extras import require_installed
 
 __all__ = [
     "VllmBackend",
-    "installed_reasoning_parsers",
     "VLLM_RESERVED",
     "CONNECTOR_NAME",
     "capture_flags",
@@ -71,11 +70,6 @@ VLLM_RESERVED: dict[str, str] = {
     "--reasoning-parser": "use --reasoning-parser",
 }
 
-#: ``--reasoning-parser auto``: the parser of each ``model_type`` vLLM 0.32 has one for, used
-#: when the tokenizer has the think tokens (the DeepSeek-R1 distills are ``qwen2``/``llama``
-#: models: give ``--reasoning-parser deepseek_r1``)
-AUTO_REASONING_PARSERS: dict[str, str] = {"qwen3": "qwen3", "qwen3_moe": "qwen3"}
-
 
 _IPC_TMPDIR_MAX = 64
 """The longest ``TMPDIR`` a vLLM server gets: its ZMQ IPC socket paths add a ``/`` and a
@@ -111,17 +105,9 @@ class VllmBackend(Backend):
     def reasoning_parser_for(
         self, choice: str, *, model_type: str, has_think_tokens: bool
     ) -> str | None:
-        if choice == "none":
-            return None
-        if choice == "auto":
-            return AUTO_REASONING_PARSERS.get(model_type) if has_think_tokens else None
-        known = installed_reasoning_parsers()
-        if known is not None and choice not in known:
-            raise ConfigError(
-                f"--reasoning-parser {choice}: not a reasoning parser of the installed vLLM; "
-                f"choose auto, none or one of {', '.join(sorted(known))}"
-            )
-        return choice
+        return vllm_reasoning_parser(
+            choice, model_type=model_type, has_think_tokens=has_think_tokens
+        )
 
     def capture_args(
         self, layer_ids: Sequence[int], spool_dir: str | os.PathLike[str]
@@ -453,13 +439,3 @@ def engine_child_pids(pid: int, proc_root: str | os.PathLike[str] = "/proc") -> 
             found.append(child)
             stack.append(child)
     return sorted(found)
-
-
-def installed_reasoning_parsers() -> frozenset[str] | None:
-    """The reasoning parsers the installed vLLM registers, or None when vLLM is not installed
-    here (the servers may run elsewhere: the name is then passed on unchecked)."""
-    try:
-        from vllm.reasoning import ReasoningParserManager
-    except ImportError:
-        return None
-    return frozenset(ReasoningParserManager.list_registered())
