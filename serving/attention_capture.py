@@ -139,6 +139,7 @@ class AttentionCapture:
         decoder or no spool)."""
         self.layers, self.heads = config.num_hidden_layers, config.num_attention_heads
         self.spool_dir = None if spool_dir is None else pathlib.Path(spool_dir)
+        self.live = 0  # sequences given summaries and not yet written (a step without: no work)
 
     def for_prefill(self, batch, lengths) -> StepSummaries | None:
         """The prefill's summaries when a sequence of ``batch`` wants them (``lengths``: the
@@ -154,11 +155,12 @@ class AttentionCapture:
         for seq, row in zip(batch, source):
             if seq.params.attention:
                 seq.summaries = SequenceSummaries(self.layers, self.heads)
+                self.live += 1
                 seq.summaries.add(summaries.feat[row], summaries.deg[row, :1])
 
     def for_step(self, active) -> StepSummaries | None:
         """A decode step's summaries when a running sequence wants them."""
-        if not any(seq.summaries is not None for seq in active):
+        if not self.live or not any(seq.summaries is not None for seq in active):
             return None
         plen = [len(seq.prompt_ids) for seq in active]
         n = [p + len(seq.out_ids) for p, seq in zip(plen, active)]
@@ -180,6 +182,7 @@ class AttentionCapture:
 
         features = seq.summaries.finish()
         seq.summaries = None
+        self.live -= 1
         name = f"attention-{uuid.uuid4().hex}.safetensors"
         final, tmp = self.spool_dir / name, self.spool_dir / f".{name}.partial"
         tokens = torch.tensor(seq.prompt_ids + seq.out_ids, dtype=torch.int64)
