@@ -56,10 +56,13 @@ static inline float hsum(v16 a) {
 /* The query heads of one key/value head over np prefix columns (kp, vp) then n - np own columns
    (k, v): q [groups, dim] (scaled), keys and values [columns, dim] (column stride dim), out
    [groups, dim]; s: groups * n floats. The columns are taken in that order, one by one, as if
-   they were one run of n columns. */
-static void one(const float *q, const float *kp, const float *vp, int64_t np, const float *k,
-                const float *v, int64_t n, int64_t groups, int64_t dim, float *out, float *s,
-                float *fo, float *dg, int64_t ds, int64_t p) {
+   they were one run of n columns. With `summ` (a constant: two copies are compiled, the one
+   without is the plain kernel), the summaries go to fo [groups, 5] and each weight on a column
+   c >= p - 1 to dg[(c - p + 1) * ds + g]. */
+static inline __attribute__((always_inline)) void
+one_of(const float *q, const float *kp, const float *vp, int64_t np, const float *k,
+       const float *v, int64_t n, int64_t groups, int64_t dim, float *out, float *s, const int summ,
+       float *fo, float *dg, int64_t ds, int64_t p) {
     int64_t w = dim / 16;
     float m[MAX_GROUPS], inv[MAX_GROUPS];
     for (int64_t c = 0; c < n; c++) {
@@ -81,7 +84,7 @@ static void one(const float *q, const float *kp, const float *vp, int64_t np, co
             total += e;
         }
         inv[g] = 1.f / total;
-        if (fo) { /* summaries: fo [groups, 5], dg column c >= p - 1 at (c - p + 1) * ds + g */
+        if (summ) {
             float ctx = 0.f;
             for (int64_t c = 0; c < n && c < p; c++) ctx += sg[c];
             fo[g * 5] = ctx * inv[g];
@@ -109,6 +112,17 @@ static void one(const float *q, const float *kp, const float *vp, int64_t np, co
         }
 }
 
+static void one(const float *q, const float *kp, const float *vp, int64_t np, const float *k,
+                const float *v, int64_t n, int64_t groups, int64_t dim, float *out, float *s) {
+    one_of(q, kp, vp, np, k, v, n, groups, dim, out, s, 0, 0, 0, 0, 0);
+}
+
+static void one_summ(const float *q, const float *kp, const float *vp, int64_t np,
+                     const float *k, const float *v, int64_t n, int64_t groups, int64_t dim,
+                     float *out, float *s, float *fo, float *dg, int64_t ds, int64_t p) {
+    one_of(q, kp, vp, np, k, v, n, groups, dim, out, s, 1, fo, dg, ds, p);
+}
+
 /* q, out: [rows, kv_heads, groups, dim] contiguous. keys, values: [rows, kv_heads, columns, dim]
    with row stride rs, head stride hs (in floats), column stride dim. Row r attends columns
    start[r] .. end - 1, after (when entry is not NULL) the first length[r] columns of prefix
@@ -129,10 +143,14 @@ void decode_attention(const float *q, const float *keys, const float *values, in
         for (int64_t h = 0; h < kv_heads; h++) {
             int64_t at = r * rs + h * hs + c0 * dim, o = (r * kv_heads + h) * groups * dim;
             int64_t pat = pe * prs + h * phs, hd = layer * heads + h * groups;
-            float *fo = feat ? feat + (r * ds + hd) * 5 : 0;
-            float *dg = feat ? deg + r * width * ds + hd : 0;
-            one(q + o, pkeys + pat, pvalues + pat, np, keys + at, values + at, np + end - c0,
-                groups, dim, out + o, scratch, fo, dg, ds, feat ? plen[r] : 0);
+            if (!feat) {
+                one(q + o, pkeys + pat, pvalues + pat, np, keys + at, values + at, np + end - c0,
+                    groups, dim, out + o, scratch);
+                continue;
+            }
+            one_summ(q + o, pkeys + pat, pvalues + pat, np, keys + at, values + at,
+                     np + end - c0, groups, dim, out + o, scratch, feat + (r * ds + hd) * 5,
+                     deg + r * width * ds + hd, ds, plen[r]);
         }
     }
 }
