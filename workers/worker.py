@@ -201,8 +201,9 @@ class GroupWorker:
         spec = self.spec
         capture_in_generation = spec.capture_mode == "generation"
         requests = [self._request_params(group.prompt_id, sid) for sid in range(spec.k_samples + 1)]
-        capture = dict(capture=capture_in_generation, capture_rows=self.capture_rows,
-                       attention=spec.attention)
+        capture = dict(capture=capture_in_generation, capture_rows=self.capture_rows)
+        if spec.attention:  # summaries captured during generation (contracts/attention_wire.py)
+            capture["attention"] = True
         outcomes = await asyncio.gather(*[
             self.client.chat(group.messages, **capture, **params)
             if group.prompt is None else  # --chat false: the raw text to /v1/completions
