@@ -5,9 +5,7 @@ summaries on): the export's ``attention_all`` must give LM-Polygraph 0.7.0's ``R
 model's own attention weights give it — the same estimator on ``attention_all`` built from an
 independent eager transformers pass over prompt + answer (as LM-Polygraph's
 ``GreedyProbsCalculator`` builds it from the generate call's weights) — to float16's precision.
-``evaluate``'s ``rauq`` reads another entry (the attention of token j to token j - 1, not the
-decode step's attention to its own query token) and leaves the last token out: another
-definition, whose rank agreement is a figure of docs/formats/lm-polygraph.md, not asserted.
+``evaluate``'s ``rauq`` follows the same definition and must give the same scores.
 """
 
 from __future__ import annotations
@@ -98,11 +96,13 @@ def test_lm_polygraphs_rauq_scores_the_export_as_the_models_weights(exported):
     np.testing.assert_allclose(theirs, want, rtol=2e-3)
     assert spearmanr(theirs, want).statistic == pytest.approx(1.0)
 
-    # evaluate's rauq (the attention to the token before, the last token left out): another
-    # definition; the figure of docs/formats/lm-polygraph.md comes from this comparison
+    # evaluate's rauq follows LM-Polygraph's definition (row j's ``self`` is its a_j): the same
+    # scores up to float16's rounding of the stored summaries, the same ranking
     feats = {g.prompt_id: g.features for g in iter_generations(root) if g.sample_id == 0}
     ours = [
         rauq_score(feats[pid], np.asarray(lp), 0.5)
         for pid, lp in zip(stats["prompt_id"], stats["greedy_log_likelihoods"])
     ]
     assert np.isfinite(ours).all()
+    np.testing.assert_allclose(ours, theirs, rtol=2e-3)
+    assert spearmanr(ours, theirs).statistic >= 0.999
