@@ -187,7 +187,7 @@ def create_app(engine: Engine | EnginePool, model_name: str, metrics: ServingMet
         temperature = 1.0 if req.temperature is None else req.temperature
         futures = []
         try:
-            capture_rows = req.capture_rows()
+            capture_rows, capture_dtype = req.capture_rows(), req.capture_dtype()
             for i in range(req.n):
                 params = SamplingParams(
                     max_tokens=max_tokens,
@@ -199,6 +199,7 @@ def create_app(engine: Engine | EnginePool, model_name: str, metrics: ServingMet
                     # like vLLM only the last child's file is returned, so only it is written
                     capture=capture and i == req.n - 1,
                     capture_rows=capture_rows,
+                    capture_dtype=capture_dtype,
                 )
                 futures.append(engine.submit(prompt_ids, params))
         except ValueError as exc:

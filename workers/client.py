@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from hallulog.contracts.capture_dtype import CAPTURE_DTYPE_FIELD
 from hallulog.contracts.capture_rows import CAPTURE_ROWS_FIELD
 from hallulog.contracts.errors import HallulogError, RetryableError
 from hallulog.contracts.jsonl import encode_line, parse_line
@@ -136,6 +137,7 @@ class BackendClient:
         attempts: int = 3,
         backoff_base: float = 1.0,
         template_kwargs: dict[str, Any] | None = None,
+        capture_dtype: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -144,6 +146,8 @@ class BackendClient:
         self._backoff_base = backoff_base
         #: the chat template's kwargs sent with every chat request (``chat_template_kwargs``)
         self.template_kwargs = dict(template_kwargs or {})
+        #: the dtype asked of capture files (the run's stored dtype; ``contracts/capture_dtype.py``)
+        self.capture_dtype = capture_dtype
 
     async def close(self) -> None:
         await self._http.close()
@@ -221,7 +225,7 @@ class BackendClient:
             "return_token_ids": True,
         }
         if capture:
-            body["kv_transfer_params"] = _capture_params(True, capture_rows)
+            body["kv_transfer_params"] = _capture_params(True, capture_rows, self.capture_dtype)
         if self.template_kwargs:
             body["chat_template_kwargs"] = self.template_kwargs
         start = time.perf_counter()
@@ -274,7 +278,7 @@ class BackendClient:
             "return_token_ids": True,
         }
         if capture:
-            body["kv_transfer_params"] = _capture_params(True, capture_rows)
+            body["kv_transfer_params"] = _capture_params(True, capture_rows, self.capture_dtype)
         start = time.perf_counter()
         reply = await self._post("/completions", body)
         elapsed_ms = int((time.perf_counter() - start) * 1000)
@@ -312,7 +316,7 @@ class BackendClient:
                 "prompt": token_ids,
                 "max_tokens": 1,
                 "temperature": 0.0,
-                "kv_transfer_params": _capture_params(False, capture_rows),
+                "kv_transfer_params": _capture_params(False, capture_rows, self.capture_dtype),
             },
         )
         path = _hidden_states_path(reply)
@@ -324,12 +328,17 @@ class BackendClient:
         return path
 
 
-def _capture_params(include_output_tokens: bool, rows: str | int) -> dict[str, Any]:
+def _capture_params(
+    include_output_tokens: bool, rows: str | int, dtype: str | None = None
+) -> dict[str, Any]:
     """A capture request's ``kv_transfer_params``; every position (``all``) is the servers'
-    default, asked for without the field (a request as before it existed)."""
+    default, asked for without the field (a request as before it existed); ``dtype``: the
+    file's dtype (``contracts/capture_dtype.py``; None: the model's)."""
     params: dict[str, Any] = {"include_output_tokens": include_output_tokens}
     if rows != "all" and rows != 0:
         params[CAPTURE_ROWS_FIELD] = rows
+    if dtype is not None:
+        params[CAPTURE_DTYPE_FIELD] = dtype
     return params
 
 
