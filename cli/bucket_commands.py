@@ -129,7 +129,7 @@ def _consolidate(config, url: str, staging: Path, *, merge: bool) -> int:
             return 0
         with held_staging(url, staging, bucket, "consolidate", explicit=explicit):
             # the segments are the truth from here: an earlier holder's later ones never count
-            fence_session(bucket, lease.epoch, "consolidate")
+            fence_session(bucket, lease.epoch, "consolidate", guard=lease.check)
             stage_root(url, staging, bucket=bucket)
             done = finish(staging, expected_prompt_ids=plan_task(config).prompt_ids, merge=merge)
             print_finished(done, local=(staging, url))

@@ -135,7 +135,9 @@ def _run_staged(config, url: str, bucket: Bucket, staging: Path, retry: bool, le
     # a new session: every chain fenced at its next number, then this epoch recorded; no
     # segment an earlier holder ships from now on is ever restored (remote/epochs.py)
     workers = [f"worker_{i}" for i in range(config.num_workers or 0)]
-    since = fence_session(bucket, lease.epoch, "retry" if retry else "run", workers)
+    since = fence_session(
+        bucket, lease.epoch, "retry" if retry else "run", workers, guard=lease.check
+    )
     states = restore_staging(staging, bucket)
     only = redo = None
     if retry:

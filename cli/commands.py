@@ -93,7 +93,9 @@ def consolidate_command(config: RunConfig, *, merge: bool = False) -> int:
         config.artifact_root, expected_prompt_ids=plan_task(config).prompt_ids, merge=merge
     )
     print_finished(done)
-    if config.attention_features and done.ok:  # any run, any backend: docs/formats/attention.md
+    if (
+        config.profile.attention_features and done.ok
+    ):  # any run, any backend: docs/formats/attention.md
         from hallulog.contracts.run_manifest import RunManifest
         from hallulog.postrun.attention_gather import store_attention
 

@@ -111,7 +111,7 @@ def stored_of(config: RunConfig, num_hidden_layers: int) -> Stored:
         dtype=profile.dtype,
         capture_mode=config.capture_mode,
         positions=profile.positions,
-        attention_features=config.attention_features,
+        attention_features=config.profile.attention_features,
     )
 
 

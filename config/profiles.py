@@ -32,6 +32,9 @@ class LoggingProfile:
     positions: tuple[str, ...] | None = None
     """Token positions by name (``hallulog.contracts.positions``), exactly when ``sequence_mode`` is
     ``positions``."""
+    attention_features: bool = False
+    """Store the per-token attention summaries (``--attention-features``,
+    docs/formats/attention.md) unless the flag says otherwise."""
 
     def __post_init__(self) -> None:
         if self.target_layers not in ("all", "first_half", "second_half", "spread"):
@@ -51,7 +54,8 @@ class LoggingProfile:
 PROFILES: dict[str, LoggingProfile] = {
     "integrated": LoggingProfile("integrated", "all", "response", "float16"),
     "light": LoggingProfile("light", "second_half", "last", "float16"),
-    "full": LoggingProfile("full", "all", "all", "float32"),
+    # everything a detector reads, the attention summaries of Lookback Lens / RAUQ / LapEigvals too
+    "full": LoggingProfile("full", "all", "all", "float32", attention_features=True),
     # the rows the probes of docs/evaluation.md read (SEP TBG/SLT, LLMs-Know-More exact answer,
     # Geometry of Truth last token) on two layers: under 5 % of `integrated` (docs/alignment.md)
     "probes": LoggingProfile(

@@ -175,8 +175,8 @@ class RunConfig:
     prefill-only request with prompt + response token ids: every token)."""
     check_captures: bool = outside_fingerprint(True)
     """Fail a capture whose stored rows would be all zeros, non-finite, or the same for two different tokens: the generation is kept without activations, counted as a capture failure with its reason (false: store captures as they come; docs/alignment.md)."""
-    attention_features: bool = fingerprint_when_set(False)
-    """Store per-token attention summaries per layer and head (captured during generation on the embedded server; for vLLM an attention pass over prompt + answer after the run): what Lookback Lens, RAUQ, AttentionScore and LapEigvals read (docs/formats/attention.md)."""
+    attention_features: bool | None = fingerprint_when_set(None)
+    """Store per-token attention summaries per layer and head (captured during generation on the embedded server; for vLLM an attention pass over prompt + answer after the run): what Lookback Lens, RAUQ, AttentionScore and LapEigvals read (docs/formats/attention.md); default: the logging profile's (on in ``full``, off elsewhere)."""
     storage_format: StorageFormat = DEFAULT_STORAGE_FORMAT  # type: ignore[assignment]
     """Activation store format written by the workers: packed (default: the fastest reader in
     bench/bench_storage.py), npy (one file per activation, seed 003 §6.4) or zarr (seed 000)."""
@@ -381,6 +381,11 @@ class RunConfig:
             sequence_mode=sequence_mode,  # type: ignore[arg-type]
             dtype=self.dtype or base.dtype,  # type: ignore[arg-type]
             positions=positions,
+            attention_features=(
+                base.attention_features
+                if self.attention_features is None
+                else self.attention_features
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -404,6 +409,9 @@ class RunConfig:
                  dtype=profile.dtype)
         if profile.positions is not None:
             d["positions"] = ",".join(profile.positions)
+        d.pop("attention_features", None)  # as resolved: the flag, else the profile's
+        if profile.attention_features:  # off (every run before the flag) leaves it out
+            d["attention_features"] = True
         return d
 
 

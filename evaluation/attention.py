@@ -6,10 +6,12 @@ that chose token ``t``, its query the token before it).
   (context / P) / (context / P + generated / t), averaged over the answer's rows; a logistic
   regression on the layers x heads ratios (the paper's span-level classifier, the span being
   the whole answer).
-- ``rauq`` (Vazhentsev et al., 2025; LM-Polygraph's ``RAUQ``): per layer of the middle third,
-  the head with the highest mean attention to the previous token; the confidence recurrence
-  c_0 = p_0, c_j = alpha p_j + (1 - alpha) a_j c_{j-1} (a_j the attention of token j to token
-  j - 1), the layer's uncertainty 1 - mean log c; the score is the largest over those layers.
+- ``rauq`` (Vazhentsev et al., 2025; LM-Polygraph's ``RAUQ``, whose definition it follows):
+  per layer of the middle third, the head with the highest mean attention to the previous
+  token; the confidence recurrence c_0 = p_0, c_j = alpha p_j + (1 - alpha) a_j c_{j-1} over
+  the answer's T tokens, a_j the attention of the decode step that chose token j to token j - 1
+  (its query: the row's ``self``; LM-Polygraph's ``attention_all[j, j - 1]``); the layer's
+  uncertainty 1 - mean log c; the score is the largest over those layers.
   alpha = 0.5 for instruction-tuned models (the model's name says ``instruct``), 0.2 otherwise.
 - ``attention_score`` (Sriramanan et al., 2024, LLM-Check): minus the mean over the answer's
   tokens and the heads of log A[q, q], at the middle layer (LM-Polygraph's default layer).
@@ -53,13 +55,13 @@ def rauq_layers(num_layers: int) -> list[int]:
 
 
 def rauq_score(f: np.ndarray, logprobs: np.ndarray, alpha: float) -> float:
-    """RAUQ of one answer: ``f`` its summaries, ``logprobs`` its tokens' log-probabilities. The
-    tokens read are 0 .. T - 2 (the last token's own attention row is no decode step's)."""
-    n = min(len(f) - 1, len(logprobs))
+    """RAUQ of one answer: ``f`` its summaries (row t: the decode step that chose token t),
+    ``logprobs`` its tokens' log-probabilities; every token is read."""
+    n = min(len(f), len(logprobs))
     if n < 1:
         return float("nan")
     p = np.exp(np.asarray(logprobs[:n], np.float64))
-    prev = f[2 : n + 1, :, :, PREVIOUS].astype(np.float64)  # a_j of token j = 1 .. n - 1
+    prev = f[1:n, :, :, SELF].astype(np.float64)  # a_j of token j = 1 .. n - 1
     worst = -np.inf
     for layer in rauq_layers(f.shape[1]):
         head = int(prev[:, layer].mean(0).argmax()) if len(prev) else 0

@@ -84,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write no hidden-state arrays (embeddings_decoder, sample_embeddings)",
     )
+    lp.add_argument(
+        "--no-attention",
+        action="store_true",
+        help="write no attention_all.npy (the run's --attention-features summaries)",
+    )
     u = sub.add_parser(
         "uqlm", help="what UQLM's scorers take: responses, samples, logprobs (SRC: artifact root)"
     )
@@ -139,7 +144,11 @@ def main(argv=None) -> int:
             from hallulog.exports.lm_polygraph import export_lm_polygraph
 
             out = export_lm_polygraph(
-                args.src, args.dst, layer=args.layer, hidden=not args.no_hidden
+                args.src,
+                args.dst,
+                layer=args.layer,
+                hidden=not args.no_hidden,
+                attention=not args.no_attention,
             )
         elif args.kind == "uqlm":
             from hallulog.exports.uqlm import export_uqlm

@@ -10,7 +10,9 @@ top-k renormalised (LM-Polygraph's ``EntropyCalculator`` on a distribution that 
 the top-k); ``embeddings_decoder`` is the mean of the primary's stored rows at one layer (the
 response rows in the default profile; LM-Polygraph averages every prompt and answer token of the
 last layer); ``sample_embeddings`` the last stored row of each sample at the middle stored layer
-(LM-Polygraph: the middle layer, the last generated token).
+(LM-Polygraph: the middle layer, the last generated token); ``attention_all`` holds, of
+LM-Polygraph's gen-only attention maps, the two diagonals the attention summaries give
+(exports/lm_polygraph_attention.py: what ``RAUQ`` reads), NaN elsewhere.
 
 Streams ``consolidated/`` one prompt group at a time; the two embedding arrays are ``.npy``
 files written through a memory map (their rows in ``stats.jsonl`` order).
@@ -29,6 +31,12 @@ from hallulog.contracts.jsonl import encode_line, iter_rows, read_document
 from hallulog.contracts.reasoning import answer_view
 from hallulog.contracts.run_manifest import RunManifest
 from hallulog.exports._export_dir import staged_dir
+from hallulog.exports.lm_polygraph_attention import (
+    ATTENTION_FILE,
+    KEPT,
+    AttentionAll,
+    PrimaryAttention,
+)
 from hallulog.exports.methods import iter_prompt_groups
 from hallulog.storage.errors import StorageError
 
@@ -102,7 +110,34 @@ def _row(prompt: dict[str, Any], gens: list[dict[str, Any]]) -> dict[str, Any]:
         "sample_tokens": [g.get("token_ids") or [] for g in samples],
         "sample_log_probs": [_sum(_token_logprobs(g)) for g in samples],
         "sample_log_likelihoods": [_token_logprobs(g) for g in samples],
+        "attention_rows": None,
     }
+
+
+class _Attention:
+    """``attention_all.npy``: the primaries' stored ``self`` and ``previous``, row by row."""
+
+    def __init__(self, source: PrimaryAttention, tmp: str) -> None:
+        self.source, self.at = source, 0
+        shape = (source.rows, source.layers, source.heads, len(KEPT))
+        path = os.path.join(tmp, ATTENTION_FILE)
+        self.values = np.lib.format.open_memmap(path, "w+", np.float16, shape)
+        self.values[:] = np.nan
+
+    def add(self, row: dict[str, Any]) -> None:
+        """Set ``row["attention_rows"]`` where the primary's summaries cover its tokens (not a
+        reasoning model's answer, whose tokens start after its reasoning)."""
+        block = self.source.read(row["prompt_id"])
+        if block is None or len(block) != len(row["greedy_tokens"]) or not len(block):
+            return
+        self.values[self.at : self.at + len(block)] = block
+        row["attention_rows"] = [self.at, self.at + len(block)]
+        self.at += len(block)
+
+    def close(self) -> None:
+        self.values.flush()
+        del self.values
+        self.source.close()
 
 
 class _Hidden:
@@ -172,10 +207,16 @@ def _count(root: Path) -> tuple[int, int]:
 
 
 def export_lm_polygraph(
-    root: str | Path, dst: str | Path, *, layer: int | None = None, hidden: bool = True
+    root: str | Path,
+    dst: str | Path,
+    *,
+    layer: int | None = None,
+    hidden: bool = True,
+    attention: bool = True,
 ) -> dict[str, Any]:
     """Write ``DST/stats.jsonl`` (+ ``embeddings_decoder.npy``, ``sample_embeddings.npy`` with
-    ``hidden`` and an activation store) and ``DST/manifest.json``; returns the manifest."""
+    ``hidden`` and an activation store; ``attention_all.npy`` with ``attention`` and the run's
+    attention summaries) and ``DST/manifest.json``; returns the manifest."""
     root = Path(root)
     cons = layout.consolidated_dir(root)
     if not (cons / layout.GENERATIONS).is_file():
@@ -186,13 +227,18 @@ def export_lm_polygraph(
     has_store = (cons / layout.ACTIVATION_INDEX).is_file() and layout.activations_dir(cons).exists()
     with staged_dir(dst) as tmp:
         hid = _Hidden(root, n, k, layer, tmp) if hidden and has_store and n else None
+        source = PrimaryAttention(root) if attention else None
+        att = _Attention(source, tmp) if source else None
         i = 0
         try:
             with open(os.path.join(tmp, STATS_FILE), "wb") as f:
                 for prompt, gens, acts in iter_prompt_groups(root):
                     if prompt is None or not gens or gens[0]["sample_id"] != 0:
                         continue
-                    f.write(encode_line(_row(prompt, [answer_view(g) for g in gens])))
+                    row = _row(prompt, [answer_view(g) for g in gens])
+                    if att is not None:
+                        att.add(row)
+                    f.write(encode_line(row))
                     if hid is not None:
                         hid.add(i, acts)
                     i += 1
@@ -201,6 +247,9 @@ def export_lm_polygraph(
         finally:
             if hid is not None:
                 hid.close()
+            if att is not None:
+                att.close()
+        arrays: dict[str, Any] = {}
         manifest = {
             "format": FORMAT,
             "version": VERSION,
@@ -208,7 +257,16 @@ def export_lm_polygraph(
             "prompts": i,
             "k_samples": k,
             "stats": list(STAT_FIELDS),
-            "arrays": (
+            "arrays": arrays,
+            "approximations": {
+                "entropy": "entropy of each token's stored top-k logprobs renormalised over "
+                "the k (the full-vocabulary entropy is not stored)",
+                "embeddings_decoder": "mean over the stored rows (response rows in the default "
+                "profile), not over every prompt and answer token",
+            },
+        }
+        if hid is not None:
+            arrays.update(
                 {
                     "embeddings_decoder": {
                         "file": EMBEDDINGS_FILE,
@@ -221,16 +279,20 @@ def export_lm_polygraph(
                         "rows": "last stored row of each sample at the middle stored layer",
                     },
                 }
-                if hid is not None
-                else {}
-            ),
-            "approximations": {
-                "entropy": "entropy of each token's stored top-k logprobs renormalised over "
-                "the k (the full-vocabulary entropy is not stored)",
-                "embeddings_decoder": "mean over the stored rows (response rows in the default "
-                "profile), not over every prompt and answer token",
-            },
-        }
+            )
+        if att is not None:
+            arrays["attention_all"] = {
+                "file": ATTENTION_FILE,
+                "layers": source.layers,
+                "heads": source.heads,
+                "rows": "per token of each primary (stats.jsonl attention_rows), layer and "
+                "head: attention_all[:, j, j-1] (self) and [:, j, j-2] (previous)",
+            }
+            manifest["approximations"]["attention_all"] = (
+                "only the diagonals -1 and -2 of each answer's gen-only attention map are "
+                "stored (float16, from an eager transformers pass over prompt + answer); the "
+                "other entries below the diagonal load as NaN"
+            )
         with open(os.path.join(tmp, MANIFEST_FILE), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2)
     return manifest
@@ -249,7 +311,7 @@ def _nan(v):
 def load_stats(dst: str | Path) -> dict[str, Any]:
     """The export as LM-Polygraph's ``stats`` dict: every field of ``stats.jsonl`` as a list over
     prompts (a null logprob as NaN), plus ``embeddings_decoder`` and ``sample_embeddings`` arrays
-    when written, and ``manifest``."""
+    and ``attention_all`` (:class:`AttentionAll`) when written, and ``manifest``."""
     dst = Path(dst)
     manifest = read_document(dst / MANIFEST_FILE, "lm-polygraph export manifest")
     stats: dict[str, Any] = {}
@@ -258,6 +320,12 @@ def load_stats(dst: str | Path) -> dict[str, Any]:
             stats.setdefault(key, []).append(_nan(v) if key in _NUMERIC else v)
     n = manifest["prompts"]
     for name, arr in manifest.get("arrays", {}).items():
-        stats[name] = np.load(dst / arr["file"], mmap_mode="r")[:n]
+        values = np.load(dst / arr["file"], mmap_mode="r")
+        if name == "attention_all":  # built one answer at a time (AttentionAll)
+            lengths = [len(t) for t in stats.get("greedy_tokens", [])]
+            values = AttentionAll(values, stats.get("attention_rows", [None] * n), lengths)
+        else:
+            values = values[:n]
+        stats[name] = values
     stats["manifest"] = manifest
     return stats

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 
 from hallulog.remote.client import Bucket, ObjectStoreError
 from hallulog.remote.segments import RUN_PREFIX
@@ -67,10 +68,19 @@ def latest_epoch(bucket: Bucket) -> int:
     return max(_listed(bucket), default=0)
 
 
-def write_epoch(bucket: Bucket, epoch: int, command: str, fences: dict[str, int]) -> None:
-    """Record ``epoch``'s fences (create-only: an epoch is recorded once)."""
+def write_epoch(
+    bucket: Bucket,
+    epoch: int,
+    command: str,
+    fences: dict[str, int],
+    guard: Callable[[], None] | None = None,
+) -> None:
+    """Record ``epoch``'s fences (create-only: an epoch is recorded once). ``guard`` (the
+    lease's ``check``) is called right before the PUT."""
     doc = {"format": EPOCH_FORMAT, "epoch": epoch, "command": command, "fences": fences}
     body = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+    if guard is not None:
+        guard()
     if not bucket.put_create(epoch_key(epoch), body) and bucket.get_bytes(epoch_key(epoch)) != body:
         raise ObjectStoreError(
             f"{bucket.display(epoch_key(epoch))} was recorded by another command: two holders "

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -58,6 +59,10 @@ _CHUNK = 8 << 20
 _RESET_FILES = (layout.CHECKPOINT, layout.COMPLETION_LOG)
 _KEEP = (layout.WRITER_LOCK,)
 """Files of a worker directory that are not its data (left in place by a restore)."""
+
+
+def _no_guard() -> None:
+    pass
 
 
 def segment_chains(bucket: Bucket, worker: str | None = None) -> dict[str, dict[int, str]]:
@@ -131,30 +136,39 @@ def chain_prompt_ids(docs: list[dict]) -> set[str]:
     return {pid for doc in docs for pid in doc["prompt_ids"]}
 
 
-def fence_chain(bucket: Bucket, worker: str, reason: str, epoch: int) -> int:
+def fence_chain(
+    bucket: Bucket, worker: str, reason: str, epoch: int, guard: Callable[[], None] = _no_guard
+) -> int:
     """Take ``worker``'s next segment number with a fence of ``epoch`` (module docstring);
-    its number."""
+    its number. ``guard`` is called right before the PUT (it raises once the lease is lost)."""
     while True:
         listed = segment_chains(bucket, worker).get(worker, {})
         seq = max(listed, default=-1) + 1
         doc = segment_doc(worker, seq, epoch, fence=reason)
         body = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+        guard()
         if bucket.put_create(manifest_key(worker, seq), body):
             return seq
         # the writer being fenced took this number first: fence after it
 
 
 def fence_session(
-    bucket: Bucket, epoch: int, command: str, chains: list[str] = ()
+    bucket: Bucket,
+    epoch: int,
+    command: str,
+    chains: list[str] = (),
+    guard: Callable[[], None] = _no_guard,
 ) -> dict[str, int]:
     """A session's start (``remote/epochs.py``): fence every chain in the bucket, the root's
-    and ``chains``, then record ``epoch`` with those numbers; ``chain -> fence number``."""
+    and ``chains``, then record ``epoch`` with those numbers; ``chain -> fence number``.
+    ``guard`` (the lease's ``check``) is called before each of these writes: a holder stopped
+    past its lease in the middle of its start writes nothing more once it resumes."""
     names = set(segment_chains(bucket)) | set(chains) | {ROOT_CHAIN}
     fences = {
-        name: fence_chain(bucket, name, f"{command}, epoch {epoch}", epoch)
+        name: fence_chain(bucket, name, f"{command}, epoch {epoch}", epoch, guard)
         for name in sorted(names)
     }
-    write_epoch(bucket, epoch, command, fences)
+    write_epoch(bucket, epoch, command, fences, guard)
     return fences
 
 

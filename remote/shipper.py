@@ -13,8 +13,8 @@ one node ships from the driver (``cli/bucket_run.py``), a Ray actor from its nod
 Exactly once: every object is create-only; a retried PUT whose first try landed meets 412 and is
 compared (same size and CRC-32C: kept; other bytes: :class:`ObjectExistsError`, as when another
 writer took the segment number — a fence, or another run on the prefix). ``guard``, when given,
-is called before each pass and each segment manifest: it raises when this writer no longer
-holds the prefix (``remote/lease.py``), and nothing more is shipped.
+is called before each pass, each piece and each segment manifest: it raises when this writer no
+longer holds the prefix (``remote/lease.py``), and nothing more is shipped.
 """
 
 from __future__ import annotations
@@ -215,6 +215,7 @@ class SegmentShipper:
                 stop = start + len(view)
                 crc = crc_of(view)
                 key = piece_key(name, seq, self.nonce, rel, start, stop, end is None)
+                self.guard()  # a writer stopped past its lease uploads nothing once resumed
                 self._put(key, view, crc)
         except FileNotFoundError:
             raise ObjectStoreError(f"{wdir / rel}: committed, but missing") from None

@@ -188,7 +188,7 @@ def create_app(engine: Engine | EnginePool, model_name: str, metrics: ServingMet
         temperature = 1.0 if req.temperature is None else req.temperature
         futures = []
         try:
-            capture_rows = req.capture_rows()
+            capture_rows, capture_dtype = req.capture_rows(), req.capture_dtype()
             for i in range(req.n):
                 params = SamplingParams(
                     max_tokens=max_tokens,
@@ -201,6 +201,7 @@ def create_app(engine: Engine | EnginePool, model_name: str, metrics: ServingMet
                     capture=capture and i == req.n - 1,
                     capture_rows=capture_rows,
                     attention=req.attention(),
+                    capture_dtype=capture_dtype,
                 )
                 futures.append(engine.submit(prompt_ids, params))
         except ValueError as exc:

@@ -6,7 +6,8 @@ from the last prompt token on, ...) go straight to its spool file
 (``hallulog.serving.capture.SpoolFile``): ``put`` collects a pass's rows, ``flush`` copies them
 out of the pass's buffer together (so it is freed at once) and hands them to one writer thread
 (at most ``WRITES_IN_FLIGHT`` passes behind), ``finish`` completes a sequence's file and resolves
-its future. No sequence holds its states in memory.
+its future. No sequence holds its states in memory. A sequence whose request asked for a capture
+dtype (``contracts/capture_dtype.py``) has its rows cast as they are put.
 """
 
 from __future__ import annotations
@@ -38,7 +39,11 @@ class CaptureWriter:
         """Where ``seq.capture`` puts rows: its spool file (opened at its first rows), through
         this pass's list for the writer thread."""
 
+        dtype = _dtype(seq.params.capture_dtype)
+
         def put(row: int, block: torch.Tensor) -> None:
+            if dtype is not None and block.dtype != dtype:
+                block = block.to(dtype)  # round to nearest even, as the worker would
             if seq.file is None:
                 seq.file = self.spool.open(block.shape[1:], block.dtype)
             self._rows_out.append((seq.file, row, block))
@@ -89,7 +94,7 @@ class CaptureWriter:
         rows, row0 = seq.n_states, seq.row0
         tokens = (seq.prompt_ids + seq.out_ids)[row0 : row0 + rows]
         if seq.file is None:  # no row was kept
-            seq.file = self.spool.open(row_shape, dtype)
+            seq.file = self.spool.open(row_shape, _dtype(seq.params.capture_dtype) or dtype)
         self._writer.submit(self._write_capture, seq.future, output, seq.file, row0, tokens)
         seq.file = None
 
@@ -108,3 +113,8 @@ class CaptureWriter:
 
     def shutdown(self) -> None:
         self._writer.shutdown(wait=True)
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    """The torch dtype of a request's capture dtype (``contracts/capture_dtype.py``)."""
+    return None if name is None else getattr(torch, name)

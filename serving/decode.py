@@ -37,12 +37,14 @@ full attention, the model's rotary embedding. Anything else runs through transfo
 
 from __future__ import annotations
 
+import pathlib
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from hallulog.serving.attention_capture import column_positions, prefill_row
 from hallulog.serving.attention_kernel import decode_attention, kernel_fits, load_kernel
+from hallulog.serving.mapped_weights import map_weight
 from hallulog.serving.memory import release_freed_memory
 
 __all__ = ["FusedDecoder", "supports_fused_decode", "packed_linear_available"]
@@ -173,16 +175,23 @@ class FusedDecoder:
                 raise RuntimeError("the C attention kernel could not be built (see the log)")
         self._slot = {layer_id: i for i, layer_id in enumerate(self.capture_layer_ids)}
 
-    def release_model_weights(self) -> int:
+    def release_model_weights(self, checkpoint: pathlib.Path | None = None) -> int:
         """Keep the matrices only in oneDNN's packed layout: the model's own linear weights
         become meta tensors (its own forward can no longer run; the decoder, its hooks-free
         capture and ``HiddenStateRecorder`` need none of them) and the weights still used in
-        their plain layout (embedding, norms) are copied out of the checkpoint's file mapping,
-        so that the mapping is let go. Returns the bytes of plain weights dropped (0 without
-        packed products: then every weight is still needed)."""
+        their plain layout (norms) are copied out of the loader's file mapping, so that the
+        mapping is let go. The embedding, where ``checkpoint`` (the model directory) holds it
+        as loaded, is read from a mapping of its own pages instead
+        (``hallulog.serving.mapped_weights``): only the rows of the tokens fed are resident.
+        Returns the bytes of plain weights dropped (0 without packed products: then every
+        weight is still needed)."""
         if not self.packed:
             return 0
         model = self._model
+        mapped = None
+        if checkpoint is not None:
+            name = next(n for n, p in model.named_parameters() if p is self.embed)
+            mapped = map_weight(checkpoint, name, self.embed)
         keep = {id(self.embed)}  # the tied output head is the embedding: still read plain
         dropped = 0
         for module in model.modules():
@@ -195,8 +204,13 @@ class FusedDecoder:
         for linear in (*(lin for layer in self.layers for lin in layer.linears()), self.lm_head):
             linear.weight = None
         for tensor in (*model.parameters(), *model.buffers()):
-            if tensor.device.type != "meta":
+            if tensor.device.type != "meta" and tensor is not self.embed:
                 tensor.data = tensor.data.clone()  # off the file mapping, if it was on one
+        if mapped is not None:
+            dropped += self.embed.numel() * self.embed.element_size()
+            self.embed.data = mapped
+        else:
+            self.embed.data = self.embed.data.clone()
         release_freed_memory()
         return dropped
 

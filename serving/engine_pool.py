@@ -104,8 +104,9 @@ class EnginePool:
     def release_model_weights(self) -> int:
         """Drop the model's plain copies of the packed matrices (``FusedDecoder``); bytes
         dropped. The model's own forward cannot run afterwards."""
-        fused = self.engines[0]._fused
-        return fused.release_model_weights() if fused is not None else 0
+        first = self.engines[0]
+        fused = first._fused
+        return fused.release_model_weights(first.loaded.path) if fused is not None else 0
 
     def _set_threads(self) -> None:
         """Each engine's intra-op threads from its next step on: the first one takes every

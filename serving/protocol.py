@@ -13,6 +13,7 @@ import uuid
 from typing import Any, Literal
 
 from hallulog.contracts.attention_wire import ATTENTION_FIELD
+from hallulog.contracts.capture_dtype import CAPTURE_DTYPE_FIELD, check_capture_dtype
 from hallulog.contracts.capture_rows import CAPTURE_ROWS_FIELD, check_capture_rows
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -60,6 +61,11 @@ class _SamplingFields(BaseModel):
         """``kv_transfer_params.hallulog_capture_rows``: the positions a capture file holds
         (``contracts/capture_rows.py``; default ``all``); ValueError for a bad value."""
         return check_capture_rows((self.kv_transfer_params or {}).get(CAPTURE_ROWS_FIELD))
+
+    def capture_dtype(self) -> str | None:
+        """``kv_transfer_params.hallulog_capture_dtype``: the capture file's dtype
+        (``contracts/capture_dtype.py``; None: the model's); ValueError for a bad value."""
+        return check_capture_dtype((self.kv_transfer_params or {}).get(CAPTURE_DTYPE_FIELD))
 
 
 class ChatMessage(BaseModel):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from hallulog.contracts.capture_dtype import check_capture_dtype
 from hallulog.contracts.capture_rows import capture_window, check_capture_rows
 
 __all__ = ["SamplingParams", "TokenLogprob", "SequenceOutput", "SequenceState"]
@@ -31,9 +32,12 @@ class SamplingParams:
     """Which of those positions the file holds (``contracts/capture_rows.py``)."""
     attention: bool = False
     """Write the attention summaries of every generated token (``serving/attention_capture.py``)."""
+    capture_dtype: str | None = None
+    """The file's dtype (``contracts/capture_dtype.py``); None: the model's."""
 
     def __post_init__(self) -> None:
         check_capture_rows(self.capture_rows)
+        check_capture_dtype(self.capture_dtype)
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         if self.temperature < 0:

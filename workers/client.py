@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hallulog.contracts.attention_wire import ATTENTION_FIELD, ATTENTION_PATHS
+from hallulog.contracts.capture_dtype import CAPTURE_DTYPE_FIELD
 from hallulog.contracts.capture_rows import CAPTURE_ROWS_FIELD
 from hallulog.contracts.errors import HallulogError, RetryableError
 from hallulog.contracts.jsonl import encode_line, parse_line
@@ -139,6 +140,7 @@ class BackendClient:
         attempts: int = 3,
         backoff_base: float = 1.0,
         template_kwargs: dict[str, Any] | None = None,
+        capture_dtype: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -147,6 +149,8 @@ class BackendClient:
         self._backoff_base = backoff_base
         #: the chat template's kwargs sent with every chat request (``chat_template_kwargs``)
         self.template_kwargs = dict(template_kwargs or {})
+        #: the dtype asked of capture files (the run's stored dtype; ``contracts/capture_dtype.py``)
+        self.capture_dtype = capture_dtype
 
     async def close(self) -> None:
         await self._http.close()
@@ -225,7 +229,7 @@ class BackendClient:
             "return_token_ids": True,
         }
         if capture:
-            body["kv_transfer_params"] = _capture_params(True, capture_rows)
+            body["kv_transfer_params"] = _capture_params(True, capture_rows, self.capture_dtype)
         if attention:  # summaries captured during generation (the embedded server)
             body.setdefault("kv_transfer_params", {})[ATTENTION_FIELD] = True
         if self.template_kwargs:
@@ -282,7 +286,7 @@ class BackendClient:
             "return_token_ids": True,
         }
         if capture:
-            body["kv_transfer_params"] = _capture_params(True, capture_rows)
+            body["kv_transfer_params"] = _capture_params(True, capture_rows, self.capture_dtype)
         if attention:  # summaries captured during generation (the embedded server)
             body.setdefault("kv_transfer_params", {})[ATTENTION_FIELD] = True
         start = time.perf_counter()
@@ -323,7 +327,7 @@ class BackendClient:
                 "prompt": token_ids,
                 "max_tokens": 1,
                 "temperature": 0.0,
-                "kv_transfer_params": _capture_params(False, capture_rows),
+                "kv_transfer_params": _capture_params(False, capture_rows, self.capture_dtype),
             },
         )
         path = _hidden_states_path(reply)
@@ -335,12 +339,17 @@ class BackendClient:
         return path
 
 
-def _capture_params(include_output_tokens: bool, rows: str | int) -> dict[str, Any]:
+def _capture_params(
+    include_output_tokens: bool, rows: str | int, dtype: str | None = None
+) -> dict[str, Any]:
     """A capture request's ``kv_transfer_params``; every position (``all``) is the servers'
-    default, asked for without the field (a request as before it existed)."""
+    default, asked for without the field (a request as before it existed); ``dtype``: the
+    file's dtype (``contracts/capture_dtype.py``; None: the model's)."""
     params: dict[str, Any] = {"include_output_tokens": include_output_tokens}
     if rows != "all" and rows != 0:
         params[CAPTURE_ROWS_FIELD] = rows
+    if dtype is not None:
+        params[CAPTURE_DTYPE_FIELD] = dtype
     return params
 
 

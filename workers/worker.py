@@ -151,7 +151,8 @@ class GroupWorker:
         self.channel = channel
         self.client = BackendClient(spec.server_url, spec.model_name,
                                     timeout=spec.request_timeout, backoff_base=spec.retry_backoff,
-                                    template_kwargs=spec.chat_template_kwargs)
+                                    template_kwargs=spec.chat_template_kwargs,
+                                    capture_dtype=spec.dtype)
         self.out = WorkerDir(Path(spec.worker_dir), worker_id=spec.worker_id,
                              storage_format=spec.storage_format, layer_ids=list(spec.layer_ids),
                              hidden_size=spec.hidden_size, dtype=spec.dtype)

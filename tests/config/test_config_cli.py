@@ -41,6 +41,32 @@ def test_profiles_and_overrides():
     assert cfg.profile.target_layers == "second_half" and cfg.profile.dtype == "float32"
 
 
+def test_the_full_profile_stores_the_attention_summaries():
+    """``full`` turns ``--attention-features`` on (the flag still wins); the fingerprint holds
+    the resolved value only when on, as it did when the flag alone could set it."""
+    from hallulog.config.plan import stored_of
+
+    assert RunConfig(logging_profile="full").profile.attention_features
+    assert not RunConfig(
+        logging_profile="full", attention_features=False
+    ).profile.attention_features
+    assert not RunConfig().profile.attention_features
+    assert RunConfig(attention_features=True).profile.attention_features
+    on = {"attention_features": True}
+    assert on.items() <= RunConfig(logging_profile="full").fingerprint_fields().items()
+    assert on.items() <= RunConfig(attention_features=True).fingerprint_fields().items()
+    for cfg in (
+        RunConfig(),
+        RunConfig(attention_features=False),
+        RunConfig(logging_profile="full", attention_features=False),
+    ):
+        assert "attention_features" not in cfg.fingerprint_fields()
+    assert (
+        RunConfig(attention_features=False).fingerprint_fields() == RunConfig().fingerprint_fields()
+    )
+    assert stored_of(RunConfig(logging_profile="full"), 30).attention_features
+
+
 @pytest.mark.parametrize(
     "kwargs,flag",
     [

@@ -14,6 +14,7 @@ from hallulog.exports.cli import main as export_main
 from hallulog.exports.lm_polygraph import STAT_FIELDS, export_lm_polygraph, load_stats
 from hallulog.exports.uqlm import ROW_FIELDS, export_uqlm, load_uqlm
 from hallulog.storage import open_store
+from hallulog.storage.attention_format import FEATURES, iter_generations, write_part
 
 from tests.evaluation.synthetic import make_run
 
@@ -44,7 +45,7 @@ def test_lm_polygraph_export_matches_its_doc(run, tmp_path):
     dst = tmp_path / "lmp"
     manifest = export_lm_polygraph(run, dst)
     files = _table("lm-polygraph.md", "files")
-    assert {p.name for p in dst.iterdir()} == set(files)
+    assert {p.name for p in dst.iterdir()} == set(files) - {"attention_all.npy"}  # no summaries
     fields = _table("lm-polygraph.md", "stats.jsonl")
     rows = list(iter_rows(dst / "stats.jsonl"))
     assert len(rows) == manifest["prompts"] == 12
@@ -76,6 +77,65 @@ def test_lm_polygraph_arrays_are_the_stored_rows(run, tmp_path):
     finally:
         reader.close()
     assert stats["manifest"]["arrays"]["embeddings_decoder"]["layer"] == 2
+
+
+@pytest.fixture(scope="module")
+def attention_run(tmp_path_factory) -> Path:
+    """A synthetic run with attention summaries (random, by the real writer) for every
+    generation but one primary, in two parts written in the reverse of the prompts' order."""
+    root = make_run(tmp_path_factory.mktemp("toolkits") / "run", n=6, k=1)
+    gens = list(iter_rows(root / "consolidated" / "generations.jsonl"))
+    rng = np.random.default_rng(0)
+    keys = [(g["prompt_id"], g["sample_id"], g.get("commit_id") or "c", 7) for g in gens]
+    feats = [rng.random((len(g["token_ids"]), 3, 2, len(FEATURES))) for g in gens]
+    keep = [
+        i
+        for i, g in enumerate(gens)
+        if (g["prompt_id"], g["sample_id"]) != (gens[0]["prompt_id"], 0)
+    ]
+    keep.reverse()
+    for half in (keep[: len(keep) // 2], keep[len(keep) // 2 :]):
+        write_part(root, [keys[i] for i in half], [feats[i] for i in half])
+    return root
+
+
+def test_lm_polygraph_attention_is_lm_polygraphs_attention_all(attention_run, tmp_path):
+    """attention_all[:, j, j-1] is the stored ``self`` of row j and [:, j, j-2] its
+    ``previous`` (docs/formats/lm-polygraph.md); row 0, the diagonal and above 0, the rest NaN;
+    a primary without summaries loads as NaN below the diagonal."""
+    dst = tmp_path / "lmp"
+    manifest = export_lm_polygraph(attention_run, dst, hidden=False)
+    assert {p.name for p in dst.iterdir()} == set(_table("lm-polygraph.md", "files")) - {
+        "embeddings_decoder.npy",
+        "sample_embeddings.npy",
+    }
+    assert manifest["arrays"]["attention_all"]["layers"] == 3
+    assert "attention_all" in manifest["approximations"]
+    stats = load_stats(dst)
+    by_key = {(g.prompt_id, g.sample_id): g for g in iter_generations(attention_run)}
+    att = stats["attention_all"]
+    assert len(att) == 6 and stats["attention_rows"][0] is None
+    first = att[0]
+    t = len(stats["greedy_tokens"][0])
+    assert (
+        first.shape == (6, t, t)
+        and np.isnan(first[:, 1:, :][:, np.tril_indices(t - 1)[0], np.tril_indices(t - 1)[1]]).all()
+    )
+    for i in range(1, 6):
+        f = by_key[(stats["prompt_id"][i], 0)].features  # [T, L, H, 5] (float16 values)
+        m = att[i]
+        t = len(f)
+        assert m.shape == (3 * 2, t, t)
+        j = np.arange(1, t)
+        want_self = f[1:, :, :, FEATURES.index("self")].reshape(t - 1, -1).T
+        np.testing.assert_array_equal(m[:, j, j - 1], want_self)
+        want_prev = f[2:, :, :, FEATURES.index("previous")].reshape(t - 2, -1).T
+        np.testing.assert_array_equal(m[:, j[1:], j[1:] - 2], want_prev)
+        assert (m[:, 0] == 0).all() and (
+            m[:, np.triu_indices(t)[0], np.triu_indices(t)[1]] == 0
+        ).all()
+        if t > 3:
+            assert np.isnan(m[:, 3, 0]).all()  # not stored
 
 
 def test_uqlm_export_matches_its_doc(run, tmp_path):

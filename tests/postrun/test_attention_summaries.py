@@ -107,10 +107,10 @@ def test_rauq_equals_lm_polygraph(alpha):
     layers, heads, T = 6, 3, 7
     f = rng.uniform(0.05, 0.95, size=(T, layers, heads, 5)).astype(np.float32)
     logprobs = np.log(rng.uniform(0.05, 1.0, size=T))
-    m = T - 1  # tokens 0 .. T - 2
+    m = T  # every token
     att = np.zeros((layers, heads, m, m))
-    for j in range(1, m):  # attention of token j to token j - 1 = row j + 1's ``previous``
-        att[:, :, j, j - 1] = f[j + 1, :, :, 2]
+    for j in range(1, m):  # the step choosing token j, to token j - 1 (its query): row j's ``self``
+        att[:, :, j, j - 1] = f[j, :, :, 3]
     est = lmp.RAUQ(alpha=alpha, n_layers=layers, n_heads=heads)
     theirs = est(
         {

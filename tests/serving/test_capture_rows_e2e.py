@@ -85,6 +85,29 @@ def test_a_prefill_only_request_starts_where_it_is_asked(server):
         assert torch.equal(hidden, whole[start:])
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_a_capture_in_the_stored_dtype_holds_the_rows_cast(server, dtype):
+    """``hallulog_capture_dtype`` (contracts/capture_dtype.py): the rows of the model-dtype
+    capture, cast by torch (round to nearest even), in a file of that dtype."""
+    _, _, path = _chat(server, "response")
+    _, whole, ids = _take(path)
+    body = {"model": MODEL, "messages": QUESTION, "max_tokens": 6, "temperature": 0}
+    kv = {"include_output_tokens": True, "hallulog_capture_rows": "response"}
+    kv["hallulog_capture_dtype"] = dtype
+    resp = server.post("/v1/chat/completions", {**body, "kv_transfer_params": kv})
+    assert resp.status_code == 200, resp.text
+    _, hidden, got_ids = _take(resp.json()["kv_transfer_params"]["hidden_states_path"])
+    assert got_ids == ids and hidden.dtype == getattr(torch, dtype)
+    assert torch.equal(hidden.view(torch.uint8), whole.to(hidden.dtype).view(torch.uint8))
+
+
+def test_a_bad_capture_dtype_is_refused(server):
+    body = {"model": MODEL, "messages": QUESTION, "max_tokens": 2}
+    kv = {"include_output_tokens": True, "hallulog_capture_dtype": "int8"}
+    resp = server.post("/v1/chat/completions", {**body, "kv_transfer_params": kv})
+    assert resp.status_code == 400 and "hallulog_capture_dtype" in resp.text
+
+
 @pytest.mark.parametrize("bad", ["tbg", -2, 1.5])
 def test_a_bad_selection_is_refused(server, bad):
     body = {"model": MODEL, "messages": QUESTION, "max_tokens": 2}
@@ -140,7 +163,8 @@ def test_the_worker_stores_the_same_activations(
         )
 
     narrow = stored_activations(spec("narrow"), group)
-    whole = stored_activations(spec("whole"), group, capture_rows="all")
+    # every position, in the model dtype: what a server that ignores both fields writes
+    whole = stored_activations(spec("whole"), group, capture_rows="all", model_dtype_capture=True)
     assert narrow.keys() == whole.keys() and len(narrow) == 1
     for key, (fields, layers) in narrow.items():
         assert fields == whole[key][0]

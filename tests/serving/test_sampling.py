@@ -68,3 +68,29 @@ def test_a_rows_draw_depends_on_its_seed_only():
         tuple(choose_tokens(logits, _rows(6, seed0=s, **params)).tolist()) for s in range(5)
     }
     assert len(other_seeds) > 1
+
+
+def _mixed_rows(n):
+    """Greedy, top-p and plain sampled rows, interleaved, each with top-5 logprobs."""
+    kinds = [{"temperature": 0.0}, {"temperature": 0.7, "top_p": 0.95}, {"temperature": 1.0}]
+    rows = []
+    for i in range(n):
+        params = SamplingParams(max_tokens=50, top_logprobs=5, **kinds[i % 3])
+        generator = None if i % 3 == 0 else torch.Generator().manual_seed(i)
+        rows.append(SequenceState([1], params, concurrent.futures.Future(), generator))
+    return rows
+
+
+def test_rows_taken_in_passes_get_what_one_pass_of_the_batch_gets(monkeypatch):
+    """take_tokens cuts the batch into passes of ROWS_PER_PASS rows (bounded temporaries): the
+    tokens, logprobs, logits and top-5 of every row are those of the batch in one pass."""
+    import hallulog.serving.token_step as token_step
+
+    logits = torch.randn(100, 4000) * 3
+    runs = {}
+    for rows_per_pass in (1000, 32, 7):
+        monkeypatch.setattr(token_step, "ROWS_PER_PASS", rows_per_pass)
+        active = _mixed_rows(100)
+        token_step.take_tokens(active, logits, eos_ids=set(), tokenizer=None, max_model_len=99)
+        runs[rows_per_pass] = [(s.out_ids, [vars(lp) for lp in s.logprobs]) for s in active]
+    assert runs[32] == runs[1000] and runs[7] == runs[1000]

@@ -16,11 +16,17 @@ from hallulog import storage
 
 
 def process_group(
-    spec: WorkerSpec, group: PromptGroup, *, capture_rows: str | None = None
+    spec: WorkerSpec,
+    group: PromptGroup,
+    *,
+    capture_rows: str | None = None,
+    model_dtype_capture: bool = False,
 ) -> list[dict]:
     """Process ``group`` with a worker built from ``spec``; its events, in order.
     ``capture_rows``: what the worker's capture requests ask for, in place of its own choice
-    (``all``: every position, as a server that ignores the field writes)."""
+    (``all``: every position, as a server that ignores the field writes);
+    ``model_dtype_capture``: its requests ask for no capture dtype (files in the model dtype,
+    as a server that ignores the field writes them)."""
     events: list[dict] = []
 
     class Channel:
@@ -31,6 +37,8 @@ def process_group(
         worker = GroupWorker(spec, Channel())  # type: ignore[arg-type]
         if capture_rows is not None:
             worker.capture_rows = capture_rows
+        if model_dtype_capture:
+            worker.client.capture_dtype = None
         try:
             await worker._process(group)
         finally:
@@ -62,11 +70,17 @@ INDEX_FIELDS = (
 
 
 def stored_activations(
-    spec: WorkerSpec, group: PromptGroup, *, capture_rows: str | None = None
+    spec: WorkerSpec,
+    group: PromptGroup,
+    *,
+    capture_rows: str | None = None,
+    model_dtype_capture: bool = False,
 ) -> dict[str, tuple[dict, list[np.ndarray]]]:
     """Run ``group`` (:func:`process_group`) into ``spec.worker_dir``; per activation key, its
     index fields (:data:`INDEX_FIELDS`) and the stored rows of every layer."""
-    events = process_group(spec, group, capture_rows=capture_rows)
+    events = process_group(
+        spec, group, capture_rows=capture_rows, model_dtype_capture=model_dtype_capture
+    )
     assert [e["event"] for e in events] == ["done"], events
     assert events[0]["capture_errors"] == 0, events
     wdir = Path(spec.worker_dir)
