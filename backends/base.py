@@ -49,6 +49,10 @@ class Backend:
     line (NULs read as spaces): a crashed run's leftover servers are killed only when their
     command line holds one. A module argument, not a bare word, so that a checkout or venv path
     holding the word never matches."""
+    attention_in_pass: ClassVar[bool] = False
+    """Its server captures ``--attention-features``' summaries during generation
+    (``contracts/attention_wire.py``); False: the run computes them after generation in a
+    transformers pass (``postrun/attention.py``)."""
     health_path: ClassVar[str] = "/health"
     """Answers 200 once the server serves."""
 

@@ -62,6 +62,7 @@ class EmbeddedBackend(Backend):
     takes = frozenset({"max_model_len", "max_memory_gb", "engine_args"})
     reserved = EMBEDDED_RESERVED
     process_markers = (b"-m hallulog.serving ",)
+    attention_in_pass = True  # serving/attention_capture.py
 
     def refuse_option(self, name: str, value: Any) -> str:
         shown = "" if isinstance(value, bool) else f" {value}"

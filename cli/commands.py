@@ -97,10 +97,11 @@ def consolidate_command(config: RunConfig, *, merge: bool = False) -> int:
         config.profile.attention_features and done.ok
     ):  # any run, any backend: docs/formats/attention.md
         from hallulog.contracts.run_manifest import RunManifest
-        from hallulog.postrun.attention import attention_pass
+        from hallulog.postrun.attention_gather import store_attention
 
         model = RunManifest.require(config.artifact_root).model_path
-        passed = attention_pass(config.artifact_root, model)
+        # summaries its workers kept from generation first (none on a vLLM run), then the pass
+        passed = store_attention(config.artifact_root, model, in_pass=True)
         print(
             f"attention features: {passed.generations} generations ({passed.tokens} tokens) in "
             f"{passed.seconds:.1f} s, {passed.already} already stored"

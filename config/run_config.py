@@ -176,7 +176,7 @@ class RunConfig:
     check_captures: bool = outside_fingerprint(True)
     """Fail a capture whose stored rows would be all zeros, non-finite, or the same for two different tokens: the generation is kept without activations, counted as a capture failure with its reason (false: store captures as they come; docs/alignment.md)."""
     attention_features: bool | None = fingerprint_when_set(None)
-    """Store per-token attention summaries per layer and head after the run (an attention pass over prompt + answer, any backend): what Lookback Lens, RAUQ, AttentionScore and LapEigvals read (docs/formats/attention.md); default: the logging profile's (on in ``full``, off elsewhere)."""
+    """Store per-token attention summaries per layer and head (captured during generation on the embedded server; for vLLM an attention pass over prompt + answer after the run): what Lookback Lens, RAUQ, AttentionScore and LapEigvals read (docs/formats/attention.md); default: the logging profile's (on in ``full``, off elsewhere)."""
     storage_format: StorageFormat = DEFAULT_STORAGE_FORMAT  # type: ignore[assignment]
     """Activation store format written by the workers: packed (default: the fastest reader in
     bench/bench_storage.py), npy (one file per activation, seed 003 §6.4) or zarr (seed 000)."""

@@ -88,6 +88,7 @@ __all__ = [
     "ATTENTION",
     "attention_dir",
     "attention_part",
+    "worker_attention_file",
 ]
 
 MANIFEST = "run_manifest.json"
@@ -274,3 +275,14 @@ def attention_dir(artifact_root: str | Path) -> Path:
 def attention_part(index: int) -> str:
     """The file name of attention part ``index``."""
     return f"part-{index:06d}.safetensors"
+
+
+def worker_attention_file(worker_dir: str | Path, prompt_id: str, sample_id: int) -> Path:
+    """``worker_{i}/attention/<hash>.safetensors``: one generation's attention summaries
+    captured during generation (the embedded server's), kept by its worker until the run
+    stores them in ``attention/`` parts (docs/formats/attention.md); the name is a hash of
+    ``(prompt_id, sample_id)``."""
+    import hashlib
+
+    key = hashlib.sha256(f"{prompt_id}\0{sample_id}".encode()).hexdigest()[:32]
+    return Path(worker_dir) / ATTENTION / f"{key}.safetensors"

@@ -40,7 +40,13 @@ from hallulog.contracts.errors import ArtifactError
 from hallulog.contracts.jsonl import iter_lines
 from hallulog.storage.attention_format import done_keys, write_part
 
-__all__ = ["summaries", "attention_pass", "AttentionPassResult", "load_eager_model"]
+__all__ = [
+    "summaries",
+    "attention_pass",
+    "AttentionPassResult",
+    "load_eager_model",
+    "consolidated_generations",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +142,7 @@ def _group_features(model, prompt_ids, answers) -> list[np.ndarray]:
     return summaries(maps, [len(prompt_ids)] * len(seqs), lengths, offset=prefix)
 
 
-def _generations(root: Path):
+def consolidated_generations(root: Path):
     """``(prompt_ids, generation rows)`` per prompt of ``consolidated/``, streamed in lockstep
     (both files list the prompts in the same order)."""
     consolidated = layout.consolidated_dir(root)
@@ -167,14 +173,14 @@ def attention_pass(
     root: str | Path, model_path: str | Path, *, device: str | None = None, model=None
 ):
     """Write the summaries of every consolidated generation of ``root`` no committed part holds
-    (``model``: an eager model already loaded)."""
+    (``model``: an eager model already loaded; else loaded at the first such generation, so a
+    run whose summaries are all stored loads none)."""
     started = time.monotonic()
     root = Path(root)
     result = AttentionPassResult()
     done = done_keys(root)
-    model = model if model is not None else load_eager_model(model_path, device)
     part_keys, part_feats = [], []
-    for prompt_ids, rows in _generations(root):
+    for prompt_ids, rows in consolidated_generations(root):
         todo = []
         for row in rows:
             key = (row["prompt_id"], int(row["sample_id"]), row["commit_id"])
@@ -184,6 +190,8 @@ def attention_pass(
                 result.skipped += 1
             else:
                 todo.append((key, row["token_ids"]))
+        if todo and model is None:
+            model = load_eager_model(model_path, device)
         for at in range(0, len(todo), GROUP_ROWS):
             chunk = todo[at : at + GROUP_ROWS]
             part_feats.extend(_group_features(model, prompt_ids, [a for _, a in chunk]))

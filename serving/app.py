@@ -13,6 +13,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from hallulog.contracts.attention_wire import ATTENTION_PATHS
 from hallulog.contracts.errors import HallulogError
 from hallulog.contracts.reasoning import markers_from_vocab, split_reasoning
 from hallulog.serving import protocol as P
@@ -118,7 +119,7 @@ def create_app(engine: Engine | EnginePool, model_name: str, metrics: ServingMet
         except Exception as exc:  # noqa: BLE001 - template errors are the caller's input
             raise ApiError(400, f"cannot apply the chat template: {exc}") from exc
         prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        outputs, path = await _generate(req, prompt_ids, prefill_only=False)
+        outputs, transfer = await _generate(req, prompt_ids, prefill_only=False)
         choices = [
             P.ChatChoice(
                 index=i,
@@ -135,7 +136,7 @@ def create_app(engine: Engine | EnginePool, model_name: str, metrics: ServingMet
             choices=choices,
             usage=_usage(prompt_ids, outputs),
             prompt_token_ids=prompt_ids if req.return_token_ids else None,
-            kv_transfer_params={"hidden_states_path": path} if path else None,
+            kv_transfer_params=transfer,
         )
 
     @app.post("/v1/completions")
@@ -144,7 +145,7 @@ def create_app(engine: Engine | EnginePool, model_name: str, metrics: ServingMet
         by_ids = isinstance(req.prompt, list)
         prompt_ids = list(req.prompt) if by_ids else tokenizer(req.prompt)["input_ids"]
         prefill_only = by_ids and req.max_tokens == 1
-        outputs, path = await _generate(req, prompt_ids, prefill_only=prefill_only)
+        outputs, transfer = await _generate(req, prompt_ids, prefill_only=prefill_only)
         choices = [
             P.CompletionChoice(
                 index=i,
@@ -162,7 +163,7 @@ def create_app(engine: Engine | EnginePool, model_name: str, metrics: ServingMet
             choices=choices,
             usage=_usage(prompt_ids, outputs),
             prompt_token_ids=prompt_ids if req.return_token_ids else None,
-            kv_transfer_params={"hidden_states_path": path} if path else None,
+            kv_transfer_params=transfer,
         )
 
     # ---- helpers -------------------------------------------------------------------------
@@ -199,6 +200,7 @@ def create_app(engine: Engine | EnginePool, model_name: str, metrics: ServingMet
                     # like vLLM only the last child's file is returned, so only it is written
                     capture=capture and i == req.n - 1,
                     capture_rows=capture_rows,
+                    attention=req.attention(),
                     capture_dtype=capture_dtype,
                 )
                 futures.append(engine.submit(prompt_ids, params))
@@ -210,7 +212,10 @@ def create_app(engine: Engine | EnginePool, model_name: str, metrics: ServingMet
             *(asyncio.wrap_future(f) for f in futures)
         )
         path = outputs[-1].hidden_states_path if capture else None
-        return outputs, path
+        transfer = {"hidden_states_path": path} if path else {}
+        if req.attention():  # contracts/attention_wire.py
+            transfer[ATTENTION_PATHS] = [out.attention_path for out in outputs]
+        return outputs, transfer or None
 
     return app
 

@@ -56,9 +56,13 @@ static inline float hsum(v16 a) {
 /* The query heads of one key/value head over np prefix columns (kp, vp) then n - np own columns
    (k, v): q [groups, dim] (scaled), keys and values [columns, dim] (column stride dim), out
    [groups, dim]; s: groups * n floats. The columns are taken in that order, one by one, as if
-   they were one run of n columns. */
-static void one(const float *q, const float *kp, const float *vp, int64_t np, const float *k,
-                const float *v, int64_t n, int64_t groups, int64_t dim, float *out, float *s) {
+   they were one run of n columns. With `summ` (a constant: two copies are compiled, the one
+   without is the plain kernel), the summaries go to fo [groups, 5] and each weight on a column
+   c >= p - 1 to dg[(c - p + 1) * ds + g]. */
+static inline __attribute__((always_inline)) void
+one_of(const float *q, const float *kp, const float *vp, int64_t np, const float *k,
+       const float *v, int64_t n, int64_t groups, int64_t dim, float *out, float *s, const int summ,
+       float *fo, float *dg, int64_t ds, int64_t p) {
     int64_t w = dim / 16;
     float m[MAX_GROUPS], inv[MAX_GROUPS];
     for (int64_t c = 0; c < n; c++) {
@@ -80,6 +84,17 @@ static void one(const float *q, const float *kp, const float *vp, int64_t np, co
             total += e;
         }
         inv[g] = 1.f / total;
+        if (summ) {
+            float ctx = 0.f;
+            for (int64_t c = 0; c < n && c < p; c++) ctx += sg[c];
+            fo[g * 5] = ctx * inv[g];
+            fo[g * 5 + 1] = (total - ctx) * inv[g];
+            fo[g * 5 + 2] = n > 1 ? sg[n - 2] * inv[g] : 0.f;
+            fo[g * 5 + 3] = sg[n - 1] * inv[g];
+            fo[g * 5 + 4] = 0.f;
+            for (int64_t c = p > 0 ? p - 1 : 0; c < n; c++)
+                dg[(c - p + 1) * ds + g] = sg[c] * inv[g];
+        }
     }
     v16 acc[MAX_GROUPS * MAX_CHUNKS];
     memset(acc, 0, sizeof(v16) * groups * w);
@@ -97,23 +112,45 @@ static void one(const float *q, const float *kp, const float *vp, int64_t np, co
         }
 }
 
+static void one(const float *q, const float *kp, const float *vp, int64_t np, const float *k,
+                const float *v, int64_t n, int64_t groups, int64_t dim, float *out, float *s) {
+    one_of(q, kp, vp, np, k, v, n, groups, dim, out, s, 0, 0, 0, 0, 0);
+}
+
+static void one_summ(const float *q, const float *kp, const float *vp, int64_t np,
+                     const float *k, const float *v, int64_t n, int64_t groups, int64_t dim,
+                     float *out, float *s, float *fo, float *dg, int64_t ds, int64_t p) {
+    one_of(q, kp, vp, np, k, v, n, groups, dim, out, s, 1, fo, dg, ds, p);
+}
+
 /* q, out: [rows, kv_heads, groups, dim] contiguous. keys, values: [rows, kv_heads, columns, dim]
    with row stride rs, head stride hs (in floats), column stride dim. Row r attends columns
    start[r] .. end - 1, after (when entry is not NULL) the first length[r] columns of prefix
    entry[r] of pkeys, pvalues ([entries, kv_heads, columns, dim], strides prs, phs). scratch:
-   groups * (the most columns of a row) floats. */
+   groups * (the most columns of a row) floats. feat (NULL: none): the attention summaries of
+   layer `layer` of `layers`, [rows, layers, kv_heads * groups, 5] (context, generated, previous,
+   self, 0) and each weight on a column c >= plen[r] - 1 at deg [rows, width, layers, kv_heads *
+   groups], index c - plen[r] + 1 (a row's columns are its positions 0 .. n - 1). */
 void decode_attention(const float *q, const float *keys, const float *values, int64_t rs,
                       int64_t hs, const int64_t *start, int64_t end, int64_t rows,
                       int64_t kv_heads, int64_t groups, int64_t dim, float *out, float *scratch,
                       const float *pkeys, const float *pvalues, int64_t prs, int64_t phs,
-                      const int64_t *entry, const int64_t *length) {
+                      const int64_t *entry, const int64_t *length, float *feat, float *deg,
+                      const int64_t *plen, int64_t layer, int64_t layers, int64_t width) {
+    int64_t heads = kv_heads * groups, ds = layers * heads;
     for (int64_t r = 0; r < rows; r++) {
         int64_t c0 = start[r], np = entry ? length[r] : 0, pe = entry ? entry[r] : 0;
         for (int64_t h = 0; h < kv_heads; h++) {
             int64_t at = r * rs + h * hs + c0 * dim, o = (r * kv_heads + h) * groups * dim;
-            int64_t pat = pe * prs + h * phs;
-            one(q + o, pkeys + pat, pvalues + pat, np, keys + at, values + at, np + end - c0,
-                groups, dim, out + o, scratch);
+            int64_t pat = pe * prs + h * phs, hd = layer * heads + h * groups;
+            if (!feat) {
+                one(q + o, pkeys + pat, pvalues + pat, np, keys + at, values + at, np + end - c0,
+                    groups, dim, out + o, scratch);
+                continue;
+            }
+            one_summ(q + o, pkeys + pat, pvalues + pat, np, keys + at, values + at,
+                     np + end - c0, groups, dim, out + o, scratch, feat + (r * ds + hd) * 5,
+                     deg + r * width * ds + hd, ds, plen[r]);
         }
     }
 }
@@ -181,6 +218,7 @@ def load_kernel():
                 function.argtypes = [pointer, pointer, pointer, size, size, pointer]
                 function.argtypes += [size] * 5 + [pointer, pointer]
                 function.argtypes += [pointer, pointer, size, size, pointer, pointer]
+                function.argtypes += [pointer, pointer, pointer, size, size, size]
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                 logger.info("decode attention through matmul (no C kernel: %s)", exc)
                 function = None
@@ -201,6 +239,7 @@ def decode_attention(
     end: int,
     parts: int = 1,
     prefix: tuple | None = None,
+    summaries=None,
 ) -> torch.Tensor:
     """Attention of ``query`` ``[rows, kv_heads, groups, head_dim]`` (scaled, contiguous) over
     columns ``start[r] .. end - 1`` of each row of the slot buffers ``keys``/``values``
@@ -209,7 +248,9 @@ def decode_attention(
     first ``length[r]`` columns of entry ``entry[r]`` of ``keys``/``values`` ``[entries,
     kv_heads, columns, head_dim]`` (a prompt shared by rows), then its own. ``parts`` > 1: the
     rows are cut into that many blocks, run side by side on this thread and helper threads (a
-    row's result is the same either way)."""
+    row's result is the same either way). ``summaries``: ``(feat, deg, plen, layer)`` of a
+    ``hallulog.serving.attention_capture.StepSummaries`` (the kernel writes the layer's
+    summaries there); None: none (no extra work)."""
     rows, kv_heads, groups, dim = query.shape
     if keys.stride(2) != dim or keys.stride(3) != 1 or values.stride() != keys.stride():
         raise ValueError("the slot buffers must be contiguous in their last two dimensions")
@@ -241,6 +282,18 @@ def decode_attention(
                 entry[lo].data_ptr(),
                 length[lo].data_ptr(),
             )
+        if summaries is None:
+            extra = (None, None, None, 0, 0, 0)
+        else:
+            feat, deg, plen, layer = summaries
+            extra = (
+                feat[lo].data_ptr(),
+                deg[lo].data_ptr(),
+                plen[lo].data_ptr(),
+                layer,
+                feat.shape[1],
+                deg.shape[1],
+            )
         function(
             query[lo].data_ptr(),
             keys.data_ptr() + lo * row_bytes,
@@ -256,6 +309,7 @@ def decode_attention(
             out[lo].data_ptr(),
             scratch[i].data_ptr(),
             *tail,
+            *extra,
         )
 
     if parts == 1:

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from hallulog.serving.attention_capture import column_positions, prefill_row
 from hallulog.serving.attention_kernel import decode_attention, kernel_fits, load_kernel
 from hallulog.serving.mapped_weights import map_weight
 from hallulog.serving.memory import release_freed_memory
@@ -223,36 +224,44 @@ class FusedDecoder:
         cache,
         mask: torch.Tensor,
         capture: bool,
+        summaries=None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits ``[rows, vocab]`` (float32) of one token per row, and when ``capture`` the
         captured states ``[rows, 1, layer_ids, hidden]``.
 
         ``input_ids``/``positions`` are ``[rows, 1]``; ``mask`` is ``cache.step_mask(1)``
         (``[rows, columns + 1]``, True = a real token); the step writes column ``cache.hi`` of
-        every layer, and the caller then calls ``cache.advance(1)``.
+        every layer, and the caller then calls ``cache.advance(1)``. ``summaries``: a
+        ``StepSummaries`` that takes the step's attention summaries (None: none).
         """
-        logits, states, *_ = self.forward(capture, step=(input_ids, positions, cache, mask))
+        step = (input_ids, positions, cache, mask)
+        logits, states, *_ = self.forward(capture, step=step, summaries=(summaries, None))
         return logits, states
 
     @torch.inference_mode()
     def prefill(
-        self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, capture: bool
+        self, input_ids, mask, positions, capture: bool, summaries=None
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None]:
         """Left-padded prompts ``[rows, width]`` (``mask``: 1 = a real token) on their own.
 
         Returns the logits of the last position ``[rows, vocab]`` (float32), every layer's keys
         and values ``[rows, kv_heads, width, head_dim]``, and when ``capture`` the captured
         states ``[rows, width, layer_ids, hidden]`` (padding positions hold garbage).
+        ``summaries``: a ``StepSummaries`` for the attention summaries of the last positions.
         """
-        _, _, logits, kv, states = self.forward(capture, prefill=(input_ids, mask, positions))
+        prefill = (input_ids, mask, positions)
+        _, _, logits, kv, states = self.forward(
+            capture, prefill=prefill, summaries=(None, summaries)
+        )
         return logits, kv, states
 
     @torch.inference_mode()
-    def forward(self, capture: bool, *, step=None, prefill=None):
+    def forward(self, capture: bool, *, step=None, prefill=None, summaries=(None, None)):
         """A decode step (``step``: the arguments of :meth:`step` but ``capture``) and a prefill
         (``prefill``: those of :meth:`prefill`) in one pass: every matrix product takes the
         tokens of both, so the weights are read once for the two (prompts joining a running
-        batch cost no pass of their own). Returns ``(step logits, step states, prefill logits,
+        batch cost no pass of their own); ``summaries``: the step's and the prefill's
+        ``StepSummaries`` (or None each). Returns ``(step logits, step states, prefill logits,
         prefill keys/values, prefill states)``, None for a part not given."""
         ids, positions, parts = [], [], []
         rows = prompts = width = 0
@@ -261,14 +270,15 @@ class FusedDecoder:
             rows = step_ids.shape[0]
             ids.append(step_ids.reshape(-1))
             positions.append(step_positions.reshape(-1))
-            parts.append((rows, self._step_attention(rows, cache, mask)))
+            parts.append((rows, self._step_attention(rows, cache, mask, summaries[0])))
         kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         if prefill is not None:
             prefill_ids, prefill_mask, prefill_positions = prefill
             prompts, width = prefill_ids.shape
             ids.append(prefill_ids.reshape(-1))
             positions.append(prefill_positions.reshape(-1))
-            parts.append((prompts * width, self._prefill_attention(prefill_mask, kv)))
+            attention = self._prefill_attention(prefill_mask, kv, summaries[1])
+            parts.append((prompts * width, attention))
         ids = ids[0] if len(ids) == 1 else torch.cat(ids)
         positions = positions[0] if len(positions) == 1 else torch.cat(positions)
 
@@ -294,9 +304,10 @@ class FusedDecoder:
             prefill_states = states[rows:].view(prompts, width, *states.shape[2:])
         return (*step_out, logits[rows:], kv, prefill_states)
 
-    def _step_attention(self, rows: int, cache, mask: torch.Tensor):
+    def _step_attention(self, rows: int, cache, mask: torch.Tensor, summaries=None):
         """Attention of one token per running row over the slot cache (writes column ``hi``),
-        after the row's prompt in the cache's prefix store when it has one."""
+        after the row's prompt in the cache's prefix store when it has one; its summaries to
+        ``summaries`` when given."""
         lo, hi = cache.lo, cache.hi
         groups = self.heads // self.kv_heads
         shared = getattr(cache, "prefix", None) is not None
@@ -309,6 +320,7 @@ class FusedDecoder:
             if shared:  # the prompt's columns (padded to the longest) come first
                 columns = cache.prefix.keys[0].shape[2]
                 mask = torch.cat((torch.arange(columns)[None, :] < length[:, None], mask), dim=1)
+            positions = column_positions(mask) if summaries is not None else None
             bias = torch.zeros(mask.shape, dtype=self.embed.dtype)
             bias = bias.masked_fill_(~mask, float("-inf"))[:, None, None, :]
 
@@ -322,8 +334,9 @@ class FusedDecoder:
                 if shared:
                     store = cache.prefix
                     prefix = (store.keys[index], store.values[index], entry, length)
+                extra = None if summaries is None else summaries.kernel_args(index)
                 out = decode_attention(
-                    kernel, q, slot.keys, slot.values, start, hi + 1, parts, prefix
+                    kernel, q, slot.keys, slot.values, start, hi + 1, parts, prefix, extra
                 )
             else:
                 keys = slot.keys[:rows, :, lo : hi + 1]  # [rows, kv_heads, columns, head_dim]
@@ -333,14 +346,18 @@ class FusedDecoder:
                     keys = torch.cat((store.keys[index][entry], keys), dim=2)
                     values = torch.cat((store.values[index][entry], values), dim=2)
                 scores = torch.matmul(q, keys.transpose(-1, -2)).add_(bias)
-                out = torch.matmul(torch.softmax(scores, dim=-1), values)
+                weights = torch.softmax(scores, dim=-1)
+                if summaries is not None:
+                    summaries.from_weights(index, weights.reshape(rows, self.heads, -1), positions)
+                out = torch.matmul(weights, values)
             return out.reshape(rows, 1, self.heads * self.head_dim)
 
         return attend
 
-    def _prefill_attention(self, mask: torch.Tensor, kv: list):
+    def _prefill_attention(self, mask: torch.Tensor, kv: list, summaries=None):
         """Causal attention of left-padded prompts over their own keys and values (appended to
-        ``kv`` per layer, ``[prompts, kv_heads, width, head_dim]``)."""
+        ``kv`` per layer, ``[prompts, kv_heads, width, head_dim]``); the last query's
+        summaries to ``summaries`` when given."""
         prompts, width = mask.shape
         real = mask.bool()
         causal = torch.ones((width, width), dtype=torch.bool).tril_()
@@ -351,11 +368,13 @@ class FusedDecoder:
         def by_prompt(t):  # [prompts * width, heads, 1, head_dim] -> [prompts, heads, width, dim]
             return t.reshape(prompts, width, t.shape[1], self.head_dim).transpose(1, 2)
 
-        def attend(_index, query, key, value):
-            key, value = by_prompt(key), by_prompt(value)
+        def attend(index, query, key, value):
+            query, key, value = by_prompt(query), by_prompt(key), by_prompt(value)
             kv.append((key, value))
+            if summaries is not None:
+                prefill_row(summaries, index, query[:, :, -1], key, real, self.scaling)
             out = F.scaled_dot_product_attention(
-                by_prompt(query),
+                query,
                 key,
                 value,
                 attn_mask=allowed,

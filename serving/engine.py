@@ -39,10 +39,11 @@ from collections import deque
 from collections.abc import Sequence
 
 import torch
+from hallulog.serving.attention_capture import AttentionCapture
 from hallulog.serving.capture import HiddenStateRecorder, SpoolWriter
 from hallulog.serving.capture_writer import CaptureWriter
 from hallulog.serving.decode import FusedDecoder, supports_fused_decode
-from hallulog.serving.kvslots import Footprint, SlotKVCache, kv_bytes
+from hallulog.serving.kvslots import Footprint, SlotKVCache, kv_bytes, kv_cell
 from hallulog.serving.memory import KVBudget, trim_heap
 from hallulog.serving.metrics import ServingMetrics
 from hallulog.serving.model_loader import LoadedModel
@@ -109,19 +110,13 @@ class Engine:
             decoder = FusedDecoder(self.model, self.recorder.layer_ids if self.recorder else None)
         self._fused = decoder if fused else None
         self._num_cache_layers = self.model.config.num_hidden_layers
+        in_pass = spool.spool_dir if spool is not None and self._fused is not None else None
+        self._attention = AttentionCapture(self.model.config, in_pass)  # summaries, if asked
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="serving-engine", daemon=True)
         self._captures = CaptureWriter(spool, metrics)
         self.kv_budget, self.budget_owner = kv_budget, budget_owner
-        config = self.model.config
-        heads = config.num_attention_heads
-        self._kv_cell = (  # bytes of one column of one cache row: every layer's key and value
-            2
-            * config.num_hidden_layers
-            * (getattr(config, "num_key_value_heads", None) or heads)
-            * (getattr(config, "head_dim", None) or config.hidden_size // heads)
-            * loaded.dtype.itemsize
-        )
+        self._kv_cell = kv_cell(self.model.config, loaded.dtype)  # one column of one row
         self._pending: deque[SequenceState] = deque()  # taken from the queue, not yet admitted
         self.want_threads: int | None = None  # intra-op threads from the next step on
         self._threads: int | None = None
@@ -317,6 +312,7 @@ class Engine:
 
     def _prompts(self, batch: list[SequenceState]) -> Prompts:
         prompts = Prompts.of(batch, self.pad_id, self.share_prefill)
+        prompts.summaries = self._attention.for_prefill(batch, prompts.lengths)
         for name in ("input_ids", "mask", "positions"):
             setattr(prompts, name, getattr(prompts, name).to(self.device))
         return prompts
@@ -332,6 +328,7 @@ class Engine:
         if prompts.outputs is None:
             prompts.outputs = self._prefill(prompts, run, capturing)
         logits, kv, states = prompts.outputs
+        self._attention.admitted(batch, source, prompts.summaries)
         if capturing:
             for seq, row in zip(batch, source):
                 if seq.params.capture:
@@ -367,7 +364,7 @@ class Engine:
         if self.metrics:
             self.metrics.batch_size.observe(prompts.unique)
         if self._fused is not None:
-            return self._fused.prefill(*inputs, capturing)
+            return self._fused.prefill(*inputs, capturing, prompts.summaries)
         cache = DynamicCache(config=self.model.config) if run.slots else run.cache
         logits, states = self._forward(*inputs, cache, capturing)
         return logits, cache, states
@@ -379,21 +376,25 @@ class Engine:
         prompts ``joining`` are prefilled in the same pass (their outputs kept for ``_admit``)."""
         capturing = self._capturing(run.active)
         rows = len(run.active)
+        summaries = self._attention.for_step(run.active)
         if self._fused is not None and joining is not None:
             both = capturing or self._capturing(joining.batch)
             step = (next_ids, run.positions, run.cache, run.step_mask())
             prefill = (joining.input_ids, joining.mask, joining.positions)
-            logits, states, *joined = self._fused.forward(both, step=step, prefill=prefill)
+            logits, states, *joined = self._fused.forward(
+                both, step=step, prefill=prefill, summaries=(summaries, joining.summaries)
+            )
             joining.outputs = tuple(joined)
             rows += joining.unique
         elif self._fused is not None:
             logits, states = self._fused.step(
-                next_ids, run.positions, run.cache, run.step_mask(), capturing
+                next_ids, run.positions, run.cache, run.step_mask(), capturing, summaries
             )
         else:
             logits, states = self._forward(
                 next_ids, run.step_mask(), run.positions, run.cache, capturing
             )
+        self._attention.stepped(run.active, summaries)
         if self.metrics:
             self.metrics.batch_size.observe(rows)
         if capturing:
@@ -434,14 +435,7 @@ class Engine:
     def _finish(self, seq: SequenceState) -> None:
         if not seq.params.stop or seq.stop_reason is None:
             seq.text = self.tokenizer.decode(seq.out_ids, skip_special_tokens=True)
-        output = SequenceOutput(
-            prompt_token_ids=seq.prompt_ids,
-            token_ids=list(seq.out_ids),
-            text=seq.text,
-            finish_reason=seq.finish_reason or "length",
-            stop_reason=seq.stop_reason,
-            logprobs=seq.logprobs if seq.params.top_logprobs is not None else None,
-        )
+        output = seq.output(attention_path=self._attention.write(seq))
         if not (seq.params.capture and self.recorder is not None):
             seq.future.set_result(output)
             return

@@ -55,6 +55,15 @@ def kv_bytes(
     return cell * rows * (longest + HEADROOM + GROWTH)
 
 
+def kv_cell(config, dtype: torch.dtype) -> int:
+    """Bytes of one column of one cache row of a model of ``config``: every layer's key and
+    value."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * dtype.itemsize
+
+
 def _uninitialised(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     """A new buffer whose contents are garbage (its pages are touched only where written)."""
     return torch.empty(shape, dtype=like.dtype, device=like.device)

@@ -12,6 +12,7 @@ import time
 import uuid
 from typing import Any, Literal
 
+from hallulog.contracts.attention_wire import ATTENTION_FIELD
 from hallulog.contracts.capture_dtype import CAPTURE_DTYPE_FIELD, check_capture_dtype
 from hallulog.contracts.capture_rows import CAPTURE_ROWS_FIELD, check_capture_rows
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -50,6 +51,11 @@ class _SamplingFields(BaseModel):
 
     def include_output_tokens(self) -> bool:
         return bool((self.kv_transfer_params or {}).get("include_output_tokens"))
+
+    def attention(self) -> bool:
+        """``kv_transfer_params.hallulog_attention``: write each choice's attention summaries
+        (``contracts/attention_wire.py``)."""
+        return bool((self.kv_transfer_params or {}).get(ATTENTION_FIELD))
 
     def capture_rows(self) -> str | int:
         """``kv_transfer_params.hallulog_capture_rows``: the positions a capture file holds

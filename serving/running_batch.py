@@ -29,6 +29,7 @@ class Prompts:
     mask: torch.Tensor
     positions: torch.Tensor
     outputs: tuple | None = None
+    summaries: object = None  # the prefill's attention summaries (``StepSummaries``), if wanted
 
     @classmethod
     def of(cls, batch: list[SequenceState], pad_id: int, share: bool = True) -> Prompts:

@@ -30,6 +30,8 @@ class SamplingParams:
     """Save the hidden states of every token fed to the model (prompt + all generated but last)."""
     capture_rows: str | int = "all"
     """Which of those positions the file holds (``contracts/capture_rows.py``)."""
+    attention: bool = False
+    """Write the attention summaries of every generated token (``serving/attention_capture.py``)."""
     capture_dtype: str | None = None
     """The file's dtype (``contracts/capture_dtype.py``); None: the model's."""
 
@@ -61,6 +63,7 @@ class SequenceOutput:
     stop_reason: int | str | None
     logprobs: list[TokenLogprob] | None
     hidden_states_path: str | None = None
+    attention_path: str | None = None
 
 
 @dataclass
@@ -81,9 +84,22 @@ class SequenceState:
     row0: int = 0  # the position of row 0
     fed: int = 0  # positions fed to the model so far
     keep: tuple[int, int | None] = (0, None)  # the positions params.capture_rows keeps
+    summaries: Any = None  # the attention summaries so far (``SequenceSummaries``), if wanted
 
     def __post_init__(self) -> None:
         self.keep = capture_window(self.params.capture_rows, len(self.prompt_ids))
+
+    def output(self, attention_path: str | None = None) -> SequenceOutput:
+        """What the request hears of this finished sequence."""
+        return SequenceOutput(
+            prompt_token_ids=self.prompt_ids,
+            token_ids=list(self.out_ids),
+            text=self.text,
+            finish_reason=self.finish_reason or "length",
+            stop_reason=self.stop_reason,
+            logprobs=self.logprobs if self.params.top_logprobs is not None else None,
+            attention_path=attention_path,
+        )
 
     @property
     def longest(self) -> int:

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from hallulog.contracts.attention_wire import ATTENTION_FIELD, ATTENTION_PATHS
 from hallulog.contracts.capture_dtype import CAPTURE_DTYPE_FIELD
 from hallulog.contracts.capture_rows import CAPTURE_ROWS_FIELD
 from hallulog.contracts.errors import HallulogError, RetryableError
@@ -123,6 +124,8 @@ class Completion:
     the reasoning out of ``text`` (``workers/reasoning.py``)."""
     split: Any = None
     """The reasoning split (``contracts.reasoning.ReasoningSplit``) once the worker made it."""
+    attention_path: str | None = None
+    """The server's file of attention summaries (``contracts/attention_wire.py``), if asked."""
 
 
 class BackendClient:
@@ -209,6 +212,7 @@ class BackendClient:
         seed: int,
         capture: bool,
         capture_rows: str | int = "all",
+        attention: bool = False,
     ) -> Completion:
         """One chat completion (n=1) with top-5 logprobs and token ids; optionally captured
         (``capture_rows``: which positions the file holds, ``contracts/capture_rows.py``)."""
@@ -226,6 +230,8 @@ class BackendClient:
         }
         if capture:
             body["kv_transfer_params"] = _capture_params(True, capture_rows, self.capture_dtype)
+        if attention:  # summaries captured during generation (the embedded server)
+            body.setdefault("kv_transfer_params", {})[ATTENTION_FIELD] = True
         if self.template_kwargs:
             body["chat_template_kwargs"] = self.template_kwargs
         start = time.perf_counter()
@@ -245,6 +251,7 @@ class BackendClient:
             usage=_usage(reply.get("usage")),
             hidden_states_path=_hidden_states_path(reply),
             elapsed_ms=elapsed_ms,
+            attention_path=_attention_path(reply),
         )
 
     async def complete(
@@ -257,6 +264,7 @@ class BackendClient:
         seed: int,
         capture: bool,
         capture_rows: str | int = "all",
+        attention: bool = False,
     ) -> Completion:
         """One text completion (``/v1/completions``, n=1) of a raw prompt, no chat template:
         token ids and top-5 logprobs in the shape :meth:`chat` gives; optionally captured.
@@ -279,6 +287,8 @@ class BackendClient:
         }
         if capture:
             body["kv_transfer_params"] = _capture_params(True, capture_rows, self.capture_dtype)
+        if attention:  # summaries captured during generation (the embedded server)
+            body.setdefault("kv_transfer_params", {})[ATTENTION_FIELD] = True
         start = time.perf_counter()
         reply = await self._post("/completions", body)
         elapsed_ms = int((time.perf_counter() - start) * 1000)
@@ -294,6 +304,7 @@ class BackendClient:
             usage=_usage(reply.get("usage")),
             hidden_states_path=_hidden_states_path(reply),
             elapsed_ms=elapsed_ms,
+            attention_path=_attention_path(reply),
         )
 
     def _first_choice(self, reply: dict[str, Any], what: str) -> dict[str, Any]:
@@ -401,3 +412,8 @@ def _legacy_logprobs(logprobs: Any) -> list[dict[str, Any]]:
 def _hidden_states_path(body: dict[str, Any]) -> str | None:
     params = body.get("kv_transfer_params") or {}
     return params.get("hidden_states_path")
+
+
+def _attention_path(body: dict[str, Any]) -> str | None:
+    paths = (body.get("kv_transfer_params") or {}).get(ATTENTION_PATHS) or [None]
+    return paths[0] if isinstance(paths, list) and isinstance(paths[0], str) else None

@@ -27,6 +27,7 @@ from hallulog.contracts.capture_rows import prefill_start, rows_to_ask
 from hallulog.contracts.process import die_with_parent
 from hallulog.contracts.ids import activation_key, sample_seed
 from hallulog.contracts.prompt_group import PromptGroup
+from hallulog.workers.attention_files import drop_attention, keep_attention
 from hallulog.workers.capture import (CaptureError, CapturedRows, discard_capture, open_capture,
                                       select_rows)
 from hallulog.workers.capture_check import capture_reasons, check_captured
@@ -84,6 +85,9 @@ class WorkerSpec:
     reasoning: ReasoningMarkers | None = None
     """The model's reasoning markers (``RunPlan.reasoning``): chat replies are split into
     reasoning and answer (workers/reasoning.py); None: stored as they come."""
+    attention: bool = False
+    """Ask the server for attention summaries captured during generation
+    (``--attention-features`` on a backend that captures them, ``Backend.attention_in_pass``)."""
     driver_pid: int | None = None
     """The pid of the process that starts this worker: a worker whose parent is another one
     when it comes up (the driver died while it started) exits at once."""
@@ -199,6 +203,8 @@ class GroupWorker:
         capture_in_generation = spec.capture_mode == "generation"
         requests = [self._request_params(group.prompt_id, sid) for sid in range(spec.k_samples + 1)]
         capture = dict(capture=capture_in_generation, capture_rows=self.capture_rows)
+        if spec.attention:  # summaries captured during generation (contracts/attention_wire.py)
+            capture["attention"] = True
         outcomes = await asyncio.gather(*[
             self.client.chat(group.messages, **capture, **params)
             if group.prompt is None else  # --chat false: the raw text to /v1/completions
@@ -206,6 +212,7 @@ class GroupWorker:
             for params in requests], return_exceptions=True)
         failures = [(sid, o) for sid, o in enumerate(outcomes) if isinstance(o, BaseException)]
         if failures:
+            drop_attention([o for o in outcomes if not isinstance(o, BaseException)])
             for o in outcomes:
                 if not isinstance(o, BaseException):
                     discard_capture(o.hidden_states_path)
@@ -237,6 +244,7 @@ class GroupWorker:
                                  self._full(full[0]["error_message"]), "storage_full",
                                  fatal=True)
             return
+        keep_attention(spec.worker_dir, group.prompt_id, completions)  # before the commit
         prompt = prompt_row(group, completions[0], records[0].row,
                             num_generations=spec.k_samples + 1, worker_id=spec.worker_id)
         try:

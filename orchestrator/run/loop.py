@@ -217,9 +217,10 @@ def run(config: RunConfig, *, only: set[str] | None = None, redo: set[str] | Non
                 result.consolidation, result.exports, result.validation = \
                     done.consolidation, done.exports, done.validation
                 if plan.stored.attention_features:  # docs/formats/attention.md
-                    from hallulog.postrun.attention import attention_pass
+                    from hallulog.postrun.attention_gather import store_attention
                     board.set_phase("attention")
-                    attention_pass(root, plan.model.path)
+                    store_attention(root, plan.model.path,
+                                    in_pass=plan.servers.backend.attention_in_pass)
             board.set_evaluation_report(report_path(root))
             board.set_phase("done")
         except BaseException:
@@ -304,6 +305,7 @@ def _worker_specs(config: RunConfig, plan: RunPlan, root: Path, urls: list[str]
         request_timeout=config.request_timeout, commit_interval_ms=config.commit_interval_ms,
         check_captures=config.check_captures, driver_pid=os.getpid(),
         chat_template_kwargs=dict(plan.chat_template_kwargs) or None, reasoning=plan.reasoning,
+        attention=stored.attention_features and plan.servers.backend.attention_in_pass,
     ) for i in range(plan.worker_count)]
 
 
