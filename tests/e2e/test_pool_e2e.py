@@ -254,7 +254,29 @@ def test_worker_killed_while_idle_in_receive_is_replaced_and_takes_work(tmp_path
     then SIGKILL worker 0 with the group in flight: the replacement of worker 1 runs it.
 
     The server is SIGSTOPped while the workers are killed, so worker 0 cannot finish (and end
-    the run) before the kills land; the watchdog's stall limit is far above the pause."""
+    the run) before the kills land; the watchdog's stall limit is far above the pause. On a
+    loaded machine worker 0 may answer the one prompt and the run end before worker 1 is up
+    (it never opens its directory): that interleaving tests nothing here, and the scenario is
+    started again in a fresh root (at most three times)."""
+    for attempt in range(3):
+        root = tmp_path / f"attempt-{attempt}"
+        outcome = _kill_idle_then_busy(root)
+        if outcome is not None:
+            break
+    else:
+        pytest.fail("three runs ended before worker 1 came up")
+    returncode, err, busy_killed = outcome
+    assert returncode == 0, err[-4000:]
+    assert "worker 1 died (exit code -9) with 0 group(s) in flight" in err, err[-4000:]
+    _assert_complete(root, 1)
+    if busy_killed:
+        assert "worker 0 died (exit code -9) with 1 group(s) in flight" in err, err[-4000:]
+        assert len(read_jsonl(root / "worker_1" / "prompt_index.jsonl")) == 1
+
+
+def _kill_idle_then_busy(tmp_path: Path) -> tuple[int, str, bool] | None:
+    """One run of the scenario above: its return code, stderr and whether worker 0 was killed
+    busy; None when the run ended before worker 1 was seen."""
     proc = subprocess.Popen(
         orchestrator_cmd(
             tmp_path,
@@ -280,7 +302,12 @@ def test_worker_killed_while_idle_in_receive_is_replaced_and_takes_work(tmp_path
     )
     server = None
     try:
-        idle = _wait_for(lambda: proc.poll() is None and _worker_pid(proc.pid, 1), 900, "worker 1")
+        idle = _wait_for(
+            lambda: proc.poll() is not None or _worker_pid(proc.pid, 1), 900, "worker 1"
+        )
+        if proc.poll() is not None:
+            proc.communicate()
+            return None
         busy = _wait_for(lambda: _worker_pid(proc.pid, 0), 60, "worker 0")
         server = _wait_for(lambda: _server_pid(tmp_path), 60, "server_0's pid file")
         os.killpg(server, signal.SIGSTOP)
@@ -304,9 +331,4 @@ def test_worker_killed_while_idle_in_receive_is_replaced_and_takes_work(tmp_path
                 pass
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err[-4000:]
-    assert "worker 1 died (exit code -9) with 0 group(s) in flight" in err, err[-4000:]
-    _assert_complete(tmp_path, 1)
-    if busy_killed:
-        assert "worker 0 died (exit code -9) with 1 group(s) in flight" in err, err[-4000:]
-        assert len(read_jsonl(tmp_path / "worker_1" / "prompt_index.jsonl")) == 1
+    return proc.returncode, err, busy_killed
