@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from hallulog.serving.unused_packages import keep_out_unused_packages
+
+    keep_out_unused_packages()  # before the model's modules import transformers
     import uvicorn
 
     t0 = time.monotonic()

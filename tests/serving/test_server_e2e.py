@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import pathlib
 import re
 
 import pytest
@@ -37,6 +38,13 @@ def test_health_and_models(server):
     assert server.get("/health").status_code == 200
     models = server.get("/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["id"] == MODEL
+
+
+def test_server_process_maps_no_sklearn(server):
+    maps = pathlib.Path(f"/proc/{server.proc.pid}/maps").read_text()
+    assert "/torch/" in maps  # the check reads the right process
+    for package in ("sklearn", "pandas", "pyarrow"):
+        assert f"/{package}/" not in maps, package
 
 
 def test_chat_logprobs_and_token_ids(server, reference):
